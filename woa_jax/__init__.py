@@ -1,0 +1,81 @@
+"""woa_jax: the JAX reference (numerical oracle) of DeepSeek V4's FP8 ``wo_a`` projection.
+
+Bit-exact with AITER's ``inverse_rope_group_quant`` on fp8 and E8M0 scale bytes; the GEMM is an
+fp32-accumulated reference. Depends on jax, numpy and ml_dtypes only (never torch).
+"""
+
+from ._spec import (
+    AITER_AMAX_FLOOR,
+    CUDA_AMAX_FLOOR,
+    QUANT_GROUP_SIZE,
+    QuantSemantics,
+    RopeKind,
+    ScaleLayout,
+    fp8_max,
+)
+from .config import (
+    DSV4_CONFIGS,
+    DSV4Config,
+    LocalShapes,
+    get_config,
+    local_shapes,
+    rope_cos_sin,
+    rope_inv_freq,
+)
+from .gemm import batched_gemm_a8w8_mxscale, batched_gemm_float64, dequant_weight
+from .layouts import from_scale_layout, scale_shape, to_scale_layout
+from .quant import (
+    e8m0_decode,
+    e8m0_from_scale,
+    e8m0_scale,
+    group_dequant_e8m0,
+    group_quant_e8m0,
+    inverse_rope_group_quant,
+)
+from .rope import forward_rope, inverse_rope, inverse_rope_float64
+from .woa import (
+    check_wo_a_weight,
+    dequant_wo_a_weight,
+    wo_a_bf16,
+    wo_a_fp8,
+    wo_a_truth,
+    wo_a_weight_e8m0,
+)
+
+__all__ = [
+    "AITER_AMAX_FLOOR",
+    "CUDA_AMAX_FLOOR",
+    "DSV4_CONFIGS",
+    "DSV4Config",
+    "LocalShapes",
+    "QUANT_GROUP_SIZE",
+    "QuantSemantics",
+    "RopeKind",
+    "ScaleLayout",
+    "batched_gemm_a8w8_mxscale",
+    "batched_gemm_float64",
+    "check_wo_a_weight",
+    "dequant_weight",
+    "dequant_wo_a_weight",
+    "e8m0_decode",
+    "e8m0_from_scale",
+    "e8m0_scale",
+    "forward_rope",
+    "fp8_max",
+    "from_scale_layout",
+    "get_config",
+    "group_dequant_e8m0",
+    "group_quant_e8m0",
+    "inverse_rope",
+    "inverse_rope_float64",
+    "inverse_rope_group_quant",
+    "local_shapes",
+    "rope_cos_sin",
+    "rope_inv_freq",
+    "scale_shape",
+    "to_scale_layout",
+    "wo_a_bf16",
+    "wo_a_fp8",
+    "wo_a_truth",
+    "wo_a_weight_e8m0",
+]

@@ -1,0 +1,112 @@
+"""Shape and dtype checks with errors that say what was wrong and what was expected.
+
+They only read ``.shape`` and ``.dtype``, so they work on numpy, JAX (also tracers) and torch
+tensors alike; ``torch_bridge`` reuses them.
+"""
+
+from __future__ import annotations
+
+_FLOAT_ACTIVATION = ("bfloat16", "float16", "float32")
+_FP8 = ("float8_e4m3fn", "float8_e4m3fnuz")
+_SCALE_BYTES = ("uint8", "float8_e8m0fnu")
+
+
+def dtype_name(x) -> str:
+    """``'bfloat16'`` for numpy/ml_dtypes, JAX and torch dtypes alike."""
+    dt = getattr(x, "dtype", x)
+    name = str(dt)
+    return name.removeprefix("torch.")
+
+
+def _shape(x) -> tuple[int, ...]:
+    return tuple(int(d) for d in x.shape)
+
+
+def check_rank(x, rank: int, what: str, dims: str) -> tuple[int, ...]:
+    shape = _shape(x)
+    if len(shape) != rank:
+        raise ValueError(f"{what} must be {rank}-D {dims}, got shape {shape}")
+    return shape
+
+
+def check_dtype(x, allowed: tuple[str, ...], what: str) -> str:
+    name = dtype_name(x)
+    if name not in allowed:
+        raise TypeError(f"{what} must have dtype {' or '.join(allowed)}, got {name}")
+    return name
+
+
+def check_rope_inputs(o, positions, cos_cache, sin_cache) -> tuple[int, int, int, int]:
+    """Validate ``o [S, H, Dh]``, ``positions [>= S]``, ``cos/sin [P, rd/2]``; return S, H, Dh, rd."""
+    s, h, dh = check_rank(o, 3, "o", "[S, H, Dh]")
+    check_dtype(o, _FLOAT_ACTIVATION, "o")
+    if len(_shape(positions)) != 1:
+        raise ValueError(f"positions must be 1-D [S], got shape {_shape(positions)}")
+    if dtype_name(positions) not in ("int32", "int64"):
+        raise TypeError(f"positions must be int32 or int64, got {dtype_name(positions)}")
+    if _shape(positions)[0] < s:
+        raise ValueError(f"positions has {_shape(positions)[0]} entries, fewer than S={s} tokens")
+    cshape = check_rank(cos_cache, 2, "cos_cache", "[P, rope_dim / 2]")
+    if _shape(sin_cache) != cshape:
+        raise ValueError(
+            f"cos_cache and sin_cache must have the same shape, got {cshape} and "
+            f"{_shape(sin_cache)}"
+        )
+    check_dtype(cos_cache, ("bfloat16", "float16", "float32"), "cos_cache")
+    check_dtype(sin_cache, ("bfloat16", "float16", "float32"), "sin_cache")
+    rd = 2 * cshape[1]
+    if cshape[0] < 1 or rd < 2 or rd > dh:
+        raise ValueError(
+            f"cos_cache [P, rd/2] = {cshape} does not fit head_dim {dh}: need P >= 1 and "
+            f"2 <= rd <= {dh}"
+        )
+    return s, h, dh, rd
+
+
+def check_group_split(s: int, h: int, dh: int, num_groups: int, quant_group_size: int) -> int:
+    """Return D, one group's width; require whole heads per group and whole quant groups."""
+    if not isinstance(num_groups, int) or num_groups < 1:
+        raise ValueError(f"num_groups must be a positive integer, got {num_groups!r}")
+    if (h * dh) % num_groups != 0:
+        raise ValueError(
+            f"H * Dh = {h} * {dh} = {h * dh} is not divisible by num_groups={num_groups}"
+        )
+    d = h * dh // num_groups
+    if quant_group_size not in (32, 64, 128):
+        raise ValueError(f"quant_group_size must be 32, 64 or 128, got {quant_group_size}")
+    if d % quant_group_size != 0:
+        raise ValueError(
+            f"group width D = {d} is not a multiple of quant_group_size={quant_group_size}"
+        )
+    return d
+
+
+def check_gemm_inputs(x, w, x_scale, w_scale) -> tuple[int, int, int, int, int]:
+    """Validate the block-scaled GEMM operands; return ``(M, G, N, K, block)``.
+
+    ``block`` is the K width of one scale group (128, or 32 for V4.1), read from ``x_scale``; the
+    weight uses square ``block x block`` tiles (ragged last tile allowed along N).
+    """
+    m, g, k = check_rank(x, 3, "x", "[M, G, K]")
+    gw, n, kw = check_rank(w, 3, "w", "[G, N, K]")
+    check_dtype(x, _FP8, "x")
+    check_dtype(w, _FP8, "w")
+    if dtype_name(x) != dtype_name(w):
+        raise TypeError(f"x and w must share one fp8 dtype, got {dtype_name(x)} and {dtype_name(w)}")
+    if (gw, kw) != (g, k):
+        raise ValueError(f"w [G, N, K] = {(gw, n, kw)} does not match x [M, G, K] = {(m, g, k)}")
+    xs = check_rank(x_scale, 3, "x_scale", "[M, G, K / block]")
+    ws = check_rank(w_scale, 3, "w_scale", "[G, N / block, K / block]")
+    check_dtype(x_scale, _SCALE_BYTES, "x_scale")
+    check_dtype(w_scale, _SCALE_BYTES, "w_scale")
+    if xs[:2] != (m, g) or xs[2] < 1 or k % xs[2] != 0:
+        raise ValueError(f"x_scale must be [M, G, K / block] with block dividing K={k}, got {xs}")
+    block = k // xs[2]
+    if block not in (32, 64, 128):
+        raise ValueError(f"scale block K / x_scale.shape[2] = {block}; expected 32, 64 or 128")
+    expect_ws = (g, -(-n // block), k // block)
+    if ws != expect_ws:
+        raise ValueError(
+            f"w_scale must be [G, ceil(N / {block}), K / {block}] = {expect_ws}, got {ws}"
+        )
+    return m, g, n, k, block

@@ -1,0 +1,169 @@
+"""Per-token 1 x GS E8M0 (round-up power-of-two) FP8 group quantization (NUMERICS.md sections 4, 5, 9)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _checks
+from ._spec import (
+    AITER_AMAX_FLOOR,
+    E8M0_BIAS,
+    QuantSemantics,
+    _check_fp8_dtype,
+    as_enum,
+    fp8_max,
+    fp8_max_reciprocal,
+)
+from .rope import _rotate
+
+
+def e8m0_decode(scale_bytes):
+    """E8M0 bytes (uint8 or float8_e8m0fnu) to the fp32 scale ``2**(b - 127)`` by bit shift.
+
+    Byte 0 decodes to +0.0 and 255 to +inf (the in-kernel decode; ml_dtypes gives 2**-127 and NaN
+    there). Real data never reaches either end.
+    """
+    b = _as_bytes(scale_bytes).astype(jnp.uint32)
+    return jax.lax.bitcast_convert_type(b << 23, jnp.float32)
+
+
+def _as_bytes(scale):
+    name = _checks.dtype_name(scale)
+    if name == "float8_e8m0fnu":
+        return jax.lax.bitcast_convert_type(jnp.asarray(scale), jnp.uint8)
+    if name == "uint8":
+        return jnp.asarray(scale)
+    raise TypeError(f"E8M0 scales must be uint8 or float8_e8m0fnu, got {name}")
+
+
+def e8m0_scale(amax, *, fp8_dtype=jnp.float8_e4m3fn, amax_floor: float = AITER_AMAX_FLOOR):
+    """The round-up power-of-two scale of a group with absolute maximum ``amax``.
+
+    Bit-exact with AITER's ``fp_f32_to_e8m0_scale<RoundUp>``: ``x = fp32(max(amax, floor) *
+    fp32(1 / fp8_max))``, take x's biased exponent and add one when its mantissa is non-zero.
+
+    Args:
+      amax: fp32 array of group absolute maxima (any shape). NaN is treated like AITER's ``fmaxf``
+        reduction: it is ignored and the floor applies. ``+inf`` gives byte 255 (E8M0 NaN).
+      fp8_dtype: ``float8_e4m3fn`` (max 448) or ``float8_e4m3fnuz`` (max 240).
+      amax_floor: 1e-8 (AITER, zero group -> byte 92) or 1e-10 (vLLM CUDA, -> 85).
+
+    Returns:
+      ``(dq_scale fp32, byte uint8)`` with ``dq_scale = 2**(byte - 127)`` (byte 255 -> +inf).
+    """
+    _check_fp8_dtype(fp8_dtype)
+    amax = jnp.asarray(amax, jnp.float32)
+    amax = jnp.fmax(amax, jnp.float32(amax_floor))
+    x = amax * fp8_max_reciprocal(fp8_dtype)
+    u = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    exp = (u >> 23) & 0xFF
+    bump = (exp < 0xFF) & ((u & 0x7FFFFF) != 0)
+    byte = (exp + bump.astype(jnp.uint32)).astype(jnp.uint8)
+    return e8m0_decode(byte), byte
+
+
+def group_quant_e8m0(x, group_size: int = 128, *, fp8_dtype=jnp.float8_e4m3fn,
+                     amax_floor: float = AITER_AMAX_FLOOR):
+    """Quantize ``x [..., K]`` in 1 x ``group_size`` groups along the last axis.
+
+    Returns:
+      ``(q [..., K] fp8_dtype, scale [..., K / group_size] float8_e8m0fnu)`` with
+      ``q = RNE(x * 2**(127 - byte))``. The round-up scale keeps ``|q| <= fp8_max`` so no
+      saturation occurs; the clamp below is a no-op on the bytes, kept because library casts
+      return NaN above the range (NUMERICS.md section 5).
+    """
+    fp8 = _check_fp8_dtype(fp8_dtype)
+    k = x.shape[-1]
+    if k % group_size != 0:
+        raise ValueError(f"last dim {k} is not a multiple of group_size={group_size}")
+    xf = jnp.asarray(x, jnp.float32)
+    g = xf.reshape(*xf.shape[:-1], k // group_size, group_size)
+    amax = jnp.nanmax(jnp.abs(g), axis=-1)
+    _, byte = e8m0_scale(amax, fp8_dtype=fp8, amax_floor=amax_floor)
+    # 2**(127 - byte) as fp32 bits, exact. Finite groups give bytes <= 248, so the clip (which
+    # keeps the shift a normal number) never binds; byte 255 (an inf lane) makes the payload NaN.
+    inv = jax.lax.bitcast_convert_type((254 - byte.astype(jnp.int32)).clip(1, 254) << 23,
+                                       jnp.float32)
+    inv = jnp.where(byte == 0xFF, jnp.float32(jnp.nan), inv)
+    m = fp8_max(fp8)
+    q = jnp.clip(g * inv[..., None], -m, m).astype(fp8).reshape(xf.shape)
+    return q, jax.lax.bitcast_convert_type(byte, jnp.float8_e8m0fnu)
+
+
+def group_dequant_e8m0(q, scale):
+    """``q [..., K]`` fp8 times its ``[..., K / GS]`` E8M0 scales, as fp32 (exact)."""
+    s = e8m0_decode(scale)
+    gs = q.shape[-1] // s.shape[-1]
+    qf = q.astype(jnp.float32).reshape(*q.shape[:-1], s.shape[-1], gs)
+    return (qf * s[..., None]).reshape(q.shape)
+
+
+def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int,
+                             quant_group_size: int = 128, *, fp8_dtype=jnp.float8_e4m3fn,
+                             amax_floor: float = AITER_AMAX_FLOOR,
+                             semantics: QuantSemantics | str = QuantSemantics.FUSED):
+    """Inverse RoPE fused with per-token 1 x GS E8M0 FP8 quantization (AITER's op).
+
+    Args:
+      o: ``[S, H, Dh]`` bf16 attention output (RoPE-rotated tail of ``rd`` lanes per head).
+      positions: ``[S]`` int32/int64 (clamped to ``[0, P - 1]`` like AITER).
+      cos_cache, sin_cache: ``[P, rd / 2]``; AITER uses ``o``'s dtype (bf16), vLLM fp32.
+      num_groups: G; each group is ``H / G`` consecutive heads, ``D = H * Dh / G`` lanes.
+      quant_group_size: GS in {32, 64, 128}; must divide D.
+      fp8_dtype: ``float8_e4m3fn`` (gfx950, Hopper) or ``float8_e4m3fnuz`` (gfx942).
+      amax_floor: 1e-8 (AITER) or 1e-10 (vLLM CUDA).
+      semantics: ``"fused"`` keeps the rotation in fp32 up to the quantizer (AITER's op);
+        ``"unfused"`` rounds the rotated lanes to ``o.dtype`` first.
+
+    Returns:
+      ``(x_fp8 [S, G, D] fp8_dtype, x_scale [S, G, D / GS] float8_e8m0fnu)`` in the row layout.
+    """
+    s, h, dh, _ = _checks.check_rope_inputs(o, positions, cos_cache, sin_cache)
+    d = _checks.check_group_split(s, h, dh, num_groups, quant_group_size)
+    mode = as_enum(QuantSemantics, semantics, "semantics")
+    rotated = _rotate(o, positions[:s], cos_cache, sin_cache, sign=-1)
+    if mode is QuantSemantics.UNFUSED:
+        rotated = rotated.astype(o.dtype).astype(jnp.float32)
+    return group_quant_e8m0(rotated.reshape(s, num_groups, d), quant_group_size,
+                            fp8_dtype=fp8_dtype, amax_floor=amax_floor)
+
+
+def e8m0_from_scale(scale):
+    """Checkpoint weight scales to E8M0 bytes, losslessly, or a ``ValueError``.
+
+    * ``float8_e8m0fnu`` or ``uint8``: the bytes pass through unchanged.
+    * fp32/fp16/bf16/fp64: every element must be finite, positive and an exact power of two with
+      ``log2(s) + 127`` in ``[0, 254]``; the first offending element is named. Never rounds.
+    * any other dtype: ``TypeError``.
+
+    Host-side (numpy) because it inspects values; call it at load, not under ``jax.jit``.
+
+    Returns:
+      numpy ``uint8`` array of the input's shape, C-contiguous.
+    """
+    name = _checks.dtype_name(scale)
+    arr = np.asarray(scale)
+    if name in ("float8_e8m0fnu", "uint8"):
+        return np.ascontiguousarray(arr.view(np.uint8))
+    if name not in ("float32", "float64", "float16", "bfloat16"):
+        raise TypeError(
+            f"weight scale dtype {name} cannot be converted losslessly to E8M0; expected "
+            "float8_e8m0fnu, uint8 or a float dtype holding powers of two"
+        )
+    f = arr.astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mant, exp = np.frexp(f)  # f = mant * 2**exp, mant in [0.5, 1)
+        byte = exp.astype(np.int64) - 1 + E8M0_BIAS
+        ok = np.isfinite(f) & (f > 0) & (mant == 0.5) & (byte >= 0) & (byte <= 254)
+    if not ok.all():
+        idx = tuple(int(i) for i in np.argwhere(~ok)[0])
+        v = f[idx]
+        why = ("not finite" if not np.isfinite(v) else "not positive" if v <= 0
+               else "not a power of two" if mant[idx] != 0.5 else "outside the E8M0 range")
+        raise ValueError(
+            f"weight scale is not losslessly representable as E8M0: element {list(idx)} = {v!r} "
+            f"is {why}; rounding would change the weights, so this checkpoint needs the BF16 path"
+        )
+    return np.ascontiguousarray(byte.astype(np.uint8))

@@ -1,0 +1,79 @@
+"""Inverse RoPE on the rope tail of each head (GPT-J interleaved pairs, rotation by -theta)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from ._checks import check_rope_inputs
+
+
+def _rotate(o, positions, cos_cache, sin_cache, sign: int):
+    """Rotate the last ``2 * cos.shape[1]`` lanes of every head of ``o``; fp32 ``[S, H, Dh]``.
+
+    ``sign=-1`` is the inverse rotation (NUMERICS.md section 2):
+    ``a' = a c + b s``, ``b' = b c - a s`` with ``a, b`` lanes ``(2j, 2j+1)`` of the tail.
+    The products and the sum are separate fp32 operations (no FMA contraction on XLA CPU).
+    """
+    half = cos_cache.shape[1]
+    rows = cos_cache.shape[0]
+    # AITER's kernel clamps out-of-range positions to [0, P-1]; the oracle does the same.
+    pos = jnp.clip(positions.astype(jnp.int32), 0, rows - 1)
+    c = cos_cache[pos].astype(jnp.float32)[:, None, :]  # [S, 1, half]
+    s = sin_cache[pos].astype(jnp.float32)[:, None, :]
+    x = o.astype(jnp.float32)
+    nope, tail = x[..., : x.shape[-1] - 2 * half], x[..., x.shape[-1] - 2 * half :]
+    a, b = tail[..., 0::2], tail[..., 1::2]
+    if sign < 0:
+        a2, b2 = a * c + b * s, b * c - a * s
+    else:
+        a2, b2 = a * c - b * s, b * c + a * s
+    rot = jnp.stack([a2, b2], axis=-1).reshape(tail.shape)
+    return jnp.concatenate([nope, rot], axis=-1)
+
+
+def inverse_rope(o, positions, cos_cache, sin_cache, *, out_dtype=None):
+    """Inverse GPT-J RoPE of the last ``2 * cos_cache.shape[1]`` lanes of each head.
+
+    Args:
+      o: ``[S, H, Dh]`` bf16/fp16/fp32 attention output in RoPE-rotated space.
+      positions: ``[S]`` int32 or int64 token positions. Out-of-range values are clamped to
+        ``[0, P - 1]`` as AITER's kernel does; callers should pass ``0 <= p < P``.
+      cos_cache, sin_cache: ``[P, rd / 2]`` bf16 or fp32 tables (``rope_cos_sin``).
+      out_dtype: dtype of the result; ``None`` keeps ``o.dtype`` (the BF16 path rounds the rotated
+        lanes to bf16, RNE). Pass ``jnp.float32`` to keep the unrounded fp32 rotation.
+
+    Returns:
+      ``[S, H, Dh]``; lanes ``[0, Dh - rd)`` are ``o``'s values unchanged.
+
+    Numerics: inputs are upcast to fp32, products and sums are separate fp32 operations. With bf16
+    ``o`` and bf16 cos/sin every product is exact in fp32, so the result is independent of FMA
+    contraction; with fp32 cos/sin an implementation that contracts ``a*c + b*s`` into an FMA can
+    differ from this oracle by one fp32 ulp in a rotated lane.
+    """
+    check_rope_inputs(o, positions, cos_cache, sin_cache)
+    out = _rotate(o, positions, cos_cache, sin_cache, sign=-1)
+    return out.astype(o.dtype if out_dtype is None else out_dtype)
+
+
+def forward_rope(o, positions, cos_cache, sin_cache, *, out_dtype=None):
+    """The forward rotation (by +theta) that ``inverse_rope`` undoes; same arguments."""
+    check_rope_inputs(o, positions, cos_cache, sin_cache)
+    out = _rotate(o, positions, cos_cache, sin_cache, sign=+1)
+    return out.astype(o.dtype if out_dtype is None else out_dtype)
+
+
+def inverse_rope_float64(o, positions, cos_cache, sin_cache) -> np.ndarray:
+    """Exact-math inverse RoPE in numpy float64 (the "truth" for error measurement)."""
+    o = np.asarray(o, dtype=np.float64)
+    cos = np.asarray(cos_cache, dtype=np.float64)
+    sin = np.asarray(sin_cache, dtype=np.float64)
+    half = cos.shape[1]
+    pos = np.clip(np.asarray(positions).astype(np.int64), 0, cos.shape[0] - 1)
+    c, s = cos[pos][:, None, :], sin[pos][:, None, :]
+    out = o.copy()
+    tail = out[..., o.shape[-1] - 2 * half :]
+    a, b = tail[..., 0::2].copy(), tail[..., 1::2].copy()
+    tail[..., 0::2] = a * c + b * s
+    tail[..., 1::2] = b * c - a * s
+    return out

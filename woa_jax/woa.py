@@ -1,0 +1,149 @@
+"""The two full ``wo_a`` chains (BF16 reference and FP8 fast path) and a float64 truth."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _checks
+from ._spec import AITER_AMAX_FLOOR, QuantSemantics
+from .gemm import batched_gemm_a8w8_mxscale
+from .quant import e8m0_decode, e8m0_from_scale, inverse_rope_group_quant
+from .rope import inverse_rope, inverse_rope_float64
+
+_FLOAT_SCALES = ("float32", "float64", "float16", "bfloat16")
+
+
+def check_wo_a_weight(weight, weight_scale, num_groups: int) -> tuple[int, int, int]:
+    """Validate a checkpoint ``wo_a`` weight ``[G*N, K]`` and scale; return ``(N, K, block)``."""
+    rows, k = _checks.check_rank(weight, 2, "weight", "[G * N, K]")
+    _checks.check_dtype(weight, ("float8_e4m3fn", "float8_e4m3fnuz"), "weight")
+    if not isinstance(num_groups, int) or num_groups < 1 or rows % num_groups != 0:
+        raise ValueError(f"weight rows {rows} are not divisible by num_groups={num_groups}")
+    srows, scols = _checks.check_rank(weight_scale, 2, "weight_scale", "[G * N / B, K / B]")
+    _checks.check_dtype(weight_scale, ("float8_e8m0fnu", "uint8", *_FLOAT_SCALES), "weight_scale")
+    if scols < 1 or k % scols != 0 or k // scols not in (32, 128):
+        raise ValueError(
+            f"weight_scale {(srows, scols)} does not tile weight {(rows, k)} in 128x128 or 32x32 "
+            "blocks"
+        )
+    block = k // scols
+    if srows != -(-rows // block):
+        raise ValueError(
+            f"weight_scale has {srows} rows; a {rows}-row weight in {block}x{block} blocks needs "
+            f"{-(-rows // block)}"
+        )
+    return rows // num_groups, k, block
+
+
+def _weight_scale_f32(weight_scale):
+    if _checks.dtype_name(weight_scale) in _FLOAT_SCALES:
+        return jnp.asarray(weight_scale, jnp.float32)
+    return e8m0_decode(weight_scale)
+
+
+def dequant_wo_a_weight(weight, weight_scale, num_groups: int, *, dtype=jnp.bfloat16):
+    """``[G*N, K]`` checkpoint weight to ``[G, N, K]`` in ``dtype``, per-block scale applied.
+
+    Exact in bf16 for E8M0 scales; fp32 non-power-of-two scales (V4-Flash-Base) make the bf16
+    rounding part of the result, as in the BF16 reference path.
+    """
+    n, k, block = check_wo_a_weight(weight, weight_scale, num_groups)
+    s = _weight_scale_f32(weight_scale)
+    full = jnp.repeat(jnp.repeat(s, block, axis=0), block, axis=1)[: num_groups * n]
+    return (weight.astype(jnp.float32) * full).astype(dtype).reshape(num_groups, n, k)
+
+
+def wo_a_weight_e8m0(weight, weight_scale, num_groups: int):
+    """Checkpoint weight and scale as the GEMM's ``w [G, N, K]`` and ``w_scale [G, N/B, K/B]``.
+
+    Float scales go through the lossless ``e8m0_from_scale`` (host-side; raises on any scale that is
+    not a power of two).
+    """
+    n, k, block = check_wo_a_weight(weight, weight_scale, num_groups)
+    if n % block != 0:
+        raise ValueError(f"N={n} is not a multiple of the {block}-row weight block")
+    if _checks.dtype_name(weight_scale) in _FLOAT_SCALES:
+        weight_scale = e8m0_from_scale(weight_scale)
+    ws = jnp.asarray(weight_scale)
+    if _checks.dtype_name(ws) == "float8_e8m0fnu":
+        ws = jax.lax.bitcast_convert_type(ws, jnp.uint8)
+    return weight.reshape(num_groups, n, k), ws.reshape(num_groups, n // block, k // block)
+
+
+def _group_view(o, num_groups: int):
+    s, h, dh = o.shape
+    if (h * dh) % num_groups != 0:
+        raise ValueError(f"H * Dh = {h * dh} is not divisible by num_groups={num_groups}")
+    return o.reshape(s, num_groups, h * dh // num_groups)
+
+
+def wo_a_bf16(o, positions, cos_cache, sin_cache, weight_fp8, weight_scale, num_groups: int):
+    """The BF16 reference chain (vLLM ``rocm_inv_rope_einsum``; DeepSeek's own inference).
+
+    Inverse RoPE in fp32 rounded to bf16, exact BF16 dequantized weight, bf16 GEMM with fp32
+    accumulation, bf16 out. Use fp32 cos/sin to mirror upstream's BF16 path.
+
+    Args:
+      o: ``[S, H, Dh]`` bf16.
+      positions: ``[S]`` int32/int64.
+      cos_cache, sin_cache: ``[P, rd / 2]``.
+      weight_fp8: ``[G * N, K]`` fp8 checkpoint weight.
+      weight_scale: ``[G * N / B, K / B]`` E8M0 or uint8 bytes, or float scales.
+      num_groups: G.
+
+    Returns:
+      ``[S, G, N]`` bf16.
+    """
+    x = inverse_rope(o, positions, cos_cache, sin_cache, out_dtype=jnp.bfloat16)
+    _check_k(x, weight_fp8, num_groups)
+    w = dequant_wo_a_weight(weight_fp8, weight_scale, num_groups, dtype=jnp.bfloat16)
+    y = jnp.einsum("sgk,gnk->sgn", _group_view(x, num_groups), w,
+                   preferred_element_type=jnp.float32, precision=jax.lax.Precision.HIGHEST)
+    return y.astype(jnp.bfloat16)
+
+
+def wo_a_fp8(o, positions, cos_cache, sin_cache, weight_fp8, weight_scale, num_groups: int, *,
+             amax_floor: float = AITER_AMAX_FLOOR,
+             semantics: QuantSemantics | str = QuantSemantics.FUSED, dtype=jnp.bfloat16):
+    """The FP8 chain: fused inverse RoPE + 1 x B E8M0 quant, then the block-scaled GEMM.
+
+    Same arguments as ``wo_a_bf16``; the activation group size B is the weight block (128, or 32
+    for V4.1) and the activation fp8 dtype is the weight's. AITER semantics: bf16 cos/sin,
+    ``amax_floor=1e-8``. Returns ``[S, G, N]`` in ``dtype``.
+    """
+    w, ws = wo_a_weight_e8m0(weight_fp8, weight_scale, num_groups)
+    _check_k(o, weight_fp8, num_groups)
+    block = weight_fp8.shape[1] // weight_scale.shape[1]
+    x, xs = inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, block,
+                                     fp8_dtype=weight_fp8.dtype, amax_floor=amax_floor,
+                                     semantics=semantics)
+    return batched_gemm_a8w8_mxscale(x, w, xs, ws, dtype=dtype)
+
+
+def wo_a_truth(o, positions, cos_cache, sin_cache, weight_fp8, weight_scale,
+               num_groups: int) -> np.ndarray:
+    """Exact math in numpy float64, no quantization or rounding: ``[S, G, N]`` float64.
+
+    This is the yardstick for error measurement (``relative_error(y, truth)``), not an oracle for
+    bytes.
+    """
+    x = inverse_rope_float64(o, positions, cos_cache, sin_cache)
+    _check_k(x, weight_fp8, num_groups)
+    n, k, block = check_wo_a_weight(weight_fp8, weight_scale, num_groups)
+    s = np.asarray(_weight_scale_f32(weight_scale), np.float64)
+    full = np.repeat(np.repeat(s, block, axis=0), block, axis=1)[: num_groups * n]
+    w = (np.asarray(jnp.asarray(weight_fp8).astype(jnp.float32), np.float64) * full)
+    w = w.reshape(num_groups, n, k)
+    return np.einsum("sgk,gnk->sgn", _group_view(x, num_groups), w)
+
+
+def _check_k(o, weight, num_groups: int) -> None:
+    s, h, dh = o.shape
+    k = weight.shape[1]
+    if h * dh != num_groups * k:
+        raise ValueError(
+            f"o [S, H, Dh] = {tuple(o.shape)} gives G * K = {h * dh}, but the weight expects "
+            f"num_groups * K = {num_groups} * {k} = {num_groups * k}"
+        )
