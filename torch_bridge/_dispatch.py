@@ -1,0 +1,131 @@
+"""Backend registry and selection.
+
+Each backend lives in ``torch_bridge/backends/<name>.py`` (or a package of that name) and exposes a
+module-level ``BACKEND`` object with:
+
+* ``name: str`` (also its ``WOA_BACKEND`` value),
+* ``is_available() -> tuple[bool, str]``: lazy, cached, no side effects (no GPU work at import),
+* ``supports(op: Op, case: Case) -> tuple[bool, str]``: can it run this call,
+* one callable per op it implements, named like the op.
+
+Rules: ``backend="auto"`` walks ``AUTO_ORDER[op]`` and takes the first backend that is available and
+supports the call, logging each rejection once per (op, backend, reason). An explicit backend
+(argument, else ``WOA_BACKEND``) runs or raises ``BackendUnavailableError`` with the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import logging
+import os
+from typing import Any, Literal
+
+log = logging.getLogger("woa")
+
+Op = Literal["inverse_rope_group_quant", "batched_gemm_a8w8_mxscale", "wo_a"]
+BackendName = Literal["auto", "aiter", "triton", "torch", "bf16"]
+BACKENDS: tuple[str, ...] = ("aiter", "triton", "torch", "bf16")
+
+#: The walk of ``backend="auto"`` per op. The whole ``wo_a`` chain falls back to the BF16 path (the
+#: production fallback); the pure-torch FP8 reference runs the chain only when asked for by name.
+AUTO_ORDER: dict[str, tuple[str, ...]] = {
+    "inverse_rope_group_quant": ("aiter", "triton", "torch"),
+    "batched_gemm_a8w8_mxscale": ("aiter", "triton", "torch"),
+    "wo_a": ("aiter", "triton", "bf16"),
+}
+
+
+class BackendUnavailableError(RuntimeError):
+    """An explicitly requested backend cannot run the call; the message says why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """What a backend needs to know to accept or refuse one call (no tensor data)."""
+
+    device_type: str  # "cpu" or "cuda" (ROCm builds of torch report "cuda" too)
+    fp8_dtype: str | None = None  # "float8_e4m3fn" / "float8_e4m3fnuz"
+    act_dtype: str | None = None  # dtype of ``o``
+    rope_dtype: str | None = None  # dtype of cos/sin
+    head_dim: int | None = None
+    rope_dim: int | None = None
+    quant_group_size: int | None = None
+    scale_layout: str = "row"
+    out_dtype: str | None = None
+    extra: tuple[tuple[str, Any], ...] = ()
+
+
+_loaded: dict[str, Any] = {}
+_logged: set[tuple[str, str, str]] = set()
+
+
+def get_backend(name: str):
+    """The ``BACKEND`` object of ``torch_bridge.backends.<name>`` (imported on first use)."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; expected 'auto' or one of {', '.join(BACKENDS)}")
+    if name not in _loaded:
+        _loaded[name] = importlib.import_module(f"torch_bridge.backends.{name}").BACKEND
+    return _loaded[name]
+
+
+def requested_backend(backend: str | None) -> str:
+    """Argument, else ``WOA_BACKEND``, else ``"auto"``; validated."""
+    name = backend if backend not in (None, "auto") else os.environ.get("WOA_BACKEND", "auto")
+    name = name.strip().lower() or "auto"
+    if name != "auto" and name not in BACKENDS:
+        source = "backend" if backend not in (None, "auto") else "WOA_BACKEND"
+        raise ValueError(f"{source}={name!r} is not a backend; expected 'auto' or one of "
+                         f"{', '.join(BACKENDS)}")
+    return name
+
+
+def check(name: str, op: str, case: Case) -> tuple[bool, str]:
+    """``(ok, reason)`` for backend ``name`` running ``op`` on ``case``."""
+    be = get_backend(name)
+    if not hasattr(be, op):
+        return False, f"{name} does not implement {op}"
+    ok, reason = be.is_available()
+    if not ok:
+        return False, reason
+    return be.supports(op, case)
+
+
+def _log_once(op: str, name: str, reason: str) -> None:
+    key = (op, name, reason)
+    if key not in _logged:
+        _logged.add(key)
+        log.info("woa: %s: backend %s not used: %s", op, name, reason)
+
+
+def select(op: str, case: Case, backend: str | None = None):
+    """Pick the backend object for ``op``; see the module docstring for the rules."""
+    name = requested_backend(backend)
+    if name != "auto":
+        ok, reason = check(name, op, case)
+        if not ok:
+            raise BackendUnavailableError(f"backend {name!r} cannot run {op}: {reason}")
+        return get_backend(name)
+    reasons = []
+    for cand in AUTO_ORDER[op]:
+        ok, reason = check(cand, op, case)
+        if ok:
+            return get_backend(cand)
+        _log_once(op, cand, reason)
+        reasons.append(f"{cand}: {reason}")
+    raise BackendUnavailableError(f"no backend can run {op}: " + "; ".join(reasons))
+
+
+def explain(op: str, case: Case) -> dict[str, tuple[bool, str]]:
+    """``{backend: (ok, reason)}`` for every backend that implements ``op``."""
+    return {name: check(name, op, case) for name in BACKENDS}
+
+
+def reset_caches() -> None:
+    """Forget loaded backends, cached probes and logged reasons (tests, env changes)."""
+    for be in _loaded.values():
+        clear = getattr(be, "cache_clear", None)
+        if clear is not None:
+            clear()
+    _loaded.clear()
+    _logged.clear()
