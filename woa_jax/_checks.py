@@ -37,7 +37,7 @@ def check_dtype(x, allowed: tuple[str, ...], what: str) -> str:
 
 
 def check_rope_inputs(o, positions, cos_cache, sin_cache) -> tuple[int, int, int, int]:
-    """Validate ``o [S, H, Dh]``, ``positions [>= S]``, ``cos/sin [P, rd/2]``; return S, H, Dh, rd."""
+    """Check ``o [S, H, Dh]``, ``positions [>= S]``, ``cos/sin [P, rd/2]``; return S, H, Dh, rd."""
     s, h, dh = check_rank(o, 3, "o", "[S, H, Dh]")
     check_dtype(o, _FLOAT_ACTIVATION, "o")
     if len(_shape(positions)) != 1:
@@ -92,7 +92,9 @@ def check_gemm_inputs(x, w, x_scale, w_scale) -> tuple[int, int, int, int, int]:
     check_dtype(x, _FP8, "x")
     check_dtype(w, _FP8, "w")
     if dtype_name(x) != dtype_name(w):
-        raise TypeError(f"x and w must share one fp8 dtype, got {dtype_name(x)} and {dtype_name(w)}")
+        raise TypeError(
+            f"x and w must share one fp8 dtype, got {dtype_name(x)} and {dtype_name(w)}"
+        )
     if (gw, kw) != (g, k):
         raise ValueError(f"w [G, N, K] = {(gw, n, kw)} does not match x [M, G, K] = {(m, g, k)}")
     xs = check_rank(x_scale, 3, "x_scale", "[M, G, K / block]")

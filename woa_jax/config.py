@@ -100,8 +100,8 @@ class LocalShapes:
 def local_shapes(config: DSV4Config | str, tp: int) -> LocalShapes:
     """Shapes one tensor-parallel rank holds. Raises when the split would drop groups or heads.
 
-    Upstream computes ``o_groups // tp`` without a check, so ``tp=3`` on V4-Flash silently keeps 2 of
-    8/3 groups per rank; here that is a ``ValueError``.
+    Upstream computes ``o_groups // tp`` without a check, so ``tp=3`` on V4-Flash silently keeps
+    2 of 8/3 groups per rank; here that is a ``ValueError``.
     """
     cfg = get_config(config)
     if not isinstance(tp, int) or tp < 1:

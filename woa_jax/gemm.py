@@ -28,7 +28,7 @@ def dequant_weight(w, w_scale, *, dtype=jnp.float32):
 
 
 def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=jnp.bfloat16):
-    """``y[m, g, n] = sum_k dq(x)[m, g, k] * dq(w)[g, n, k]``, fp32 accumulation, one final rounding.
+    """``y[m, g, n] = sum_k dq(x)[m, g, k] * dq(w)[g, n, k]``: fp32 accumulation, one rounding.
 
     Args:
       x: ``[M, G, K]`` fp8 (e4m3fn or e4m3fnuz) activations.
@@ -60,6 +60,6 @@ def batched_gemm_float64(x, w, x_scale, w_scale) -> np.ndarray:
     xs = np.asarray(e8m0_decode(x_scale), np.float64)
     bk = x.shape[2] // xs.shape[-1]
     xd = np.asarray(x.astype(jnp.float32), np.float64)
-    xd = (xd.reshape(*xd.shape[:2], -1, bk) * xs[..., None]).reshape(xd.shape)
+    xd = (xd.reshape(*xd.shape[:2], xs.shape[-1], bk) * xs[..., None]).reshape(xd.shape)
     wd = np.asarray(dequant_weight(w, w_scale), np.float64)
     return np.einsum("mgk,gnk->mgn", xd, wd)

@@ -1,4 +1,4 @@
-"""Per-token 1 x GS E8M0 (round-up power-of-two) FP8 group quantization (NUMERICS.md sections 4, 5, 9)."""
+"""Per-token 1 x GS E8M0 (round-up power-of-two) FP8 group quantization (NUMERICS.md 4, 5, 9)."""
 
 from __future__ import annotations
 
@@ -75,6 +75,8 @@ def group_quant_e8m0(x, group_size: int = 128, *, fp8_dtype=jnp.float8_e4m3fn,
       return NaN above the range (NUMERICS.md section 5).
     """
     fp8 = _check_fp8_dtype(fp8_dtype)
+    if not isinstance(group_size, int) or group_size < 1:
+        raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
     k = x.shape[-1]
     if k % group_size != 0:
         raise ValueError(f"last dim {k} is not a multiple of group_size={group_size}")

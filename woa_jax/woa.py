@@ -96,8 +96,9 @@ def wo_a_bf16(o, positions, cos_cache, sin_cache, weight_fp8, weight_scale, num_
     Returns:
       ``[S, G, N]`` bf16.
     """
+    check_wo_a_weight(weight_fp8, weight_scale, num_groups)
+    _check_k(o, weight_fp8, num_groups)
     x = inverse_rope(o, positions, cos_cache, sin_cache, out_dtype=jnp.bfloat16)
-    _check_k(x, weight_fp8, num_groups)
     w = dequant_wo_a_weight(weight_fp8, weight_scale, num_groups, dtype=jnp.bfloat16)
     y = jnp.einsum("sgk,gnk->sgn", _group_view(x, num_groups), w,
                    preferred_element_type=jnp.float32, precision=jax.lax.Precision.HIGHEST)
@@ -129,9 +130,9 @@ def wo_a_truth(o, positions, cos_cache, sin_cache, weight_fp8, weight_scale,
     This is the yardstick for error measurement (``relative_error(y, truth)``), not an oracle for
     bytes.
     """
-    x = inverse_rope_float64(o, positions, cos_cache, sin_cache)
-    _check_k(x, weight_fp8, num_groups)
     n, k, block = check_wo_a_weight(weight_fp8, weight_scale, num_groups)
+    _check_k(o, weight_fp8, num_groups)
+    x = inverse_rope_float64(o, positions, cos_cache, sin_cache)
     s = np.asarray(_weight_scale_f32(weight_scale), np.float64)
     full = np.repeat(np.repeat(s, block, axis=0), block, axis=1)[: num_groups * n]
     w = (np.asarray(jnp.asarray(weight_fp8).astype(jnp.float32), np.float64) * full)
