@@ -1,0 +1,99 @@
+"""Backend selection: auto walk, explicit requests, env vars, unimportable backends, logging."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import types
+
+import numpy as np
+import pytest
+from tb_cases import rope_case
+
+import torch_bridge as tb
+from torch_bridge import _dispatch
+
+
+@pytest.fixture
+def args():
+    return rope_case(np.random.default_rng(0), s=3, h=2, dh=128, rd=64, num_groups=1).torch()
+
+
+def test_unimportable_backend_reports_a_reason(monkeypatch):
+    monkeypatch.setitem(_dispatch.BACKEND_MODULES, "triton", "no_such_module_here")
+    _dispatch.reset_caches()
+    ok, reason = _dispatch.check("triton", "wo_a", _dispatch.Case(device_type="cpu"))
+    assert not ok
+    assert reason.startswith("Triton backend not importable: ") and "no_such_module_here" in reason
+
+
+def test_module_without_backend_object(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch_bridge.backends.empty_mod",
+                        types.ModuleType("torch_bridge.backends.empty_mod"))
+    monkeypatch.setitem(_dispatch.BACKEND_MODULES, "triton", "empty_mod")
+    _dispatch.reset_caches()
+    assert tb.available_backends()["triton"] == (
+        False, "Triton backend not importable: torch_bridge.backends.empty_mod defines no BACKEND")
+
+
+def test_auto_falls_back_to_torch_and_logs_each_rejection_once(args, triton_off, caplog):
+    caplog.set_level(logging.INFO, logger="woa")
+    for _ in range(3):
+        tb.inverse_rope_group_quant(*args, 1, 128)
+    rejections = [r.getMessage() for r in caplog.records if "not used" in r.getMessage()]
+    assert rejections == [
+        "woa: inverse_rope_group_quant: backend aiter not used: AITER is not installed "
+        "(no 'aiter' module)",
+        "woa: inverse_rope_group_quant: backend triton not used: disabled by WOA_USE_TRITON=0",
+    ]
+
+
+def test_explicit_backend_raises_with_reason(args):
+    with pytest.raises(tb.BackendUnavailableError,
+                       match="backend 'aiter' cannot run inverse_rope_group_quant: AITER is not "
+                             "installed"):
+        tb.inverse_rope_group_quant(*args, 1, 128, backend="aiter")
+    with pytest.raises(tb.BackendUnavailableError, match="bf16 does not implement"):
+        tb.inverse_rope_group_quant(*args, 1, 128, backend="bf16")
+
+
+def test_env_backend_applies_and_argument_wins(args, monkeypatch):
+    monkeypatch.setenv("WOA_BACKEND", "aiter")
+    with pytest.raises(tb.BackendUnavailableError, match="backend 'aiter'"):
+        tb.inverse_rope_group_quant(*args, 1, 128)
+    q, _ = tb.inverse_rope_group_quant(*args, 1, 128, backend="torch")
+    assert q.shape == (3, 1, 256)
+
+
+def test_use_triton_switch(monkeypatch):
+    monkeypatch.setenv("WOA_USE_TRITON", "0")
+    _dispatch.reset_caches()
+    assert tb.available_backends()["triton"] == (False, "disabled by WOA_USE_TRITON=0")
+    monkeypatch.setenv("WOA_USE_AITER", "yes")
+    _dispatch.reset_caches()
+    with pytest.raises(ValueError, match="WOA_USE_AITER='yes' is not a valid switch"):
+        tb.available_backends()
+
+
+def test_available_backends_and_explain(triton_off):
+    avail = tb.available_backends()
+    assert set(avail) == set(_dispatch.BACKENDS)
+    assert avail["torch"][0] and avail["bf16"][0] and not avail["aiter"][0]
+    every = tb.explain(device_type="cpu")
+    assert set(every) == {"inverse_rope_group_quant", "batched_gemm_a8w8_mxscale", "wo_a"}
+    wo_a = every["wo_a"]
+    assert wo_a["bf16"] == (True, "the BF16 chain runs any validated wo_a call")
+    assert wo_a["torch"] == (True, "FP8 chain on torch")
+    assert wo_a["aiter"] == (False, "AITER is not installed (no 'aiter' module)")
+    assert every["inverse_rope_group_quant"]["bf16"][0] is False
+    with pytest.raises(ValueError, match="op must be one of"):
+        tb.explain("gemm")
+
+
+def test_import_touches_no_gpu_and_no_aiter():
+    code = ("import sys, torch; torch.cuda.is_available = None; import torch_bridge, "
+            "torch_bridge.ops, torch_bridge.projection; "
+            "assert 'aiter' not in sys.modules and 'triton' not in sys.modules")
+    import subprocess
+
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,85 @@
+"""torch_bridge: DeepSeek V4's FP8 ``wo_a`` projection for PyTorch (and JAX arrays via DLPack).
+
+Backends: ``aiter`` (AITER ops, ROCm gfx950), ``triton``, ``torch`` (pure-torch reference,
+bit-identical to ``woa_jax`` on fp8 and scale bytes) and ``bf16`` (the BF16 chain, the fallback of
+the whole projection). Importing this package touches no GPU and imports no vendor package.
+"""
+
+from __future__ import annotations
+
+from . import _dispatch
+from ._capability import ENV_VARS
+from ._dispatch import BACKENDS, BackendUnavailableError, Case
+from .checkpoint import read_wo_a, save_wo_a_layer
+from .interop import to_jax, to_torch
+from .layouts import from_scale_layout, to_scale_layout
+from .ops import batched_gemm_a8w8_mxscale, inverse_rope_group_quant
+from .projection import WoAProjection, wo_a_bf16, wo_a_fp8
+
+_DEFAULT_CASES = {
+    "inverse_rope_group_quant": dict(fp8_dtype="float8_e4m3fn", act_dtype="bfloat16",
+                                     rope_dtype="bfloat16", head_dim=512, rope_dim=64,
+                                     quant_group_size=128),
+    "batched_gemm_a8w8_mxscale": dict(fp8_dtype="float8_e4m3fn", quant_group_size=128,
+                                      out_dtype="bfloat16",
+                                      extra=(("n", 1024), ("k", 4096), ("x_k_contiguous", True))),
+    "wo_a": dict(fp8_dtype="float8_e4m3fn", act_dtype="bfloat16", rope_dtype="float32",
+                 head_dim=512, rope_dim=64, quant_group_size=128, out_dtype="bfloat16",
+                 extra=(("n", 1024), ("k", 4096), ("x_k_contiguous", True))),
+}
+
+
+def _default_device_type() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def available_backends() -> dict[str, tuple[bool, str]]:
+    """``{backend: (ok, reason)}``: which backends can run at all in this process."""
+    return {name: _dispatch.get_backend(name).is_available() for name in BACKENDS}
+
+
+def explain(op: str | None = None, case: Case | None = None, *,
+            device_type: str | None = None) -> dict:
+    """Which backends can run ``op`` here, each with its reason.
+
+    Args:
+      op: ``"inverse_rope_group_quant"``, ``"batched_gemm_a8w8_mxscale"`` or ``"wo_a"``; ``None``
+        explains all three.
+      case: the call to judge (``torch_bridge.ops.rope_case`` / ``gemm_case`` build one from
+        tensors; ``WoAProjection.explain(o)`` for a layer). Default: a DeepSeek V4 call (bf16
+        ``o [S, 64, 512]``, e4m3fn, GS 128, N 1024, K 4096) on ``device_type``.
+      device_type: ``"cuda"`` or ``"cpu"``; default the GPU if torch sees one.
+
+    Returns:
+      ``{backend: (ok, reason)}``, or ``{op: {backend: (ok, reason)}}`` when ``op`` is None.
+    """
+    if op is None:
+        return {name: explain(name, case, device_type=device_type) for name in _DEFAULT_CASES}
+    if op not in _DEFAULT_CASES:
+        raise ValueError(f"op must be one of {', '.join(_DEFAULT_CASES)}, got {op!r}")
+    if case is None:
+        case = Case(device_type=device_type or _default_device_type(), **_DEFAULT_CASES[op])
+    return _dispatch.explain(op, case)
+
+
+__all__ = [
+    "BACKENDS",
+    "ENV_VARS",
+    "BackendUnavailableError",
+    "Case",
+    "WoAProjection",
+    "available_backends",
+    "batched_gemm_a8w8_mxscale",
+    "explain",
+    "from_scale_layout",
+    "inverse_rope_group_quant",
+    "read_wo_a",
+    "save_wo_a_layer",
+    "to_jax",
+    "to_scale_layout",
+    "to_torch",
+    "wo_a_bf16",
+    "wo_a_fp8",
+]

@@ -1,0 +1,103 @@
+"""Lazy, cached capability probes and the ``WOA_*`` environment switches.
+
+Nothing here touches a GPU or imports a vendor package at import time. Backends call the probes
+through this module's attributes (``_capability.gpu_arch()``), so tests can replace them with
+``monkeypatch.setattr``; ``cache_clear()`` forgets every cached answer.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import importlib.util
+import os
+import pathlib
+import re
+
+#: Environment variables read by ``torch_bridge`` (name -> meaning), for documentation and errors.
+ENV_VARS: dict[str, str] = {
+    "WOA_BACKEND": "auto (default), aiter, triton, torch or bf16: the backend every op uses "
+                   "unless the call passes backend=",
+    "WOA_USE_AITER": "1 (default) or 0: 0 keeps backend='auto' off AITER and makes an explicit "
+                     "aiter request fail with that reason",
+    "WOA_USE_TRITON": "1 (default) or 0: the same switch for the Triton backend",
+}
+
+
+def env_flag(name: str, default: bool) -> bool:
+    """A ``0``/``1`` switch; unset or empty means ``default``; anything else is a ``ValueError``."""
+    raw = os.environ.get(name, "").strip()
+    if raw == "":
+        return default
+    if raw in ("0", "1"):
+        return raw == "1"
+    raise ValueError(f"{name}={raw!r} is not a valid switch; expected 0 or 1")
+
+
+@functools.cache
+def is_rocm_build() -> bool:
+    """Whether the installed torch is a ROCm (HIP) build; does not initialise a device."""
+    import torch
+
+    return getattr(torch.version, "hip", None) is not None
+
+
+@functools.cache
+def gpu_arch(device_index: int = 0) -> str | None:
+    """The GPU architecture name (``"gfx950"``, ``"sm_90"``) of one device, or ``None`` without one.
+
+    On ROCm this is ``gcnArchName`` without its feature suffixes (``:sramecc+:xnack-``). This
+    initialises the device, so it is only called once a backend is otherwise eligible.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(device_index)
+    if is_rocm_build():
+        return str(getattr(props, "gcnArchName", "")).split(":")[0] or None
+    return f"sm_{props.major}{props.minor}"
+
+
+def accelerator_device_type() -> str:
+    """The torch device type of a GPU tensor (ROCm builds report ``"cuda"`` too)."""
+    return "cuda"
+
+
+@functools.cache
+def module_found(name: str) -> bool:
+    """Whether ``import name`` would find a module, without importing it."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+@functools.cache
+def aiter_version() -> str | None:
+    """AITER's version without importing it: the ``amd-aiter`` distribution, else the source tree.
+
+    A source checkout on ``PYTHONPATH`` has no distribution metadata; its generated
+    ``aiter/_version.py`` is read as text, because importing it would run ``aiter/__init__``.
+    """
+    try:
+        return importlib.metadata.version("amd-aiter")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    spec = importlib.util.find_spec("aiter") if module_found("aiter") else None
+    if spec is None or not spec.origin:
+        return None
+    version_file = pathlib.Path(spec.origin).parent / "_version.py"
+    if not version_file.is_file():
+        return None
+    match = re.search(r"""__version__\s*=\s*(?:version\s*=\s*)?["']([^"']+)["']""",
+                      version_file.read_text(errors="replace"))
+    return match.group(1) if match else None
+
+
+def cache_clear() -> None:
+    """Forget every cached probe (tests, or after changing the environment)."""
+    for probe in (is_rocm_build, gpu_arch, module_found, aiter_version):
+        clear = getattr(probe, "cache_clear", None)  # tests may have swapped a probe out
+        if clear is not None:
+            clear()

@@ -1,0 +1,247 @@
+"""Read (and write, for tests and ``woa verify``) the ``wo_a`` tensors of safetensors checkpoints.
+
+Names understood (NUMERICS.md section 10):
+
+* DeepSeek native: ``layers.{i}.attn.wo_a.weight`` and ``layers.{i}.attn.wo_a.scale``;
+* vLLM / HF: ``model.layers.{i}.self_attn.wo_a.weight`` with ``weight_scale_inv`` (block FP8) or
+  ``weight_scale`` (ModelOpt exports); any prefix before ``layers.`` is accepted.
+
+Weights are F8_E4M3 (or BF16/F16/F32 for checkpoints that keep ``wo_a`` unquantized, with no
+scale); scales F8_E8M0, U8 (E8M0 bytes) or F32. A checkpoint is one ``.safetensors`` file, or a
+directory with ``model.safetensors.index.json`` (``weight_map``: tensor name -> shard file), or a
+directory whose ``*.safetensors`` files are all scanned.
+
+Tensor parallelism slices whole groups: rank ``r`` of ``tp`` keeps output rows
+``[r * G_l * N, (r + 1) * G_l * N)`` of the ``[G * N, K]`` weight (``G_l = G / tp``) and the
+matching whole scale rows. ``G % tp != 0`` is an error, never a truncation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import re
+from typing import Literal
+
+import torch
+
+Naming = Literal["deepseek", "vllm"]
+INDEX_FILE = "model.safetensors.index.json"
+#: ``o_lora_rank`` (N, outputs per group) of every released DeepSeek V4 config; the group count of
+#: a checkpoint without a config is inferred as ``rows / N_DEFAULT``.
+N_DEFAULT = 1024
+
+_NAME = re.compile(
+    r"^(?P<prefix>(?:.*\.)?)layers\.(?P<layer>\d+)\.(?P<attn>attn|self_attn)\.wo_a\."
+    r"(?P<kind>weight|scale|weight_scale_inv|weight_scale)$"
+)
+_SCALE_KINDS = ("scale", "weight_scale_inv", "weight_scale")
+
+
+def wo_a_names(layer: int, naming: Naming = "deepseek") -> tuple[str, str]:
+    """``(weight name, scale name)`` of layer ``layer`` in the given naming."""
+    if naming == "deepseek":
+        return f"layers.{layer}.attn.wo_a.weight", f"layers.{layer}.attn.wo_a.scale"
+    if naming == "vllm":
+        base = f"model.layers.{layer}.self_attn.wo_a"
+        return f"{base}.weight", f"{base}.weight_scale_inv"
+    raise ValueError(f"naming must be 'deepseek' or 'vllm', got {naming!r}")
+
+
+def tensor_files(path: str | pathlib.Path) -> dict[str, pathlib.Path]:
+    """Map every tensor name of a checkpoint to the shard file holding it."""
+    from safetensors import safe_open
+
+    p = pathlib.Path(path)
+    if p.is_file():
+        files = [p]
+    elif (p / INDEX_FILE).is_file():
+        index = json.loads((p / INDEX_FILE).read_text())
+        if not isinstance(index.get("weight_map"), dict):
+            raise ValueError(f"{p / INDEX_FILE} has no 'weight_map' object")
+        return {name: p / fname for name, fname in index["weight_map"].items()}
+    elif p.is_dir():
+        files = sorted(p.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no *.safetensors files and no {INDEX_FILE} in {p}")
+    else:
+        raise FileNotFoundError(f"checkpoint {p} does not exist")
+    out: dict[str, pathlib.Path] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as fh:
+            out.update(dict.fromkeys(fh.keys(), f))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class WoATensors:
+    """One rank's ``wo_a`` slice as read from a checkpoint."""
+
+    #: ``[G_l * N, K]`` (fp8 or an unquantized float dtype).
+    weight: torch.Tensor
+    #: ``[G_l * N / B, K / B]`` scale (F8_E8M0 / U8 / F32), ``None`` for unquantized weights.
+    scale: torch.Tensor | None
+    #: Groups of the whole layer (all ranks) and of this rank.
+    num_groups: int
+    local_groups: int
+    weight_name: str
+    scale_name: str | None
+
+
+def find_wo_a(files: dict[str, pathlib.Path], layer: int) -> tuple[str, str | None]:
+    """The weight and scale names of layer ``layer`` (scale ``None`` when absent)."""
+    weights, scales = {}, {}
+    for name in files:
+        m = _NAME.match(name)
+        if m is None or int(m["layer"]) != layer:
+            continue
+        stem = name.rsplit(".", 1)[0]
+        if m["kind"] == "weight":
+            weights[stem] = name
+        else:
+            scales.setdefault(stem, {})[m["kind"]] = name
+    if not weights:
+        expect = " or ".join(wo_a_names(layer, n)[0] for n in ("deepseek", "vllm"))
+        raise KeyError(f"no wo_a weight for layer {layer} in the checkpoint; expected {expect}")
+    if len(weights) > 1:
+        raise ValueError(f"layer {layer} has several wo_a weights: {sorted(weights.values())}")
+    stem, wname = next(iter(weights.items()))
+    found = scales.get(stem, {})
+    sname = next((found[k] for k in _SCALE_KINDS if k in found), None)
+    return wname, sname
+
+
+def read_wo_a(path: str | pathlib.Path, layer: int, *, tp_rank: int = 0, tp_size: int = 1,
+              num_groups: int | None = None) -> WoATensors:
+    """Read one tensor-parallel rank's ``wo_a`` weight and scale of layer ``layer``.
+
+    Only the rank's rows are read from disk (safetensors slices).
+
+    Args:
+      path: checkpoint file or directory (see the module docstring).
+      layer: layer index ``i`` in ``layers.{i}``.
+      tp_rank, tp_size: the rank and the tensor-parallel degree; ``tp_size`` must divide G.
+      num_groups: G of the whole layer; default ``rows / 1024`` (``N_DEFAULT``, every released
+        V4 config). Pass it for scaled-down checkpoints.
+
+    Returns:
+      A ``WoATensors`` on the CPU.
+    """
+    from safetensors import safe_open
+
+    if not isinstance(tp_size, int) or tp_size < 1:
+        raise ValueError(f"tp_size must be a positive integer, got {tp_size!r}")
+    if not isinstance(tp_rank, int) or not 0 <= tp_rank < tp_size:
+        raise ValueError(f"tp_rank must be an integer in [0, {tp_size}), got {tp_rank!r}")
+    files = tensor_files(path)
+    wname, sname = find_wo_a(files, layer)
+    with safe_open(str(files[wname]), framework="pt") as fh:
+        wslice = fh.get_slice(wname)
+        shape = tuple(wslice.get_shape())
+        if len(shape) != 2:
+            raise ValueError(f"{wname} must be 2-D [G * N, K], got shape {shape}")
+        rows, k = shape
+        g = num_groups if num_groups is not None else rows // N_DEFAULT
+        if not isinstance(g, int) or g < 1 or rows % g != 0:
+            raise ValueError(
+                f"{wname} has {rows} rows, which is not num_groups={g} whole groups"
+                + ("" if num_groups is not None else f" of N={N_DEFAULT}; pass num_groups=")
+            )
+        if g % tp_size != 0:
+            raise ValueError(
+                f"o_groups={g} is not divisible by tp_size={tp_size}; tensor parallelism splits "
+                f"whole groups, so tp_size must divide {g}"
+            )
+        g_l = g // tp_size
+        r0, r1 = tp_rank * g_l * (rows // g), (tp_rank + 1) * g_l * (rows // g)
+        weight = wslice[r0:r1]
+    scale = None
+    if sname is not None:
+        with safe_open(str(files[sname]), framework="pt") as fh:
+            sslice = fh.get_slice(sname)
+            sshape = tuple(sslice.get_shape())
+            if len(sshape) != 2 or sshape[1] < 1 or k % sshape[1] != 0:
+                raise ValueError(f"{sname} of shape {sshape} does not tile {wname} {shape}")
+            block = k // sshape[1]
+            if r0 % block or (r1 - r0) % block:
+                raise ValueError(
+                    f"a tp_size={tp_size} rank holds {r1 - r0} weight rows, not whole "
+                    f"{block}-row scale blocks"
+                )
+            scale = sslice[r0 // block:r1 // block]
+    return WoATensors(weight=weight, scale=scale, num_groups=g, local_groups=g_l,
+                      weight_name=wname, scale_name=sname)
+
+
+def layer_kind_from_config(path: str | pathlib.Path, layer: int) -> str | None:
+    """``"compress"``/``"window"`` from a ``config.json`` beside the checkpoint, if it says.
+
+    Reads ``compress_ratios[layer]`` (ratio > 1: compressed-attention layer); ``None`` when there
+    is no config or no such field.
+    """
+    p = pathlib.Path(path)
+    cfg = (p if p.is_dir() else p.parent) / "config.json"
+    if not cfg.is_file():
+        return None
+    ratios = json.loads(cfg.read_text()).get("compress_ratios")
+    if not isinstance(ratios, list) or not 0 <= layer < len(ratios):
+        return None
+    return "compress" if (ratios[layer] or 1) > 1 else "window"
+
+
+def save_checkpoint(path: str | pathlib.Path, tensors: dict[str, torch.Tensor], *,
+                    shards: int = 1) -> list[pathlib.Path]:
+    """Write ``tensors`` as safetensors into directory ``path``, round-robin over ``shards`` files.
+
+    With ``shards > 1`` the files are ``model-0000i-of-0000n.safetensors`` plus
+    ``model.safetensors.index.json``; with one shard, ``model.safetensors``.
+    """
+    from safetensors.torch import save_file
+
+    if not isinstance(shards, int) or not 1 <= shards <= max(1, len(tensors)):
+        raise ValueError(f"shards must be in [1, {max(1, len(tensors))}], got {shards!r}")
+    p = pathlib.Path(path)
+    p.mkdir(parents=True, exist_ok=True)
+    names = list(tensors)
+    if shards == 1:
+        out = p / "model.safetensors"
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(out))
+        return [out]
+    written, weight_map = [], {}
+    for i in range(shards):
+        fname = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        part = {k: tensors[k].contiguous() for k in names[i::shards]}
+        save_file(part, str(p / fname))
+        weight_map.update({k: fname for k in part})
+        written.append(p / fname)
+    (p / INDEX_FILE).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
+    return written
+
+
+def save_wo_a_layer(path: str | pathlib.Path, layer: int, weight: torch.Tensor,
+                    scale: torch.Tensor | None, *, naming: Naming = "deepseek",
+                    shards: int = 1, scale_name: str | None = None,
+                    extra: dict[str, torch.Tensor] | None = None) -> list[pathlib.Path]:
+    """Write one layer's ``wo_a`` weight (and scale) as a small checkpoint in directory ``path``.
+
+    Args:
+      path: output directory (created).
+      layer: layer index.
+      weight: ``[G * N, K]``, usually float8_e4m3fn; scale: ``[G * N / B, K / B]``
+        float8_e8m0fnu / uint8 / float32, or ``None`` for an unquantized weight.
+      naming: ``"deepseek"`` or ``"vllm"`` (``weight_scale_inv``).
+      shards: split over this many files with an index JSON (``> 1`` needs ``extra`` tensors or a
+        scale to fill the shards).
+      scale_name: override the scale tensor's name (e.g. a ``...weight_scale`` export).
+      extra: further tensors written alongside (e.g. unrelated layers).
+
+    Returns:
+      The files written.
+    """
+    wname, sname = wo_a_names(layer, naming)
+    tensors = {wname: weight}
+    if scale is not None:
+        tensors[scale_name or sname] = scale
+    tensors.update(extra or {})
+    return save_checkpoint(path, tensors, shards=shards)

@@ -1,0 +1,70 @@
+"""Activation scale layouts for torch tensors, through ``woa_jax``'s address tables.
+
+Backends produce the logical row layout ``[S, G, Ks]``; the tiled layouts of AITER main
+(``"mfma_tile"``, ``"n32k4"``) and the released ``"scale_shuffle"`` tile are a scatter through
+``woa_jax.layouts._addresses`` (the byte address of every logical element), so this module and the
+oracle share one definition. Padding bytes are filled with ``pad_value`` here and are undefined in
+AITER: never compare them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from woa_jax import ScaleLayout, scale_shape
+from woa_jax._spec import as_enum
+from woa_jax.layouts import _addresses
+
+
+def _index(s: int, g: int, ks: int, layout: ScaleLayout, gs: int, device) -> torch.Tensor:
+    addr = _addresses(s, g, ks, layout, gs)
+    return torch.from_numpy(np.ascontiguousarray(addr, dtype=np.int64)).reshape(-1).to(device)
+
+
+def to_scale_layout(x_scale: torch.Tensor, scale_layout: ScaleLayout | str, *,
+                    quant_group_size: int = 128, pad_value: int = 0x7F,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+    """Row-layout ``[S, G, Ks]`` scale bytes into a ``scale_layout`` buffer.
+
+    Args:
+      x_scale: ``[S, G, Ks]`` uint8 or float8_e8m0fnu.
+      scale_layout: ``"row"``, ``"mfma_tile"``, ``"n32k4"`` or ``"scale_shuffle"``.
+      quant_group_size: GS (the tiled layouts depend on it).
+      pad_value: byte written to padding (0x7F = 1.0) when a new buffer is allocated.
+      out: a preallocated buffer of ``scale_shape(...)`` to write into (padding left untouched).
+
+    Returns:
+      The buffer, ``woa_jax.scale_shape(S, G, Ks, scale_layout, GS)``, in ``x_scale``'s dtype.
+    """
+    layout = as_enum(ScaleLayout, scale_layout, "scale_layout")
+    if x_scale.dim() != 3:
+        raise ValueError(f"x_scale must be 3-D [S, G, Ks], got shape {tuple(x_scale.shape)}")
+    s, g, ks = (int(d) for d in x_scale.shape)
+    shape = scale_shape(s, g, ks, layout, quant_group_size)
+    if out is None:
+        out = torch.full(shape, pad_value, dtype=torch.uint8, device=x_scale.device)
+        out = out.view(x_scale.dtype)
+    elif tuple(out.shape) != shape:
+        raise ValueError(f"a {layout.value} scale buffer must have shape {shape}, got "
+                         f"{tuple(out.shape)}")
+    flat = out.view(torch.uint8).view(-1)
+    flat[_index(s, g, ks, layout, quant_group_size, out.device)] = (
+        x_scale.view(torch.uint8).reshape(-1))
+    return out
+
+
+def from_scale_layout(buffer: torch.Tensor, scale_layout: ScaleLayout | str, s: int,
+                      num_groups: int, scale_groups: int, *,
+                      quant_group_size: int = 128) -> torch.Tensor:
+    """Read the logical ``[S, G, Ks]`` scale bytes out of a ``scale_layout`` buffer."""
+    layout = as_enum(ScaleLayout, scale_layout, "scale_layout")
+    shape = scale_shape(s, num_groups, scale_groups, layout, quant_group_size)
+    if tuple(buffer.shape) != shape:
+        raise ValueError(
+            f"a {layout.value} scale buffer for S={s}, G={num_groups}, Ks={scale_groups} has "
+            f"shape {shape}, got {tuple(buffer.shape)}"
+        )
+    idx = _index(s, num_groups, scale_groups, layout, quant_group_size, buffer.device)
+    raw = buffer.contiguous().view(torch.uint8).reshape(-1)[idx]
+    return raw.reshape(s, num_groups, scale_groups).view(buffer.dtype)

@@ -1,0 +1,236 @@
+"""Public torch entry points: validate once, pick a backend, run.
+
+Every function accepts torch tensors or (concrete) JAX arrays; JAX inputs are exchanged zero-copy
+through DLPack (``torch_bridge.interop``) and the results come back as JAX arrays. Validation
+happens here, with ``woa_jax._checks`` (the same messages as the oracle); backends assume valid
+input.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from woa_jax import AITER_AMAX_FLOOR, ScaleLayout, _checks, scale_shape
+from woa_jax._spec import as_enum
+
+from . import _dispatch, interop, layouts
+from ._dispatch import Case
+
+BackendArg = Literal["auto", "aiter", "triton", "torch", "bf16"]
+ScaleLayoutArg = Literal["row", "mfma_tile", "n32k4"]
+
+_FP8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+_SCALE_DTYPES = (torch.uint8, torch.float8_e8m0fnu)
+_PUBLIC_LAYOUTS = (ScaleLayout.ROW, ScaleLayout.MFMA_TILE, ScaleLayout.N32K4)
+
+
+def _require_torch(**tensors) -> None:
+    for name, t in tensors.items():
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch tensor or a JAX array, got {type(t).__name__}")
+
+
+def _one_device(**tensors) -> torch.device:
+    devices = {name: t.device for name, t in tensors.items() if t is not None}
+    if len(set(devices.values())) > 1:
+        where = ", ".join(f"{name} on {dev}" for name, dev in devices.items())
+        raise ValueError(f"all tensors must be on one device, got {where}")
+    return next(iter(devices.values()))
+
+
+def _any_jax(*xs) -> bool:
+    return any(interop.is_jax_array(x) for x in xs)
+
+
+def _no_jax_outputs(**bufs) -> None:
+    for name, b in bufs.items():
+        if b is not None:
+            raise TypeError(
+                f"{name} cannot be filled when the inputs are JAX arrays (JAX arrays are "
+                "immutable); leave it None to get a new JAX array"
+            )
+
+
+def check_contiguous(t: torch.Tensor, what: str) -> None:
+    """Raise a ``ValueError`` naming ``what`` unless ``t`` is contiguous."""
+    if not t.is_contiguous():
+        raise ValueError(
+            f"{what} must be contiguous, got shape {tuple(t.shape)} with strides {t.stride()}; "
+            f"pass {what}.contiguous()"
+        )
+
+
+def rope_case(o: torch.Tensor, cos_cache: torch.Tensor, quant_group_size: int,
+              fp8_dtype: torch.dtype, *, num_groups: int, amax_floor: float,
+              scale_layout: str = "row", extra: tuple = ()) -> Case:
+    """The dispatch ``Case`` of an ``inverse_rope_group_quant`` call (also used by the chain)."""
+    return Case(
+        device_type=o.device.type,
+        fp8_dtype=_checks.dtype_name(fp8_dtype),
+        act_dtype=_checks.dtype_name(o),
+        rope_dtype=_checks.dtype_name(cos_cache),
+        head_dim=int(o.shape[2]),
+        rope_dim=2 * int(cos_cache.shape[1]),
+        quant_group_size=quant_group_size,
+        scale_layout=scale_layout,
+        extra=(("num_groups", num_groups), ("amax_floor", amax_floor), *extra),
+    )
+
+
+def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int,
+                             quant_group_size: int = 128, *,
+                             scale_layout: ScaleLayoutArg | ScaleLayout = "row",
+                             backend: BackendArg = "auto", x_fp8=None, x_scale=None,
+                             fp8_dtype: torch.dtype | None = None,
+                             amax_floor: float = AITER_AMAX_FLOOR):
+    """Inverse RoPE fused with per-token 1 x GS E8M0 FP8 quantization (``woa_jax``'s op).
+
+    Args:
+      o: ``[S, H, Dh]`` bf16/fp16/fp32 attention output, contiguous, RoPE-rotated in its last
+        ``rd`` lanes per head (GPT-J interleaved pairs).
+      positions: ``[>= S]`` int32/int64 token positions. The contract is ``0 <= p < P``;
+        out-of-range values are clamped to ``[0, P - 1]`` as AITER's kernel does.
+      cos_cache, sin_cache: ``[P, rd / 2]`` bf16/fp16/fp32 tables (the AITER backend converts
+        them to ``o``'s dtype, as vLLM's ROCm path does; convert once yourself to save the copy).
+      num_groups: G; each group is ``H / G`` consecutive heads, ``D = H * Dh / G`` lanes.
+      quant_group_size: GS in {32, 64, 128}; must divide D.
+      scale_layout: ``"row"`` (``[S, G, D / GS]``, what the GEMM consumes), ``"mfma_tile"`` or
+        ``"n32k4"`` (AITER main's tiled buffers, ``woa_jax.scale_shape``; padding undefined).
+      backend: ``"auto"`` or a backend name; ``None``/``"auto"`` defers to ``WOA_BACKEND``.
+      x_fp8: optional ``[S, G, D]`` contiguous fp8 output buffer; its dtype sets the fp8 flavour.
+      x_scale: optional output buffer of the layout's shape, uint8 or float8_e8m0fnu.
+      fp8_dtype: ``torch.float8_e4m3fn`` (default) or ``torch.float8_e4m3fnuz`` when no
+        ``x_fp8`` is given.
+      amax_floor: 1e-8 (AITER, default) or 1e-10 (vLLM CUDA).
+
+    Returns:
+      ``(x_fp8 [S, G, D], x_scale)``; ``x_scale`` is float8_e8m0fnu (or ``x_scale``'s dtype when
+      given) in ``scale_layout``. Bytes equal ``woa_jax.inverse_rope_group_quant``'s (fused
+      semantics). ``S = 0`` returns empty tensors without running a backend.
+    """
+    if _any_jax(o, positions, cos_cache, sin_cache):
+        _no_jax_outputs(x_fp8=x_fp8, x_scale=x_scale)
+        q, sc = inverse_rope_group_quant(
+            *(interop.to_torch(a) for a in (o, positions, cos_cache, sin_cache)), num_groups,
+            quant_group_size, scale_layout=scale_layout, backend=backend, fp8_dtype=fp8_dtype,
+            amax_floor=amax_floor)
+        return interop.to_jax(q), interop.to_jax(sc)
+    _require_torch(o=o, positions=positions, cos_cache=cos_cache, sin_cache=sin_cache,
+                   x_fp8=x_fp8, x_scale=x_scale)
+    layout = as_enum(ScaleLayout, scale_layout, "scale_layout")
+    if layout not in _PUBLIC_LAYOUTS:
+        raise ValueError(
+            f"scale_layout must be 'row', 'mfma_tile' or 'n32k4', got {layout.value!r}")
+    s, h, dh, _ = _checks.check_rope_inputs(o, positions, cos_cache, sin_cache)
+    d = _checks.check_group_split(s, h, dh, num_groups, quant_group_size)
+    check_contiguous(o, "o")
+    device = _one_device(o=o, positions=positions, cos_cache=cos_cache, sin_cache=sin_cache,
+                         x_fp8=x_fp8, x_scale=x_scale)
+    fp8 = _resolve_fp8(x_fp8, fp8_dtype, (s, num_groups, d))
+    ks = d // quant_group_size
+    sshape = scale_shape(s, num_groups, ks, layout, quant_group_size)
+    if x_scale is not None:
+        if x_scale.dtype not in _SCALE_DTYPES:
+            raise TypeError(f"x_scale must be uint8 or float8_e8m0fnu, got "
+                            f"{_checks.dtype_name(x_scale)}")
+        if tuple(x_scale.shape) != sshape:
+            raise ValueError(f"x_scale for scale_layout={layout.value!r} must have shape "
+                             f"{sshape}, got {tuple(x_scale.shape)}")
+        check_contiguous(x_scale, "x_scale")
+    scale_dtype = x_scale.dtype if x_scale is not None else torch.float8_e8m0fnu
+    if x_fp8 is None:
+        x_fp8 = torch.empty((s, num_groups, d), dtype=fp8, device=device)
+    if s == 0:
+        if x_scale is None:
+            x_scale = torch.empty(sshape, dtype=scale_dtype, device=device)
+        return x_fp8, x_scale
+
+    # Backends always write the row layout; tiled layouts are built from it below.
+    case = rope_case(o, cos_cache, quant_group_size, fp8, num_groups=num_groups,
+                     amax_floor=amax_floor)
+    be = _dispatch.select("inverse_rope_group_quant", case, backend)
+    row_buf = x_scale.view(torch.uint8) if (x_scale is not None and layout is ScaleLayout.ROW) \
+        else None
+    q, byte = be.inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups,
+                                          quant_group_size, amax_floor=amax_floor, x_fp8=x_fp8,
+                                          x_scale=row_buf)
+    byte = byte.view(torch.uint8)
+    if layout is ScaleLayout.ROW:
+        return q, (x_scale if x_scale is not None else byte.view(scale_dtype))
+    out = x_scale.view(torch.uint8) if x_scale is not None else None
+    buf = layouts.to_scale_layout(byte, layout, quant_group_size=quant_group_size, out=out)
+    return q, (x_scale if x_scale is not None else buf.view(scale_dtype))
+
+
+def _resolve_fp8(x_fp8, fp8_dtype, shape: tuple[int, int, int]) -> torch.dtype:
+    if fp8_dtype is not None and fp8_dtype not in _FP8:
+        raise TypeError(f"fp8_dtype must be torch.float8_e4m3fn or torch.float8_e4m3fnuz, got "
+                        f"{fp8_dtype}")
+    if x_fp8 is None:
+        return fp8_dtype or torch.float8_e4m3fn
+    if x_fp8.dtype not in _FP8:
+        raise TypeError(f"x_fp8 must be float8_e4m3fn or float8_e4m3fnuz, got "
+                        f"{_checks.dtype_name(x_fp8)}")
+    if fp8_dtype is not None and fp8_dtype != x_fp8.dtype:
+        raise TypeError(f"fp8_dtype={fp8_dtype} contradicts x_fp8.dtype={x_fp8.dtype}")
+    if tuple(x_fp8.shape) != shape:
+        raise ValueError(f"x_fp8 must have shape [S, G, D] = {shape}, got {tuple(x_fp8.shape)}")
+    check_contiguous(x_fp8, "x_fp8")
+    return x_fp8.dtype
+
+
+def gemm_case(x: torch.Tensor, w: torch.Tensor, block: int, dtype: torch.dtype) -> Case:
+    """The dispatch ``Case`` of a ``batched_gemm_a8w8_mxscale`` call."""
+    m, g, k = (int(d) for d in x.shape)
+    return Case(
+        device_type=x.device.type,
+        fp8_dtype=_checks.dtype_name(x),
+        quant_group_size=block,
+        out_dtype=_checks.dtype_name(dtype),
+        extra=(("num_groups", g), ("m", m), ("n", int(w.shape[1])), ("k", k),
+               ("x_k_contiguous", x.stride(2) == 1 or k == 1),
+               ("w_contiguous", w.is_contiguous())),
+    )
+
+
+def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype: torch.dtype = torch.bfloat16, *,
+                              backend: BackendArg = "auto", out=None):
+    """Block-scaled FP8 batched GEMM ``y[m, g, n] = sum_k dq(x)[m, g, k] * dq(w)[g, n, k]``.
+
+    Args:
+      x: ``[M, G, K]`` fp8 activations (e4m3fn or e4m3fnuz); K must be the unit-stride dim for
+        AITER (a transposed ``[G, M, K]`` buffer is fine).
+      w: ``[G, N, K]`` fp8 weight, same dtype as ``x``.
+      x_scale: ``[M, G, K / B]`` E8M0 (uint8 or float8_e8m0fnu): 1 x B activation groups.
+      w_scale: ``[G, ceil(N / B), K / B]`` E8M0: B x B weight blocks, B = 128 (V4) or 32 (V4.1).
+      dtype: ``torch.bfloat16`` (default) or ``torch.float32``.
+      backend: ``"auto"`` or a backend name (see ``inverse_rope_group_quant``).
+      out: optional ``[M, G, N]`` output of ``dtype`` with unit stride along N.
+
+    Returns:
+      ``[M, G, N]`` in ``dtype`` (``out`` when given); fp32 accumulation, one final rounding. It
+      matches ``woa_jax.batched_gemm_a8w8_mxscale`` to the output rounding, not bit for bit.
+    """
+    if _any_jax(x, w, x_scale, w_scale):
+        _no_jax_outputs(out=out)
+        y = batched_gemm_a8w8_mxscale(
+            *(interop.to_torch(a) for a in (x, w, x_scale, w_scale)), dtype, backend=backend)
+        return interop.to_jax(y)
+    _require_torch(x=x, w=w, x_scale=x_scale, w_scale=w_scale, out=out)
+    m, g, n, k, block = _checks.check_gemm_inputs(x, w, x_scale, w_scale)
+    if dtype not in (torch.bfloat16, torch.float32):
+        raise TypeError(f"dtype must be torch.bfloat16 or torch.float32, got {dtype}")
+    device = _one_device(x=x, w=w, x_scale=x_scale, w_scale=w_scale, out=out)
+    if out is not None:
+        if tuple(out.shape) != (m, g, n) or out.dtype != dtype:
+            raise ValueError(f"out must be [M, G, N] = {(m, g, n)} of {dtype}, got "
+                             f"{tuple(out.shape)} of {out.dtype}")
+        if n > 1 and out.stride(2) != 1:
+            raise ValueError(f"out must have unit stride along N, got strides {out.stride()}")
+    if m == 0:
+        return out if out is not None else torch.empty((0, g, n), dtype=dtype, device=device)
+    be = _dispatch.select("batched_gemm_a8w8_mxscale", gemm_case(x, w, block, dtype), backend)
+    return be.batched_gemm_a8w8_mxscale(x, w, x_scale.view(torch.uint8),
+                                        w_scale.view(torch.uint8), dtype=dtype, out=out)

@@ -1,0 +1,362 @@
+"""``WoAProjection``: a checkpoint's ``wo_a`` on the fastest correct path, with the reason if not.
+
+The FP8 chain on a backend is its ``inverse_rope_group_quant`` followed by its
+``batched_gemm_a8w8_mxscale``; the BF16 chain (``bf16`` backend) is the fallback. ``backend="auto"``
+walks ``_dispatch.AUTO_ORDER["wo_a"]`` (aiter, triton, bf16); the pure-torch FP8 chain runs only
+when asked for by name (``backend="torch"`` or ``WOA_BACKEND=torch``). The choice is made once per
+(device, activation dtype, head_dim) at the first call and cached; each rejection is logged once.
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+
+import numpy as np
+import torch
+
+import woa_jax
+from woa_jax import AITER_AMAX_FLOOR, _checks
+
+from . import _dispatch, interop, ops
+from ._dispatch import BackendUnavailableError, Case
+from .backends import torch_ref
+
+log = logging.getLogger("woa")
+
+_FP8_NAMES = ("float8_e4m3fn", "float8_e4m3fnuz")
+_PLAIN_NAMES = ("bfloat16", "float16", "float32")
+
+
+def _e8m0_bytes(scale: torch.Tensor) -> torch.Tensor:
+    """Checkpoint scale -> contiguous uint8 E8M0 bytes, losslessly, or ``ValueError``."""
+    if scale.dtype in (torch.uint8, torch.float8_e8m0fnu):
+        return scale.view(torch.uint8).contiguous()
+    # Values must be inspected: reuse the oracle's host-side check on a CPU float64 copy (exact
+    # for every float dtype a checkpoint can hold).
+    host = scale.detach().to("cpu", torch.float64).numpy()
+    return torch.from_numpy(np.ascontiguousarray(woa_jax.e8m0_from_scale(host))).to(scale.device)
+
+
+class WoAProjection:
+    """The ``wo_a`` projection of one layer (one tensor-parallel rank).
+
+    Args:
+      weight: ``[G * N, K]`` checkpoint weight: float8_e4m3fn/e4m3fnuz with a scale, or
+        bf16/fp16/fp32 with ``scale=None`` (an unquantized checkpoint: BF16 chain only).
+      scale: ``[G * N / B, K / B]`` block scales (B = 128, or 32 for V4.1): float8_e8m0fnu, uint8
+        E8M0 bytes, or float powers of two. Float scales that are not exact powers of two
+        (V4-Flash-Base) keep the FP8 chain off, with the reason, and dequantize as they are.
+      num_groups: G of this rank.
+      cos_cache, sin_cache: ``[P, rd / 2]`` RoPE tables of this layer (fp32 for the BF16 chain as
+        upstream; AITER gets them converted to the activation dtype once per device).
+      backend: ``"auto"`` (default; ``WOA_BACKEND`` applies) or a backend name, which must run the
+        chain or the call raises ``BackendUnavailableError`` with the reason.
+      amax_floor: the activation quantizer's floor (1e-8, AITER's).
+
+    Validation happens once here: rank, dtypes, scale shape (``woa_jax.check_wo_a_weight``) and
+    the lossless E8M0 conversion. The FP8 weight is kept as a zero-copy ``[G, N, K]`` view; the BF16
+    dequantized weight is built only if the BF16 chain runs (``weight_bf16``).
+    """
+
+    def __init__(self, weight, scale, num_groups: int, cos_cache, sin_cache, *,
+                 backend: ops.BackendArg = "auto", amax_floor: float = AITER_AMAX_FLOOR):
+        weight, cos_cache, sin_cache = (interop.to_torch(t) for t in (weight, cos_cache,
+                                                                     sin_cache))
+        scale = interop.to_torch(scale) if scale is not None else None
+        rows, k = _checks.check_rank(weight, 2, "weight", "[G * N, K]")
+        if not isinstance(num_groups, int) or num_groups < 1 or rows % num_groups != 0:
+            raise ValueError(f"weight rows {rows} are not divisible by num_groups={num_groups!r}")
+        cshape = _checks.check_rank(cos_cache, 2, "cos_cache", "[P, rope_dim / 2]")
+        if tuple(sin_cache.shape) != cshape:
+            raise ValueError(f"cos_cache and sin_cache must have the same shape, got {cshape} "
+                             f"and {tuple(sin_cache.shape)}")
+        _checks.check_dtype(cos_cache, _PLAIN_NAMES, "cos_cache")
+        _checks.check_dtype(sin_cache, _PLAIN_NAMES, "sin_cache")
+        _dispatch.requested_backend(backend)  # reject a bad name now, not at the first call
+        self.num_groups = num_groups
+        self.n = rows // num_groups
+        self.k = k
+        self.cos_cache, self.sin_cache = cos_cache, sin_cache
+        self.amax_floor = amax_floor
+        self._backend = backend
+        self._weight2d = weight
+        self._scale = scale
+        wname = _checks.dtype_name(weight)
+        self.block: int | None = None
+        self.weight_fp8: torch.Tensor | None = None
+        self.weight_scale_e8m0: torch.Tensor | None = None
+        self._fp8_unavailable: str | None = None
+        self._w_bf16: torch.Tensor | None = None
+        if wname in _FP8_NAMES:
+            if scale is None:
+                raise ValueError(f"an FP8 ({wname}) wo_a weight needs its block scale "
+                                 "(checkpoint '.scale' / 'weight_scale_inv'), got None")
+            if not weight.is_contiguous():
+                raise ValueError("weight must be contiguous to be viewed as [G, N, K]")
+            _, _, self.block = woa_jax.check_wo_a_weight(weight, scale, num_groups)
+            self.weight_fp8 = weight.view(num_groups, self.n, k)
+            try:
+                if self.n % self.block != 0:
+                    raise ValueError(f"N={self.n} is not a multiple of the {self.block}-row "
+                                     "weight block")
+                self.weight_scale_e8m0 = _e8m0_bytes(scale).view(
+                    num_groups, self.n // self.block, k // self.block)
+            except ValueError as e:
+                self._fp8_unavailable = f"weight scale unusable by the FP8 path: {e}"
+        elif wname in _PLAIN_NAMES:
+            if scale is not None:
+                raise ValueError(f"a {wname} wo_a weight is unquantized and takes no scale; "
+                                 f"got a scale of shape {tuple(scale.shape)}")
+            self._fp8_unavailable = f"{wname} checkpoint has no scale"
+        else:
+            raise TypeError(f"weight must be float8_e4m3fn, float8_e4m3fnuz or an unquantized "
+                            f"bfloat16/float16/float32 tensor, got {wname}")
+        self._paths: dict[tuple, tuple[str, str | None]] = {}
+        self._last: tuple | None = None
+        self._per_device: dict[tuple, torch.Tensor] = {}
+
+    @classmethod
+    def from_tensors(cls, weight, scale, num_groups: int, cos_cache, sin_cache,
+                     **kwargs) -> WoAProjection:
+        """Build from in-memory checkpoint tensors (same arguments as the constructor)."""
+        return cls(weight, scale, num_groups, cos_cache, sin_cache, **kwargs)
+
+    @classmethod
+    def from_checkpoint(cls, path: str | pathlib.Path, layer: int, tp_rank: int = 0,
+                        tp_size: int = 1, *, config: woa_jax.DSV4Config | str | None = None,
+                        num_groups: int | None = None, layer_kind: str | None = None,
+                        cos_cache=None, sin_cache=None, max_positions: int | None = None,
+                        device: torch.device | str | None = None,
+                        **kwargs) -> WoAProjection:
+        """Read layer ``layer``'s ``wo_a`` (one TP rank) from a safetensors checkpoint.
+
+        Args:
+          path: ``.safetensors`` file or checkpoint directory (``torch_bridge.checkpoint``).
+          layer: layer index; tp_rank, tp_size: this rank, the TP degree (must divide G).
+          config: a ``woa_jax.DSV4Config`` or name. Default: the released config whose
+            ``o_groups * o_lora_rank``, K and weight block match the tensors (all released
+            configs share one RoPE table per layer kind).
+          num_groups: G of the tensor stored in the checkpoint; default ``config.o_groups``,
+            else rows / 1024 (``checkpoint.N_DEFAULT``). A checkpoint already split per rank
+            stores ``G_l`` groups: read it with ``tp_size=1``.
+          layer_kind: ``"compress"`` or ``"window"``; default from ``compress_ratios`` in a
+            ``config.json`` beside the checkpoint. Needed unless cos/sin are given.
+          cos_cache, sin_cache: ``[P, rd / 2]`` tables to use instead of building them.
+          max_positions: rows of the built tables (default all P = 1,048,576: 128 MiB of fp32).
+          device: where to put weight, scale and tables (default CPU).
+          **kwargs: ``backend``, ``amax_floor``.
+        """
+        from . import checkpoint
+
+        cfg = woa_jax.get_config(config) if config is not None else None
+        if num_groups is None and cfg is not None:
+            num_groups = cfg.o_groups
+        t = checkpoint.read_wo_a(path, layer, tp_rank=tp_rank, tp_size=tp_size,
+                                 num_groups=num_groups)
+        if (cos_cache is None) != (sin_cache is None):
+            raise ValueError("pass both cos_cache and sin_cache, or neither")
+        if cos_cache is None:
+            cfg = cfg or _infer_config(t)
+            kind = layer_kind or checkpoint.layer_kind_from_config(path, layer)
+            if kind is None:
+                raise ValueError(
+                    f"layer {layer}: cannot tell its RoPE table; pass layer_kind='compress' or "
+                    "'window' (or cos_cache/sin_cache), or put a config.json with "
+                    "compress_ratios beside the checkpoint"
+                )
+            cos_j, sin_j = woa_jax.rope_cos_sin(cfg, kind, max_positions)
+            cos_cache, sin_cache = interop.to_torch(cos_j), interop.to_torch(sin_j)
+        weight, scale = t.weight, t.scale
+        if device is not None:
+            weight = weight.to(device)
+            scale = scale.to(device) if scale is not None else None
+            cos_cache, sin_cache = interop.to_torch(cos_cache), interop.to_torch(sin_cache)
+            cos_cache, sin_cache = cos_cache.to(device), sin_cache.to(device)
+        return cls(weight, scale, t.local_groups, cos_cache, sin_cache, **kwargs)
+
+    # -- state ---------------------------------------------------------------------------------
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The checkpoint weight ``[G * N, K]`` as loaded."""
+        return self._weight2d
+
+    @property
+    def weight_bf16(self) -> torch.Tensor:
+        """The dequantized ``[G, N, K]`` bf16 weight, built on first use and cached."""
+        if self._w_bf16 is None:
+            if self._scale is None:
+                self._w_bf16 = self._weight2d.to(torch.bfloat16).view(self.num_groups, self.n,
+                                                                      self.k)
+            else:
+                self._w_bf16 = torch_ref.dequant_wo_a_weight(self._weight2d, self._scale,
+                                                             self.num_groups, torch.bfloat16)
+        return self._w_bf16
+
+    @property
+    def path(self) -> str:
+        """Backend running the chain: of the last call, else as decided for bf16 ``o`` with
+        ``Dh = 512`` on the weight's device."""
+        return self._decision()[0]
+
+    @property
+    def fallback_reason(self) -> str | None:
+        """Why ``path`` is not the first choice of ``auto`` (``None`` when it is, or when a
+        backend was requested explicitly), e.g. ``"bfloat16 checkpoint has no scale"``."""
+        return self._decision()[1]
+
+    def explain(self, o=None) -> dict[str, tuple[bool, str]]:
+        """``{backend: (ok, reason)}`` for this layer's chain (on ``o``'s case, if given)."""
+        case = self._case(*self._case_args(o))
+        return {name: _dispatch.check(name, "wo_a", case) for name in _dispatch.BACKENDS}
+
+    # -- dispatch ------------------------------------------------------------------------------
+
+    def _case_args(self, o) -> tuple:
+        if o is None:
+            return self._weight2d.device, torch.bfloat16, 512
+        return o.device, o.dtype, int(o.shape[2])
+
+    def _case(self, device, act_dtype, head_dim) -> Case:
+        extra = [("num_groups", self.num_groups), ("n", self.n), ("k", self.k),
+                 ("amax_floor", self.amax_floor), ("x_k_contiguous", True),
+                 ("w_contiguous", True)]
+        if self._fp8_unavailable:
+            extra.append(("fp8_unavailable", self._fp8_unavailable))
+        return Case(
+            device_type=torch.device(device).type,
+            fp8_dtype=_checks.dtype_name(self._weight2d) if self.weight_fp8 is not None else None,
+            act_dtype=_checks.dtype_name(act_dtype),
+            rope_dtype=_checks.dtype_name(self.cos_cache),
+            head_dim=head_dim,
+            rope_dim=2 * int(self.cos_cache.shape[1]),
+            quant_group_size=self.block,
+            out_dtype="bfloat16",
+            extra=tuple(extra),
+        )
+
+    def _decision(self, key: tuple | None = None) -> tuple[str, str | None]:
+        key = key or self._last or self._case_args(None)
+        if key not in self._paths:
+            self._paths[key] = self._decide(self._case(*key))
+        return self._paths[key]
+
+    def _decide(self, case: Case) -> tuple[str, str | None]:
+        name = _dispatch.requested_backend(self._backend)
+        if name != "auto":
+            ok, reason = _dispatch.check(name, "wo_a", case)
+            if not ok:
+                raise BackendUnavailableError(f"backend {name!r} cannot run wo_a: {reason}")
+            return name, None
+        reasons = []
+        for cand in _dispatch.AUTO_ORDER["wo_a"]:
+            ok, reason = _dispatch.check(cand, "wo_a", case)
+            if ok:
+                break
+            _dispatch._log_once("wo_a", cand, reason)
+            reasons.append(f"{cand}: {reason}")
+        else:
+            raise BackendUnavailableError("no backend can run wo_a: " + "; ".join(reasons))
+        why = None
+        if reasons:
+            why = self._fp8_unavailable if (cand == "bf16" and self._fp8_unavailable) \
+                else "; ".join(reasons)
+            log.info("woa: wo_a runs on %s (%s): %s", cand, case.device_type, why)
+        return cand, why
+
+    def _on(self, what: str, device: torch.device, dtype: torch.dtype | None = None):
+        """``what`` (``"w"``, ``"ws"``, ``"w_bf16"``, ``"cos"``, ``"sin"``) on ``device``, as
+        ``dtype`` when given, contiguous; converted once and cached (no copy when it already is)."""
+        key = (what, str(device), dtype)
+        if key not in self._per_device:
+            src = {"w": lambda: self.weight_fp8, "ws": lambda: self.weight_scale_e8m0,
+                   "w_bf16": lambda: self.weight_bf16, "cos": lambda: self.cos_cache,
+                   "sin": lambda: self.sin_cache}[what]()
+            self._per_device[key] = src.to(device=device, dtype=dtype or src.dtype).contiguous()
+        return self._per_device[key]
+
+    # -- call ----------------------------------------------------------------------------------
+
+    def __call__(self, o, positions):
+        """``o [S, H, Dh]``, ``positions [>= S]`` -> ``[S, G, N]`` bf16 (JAX in, JAX out).
+
+        Positions are int32/int64 with the contract ``0 <= p < P``; out-of-range values are
+        clamped to ``[0, P - 1]`` (AITER's behaviour) on every path. ``S = 0`` gives ``[0, G, N]``.
+        """
+        if interop.is_jax_array(o) or interop.is_jax_array(positions):
+            return interop.to_jax(self(interop.to_torch(o), interop.to_torch(positions)))
+        ops._require_torch(o=o, positions=positions)
+        s, h, dh, _ = _checks.check_rope_inputs(o, positions, self.cos_cache, self.sin_cache)
+        if h * dh != self.num_groups * self.k:
+            raise ValueError(
+                f"o [S, H, Dh] = {tuple(o.shape)} gives G * K = {h * dh}, but the weight expects "
+                f"num_groups * K = {self.num_groups} * {self.k} = {self.num_groups * self.k}"
+            )
+        ops.check_contiguous(o, "o")
+        device = ops._one_device(o=o, positions=positions)
+        self._last = (o.device, o.dtype, dh)
+        name, _ = self._decision(self._last)
+        if s == 0:
+            return torch.empty((0, self.num_groups, self.n), dtype=torch.bfloat16, device=device)
+        be = _dispatch.get_backend(name)
+        if hasattr(be, "wo_a_bf16"):
+            return be.wo_a_bf16(o, positions, self._on("cos", device), self._on("sin", device),
+                                self._on("w_bf16", device), self.num_groups)
+        rope_dtype = o.dtype if getattr(be, "rope_in_activation_dtype", False) else None
+        cos, sin = self._on("cos", device, rope_dtype), self._on("sin", device, rope_dtype)
+        x_fp8 = torch.empty((s, self.num_groups, self.k), dtype=self.weight_fp8.dtype,
+                            device=device)
+        x, xs = be.inverse_rope_group_quant(o, positions, cos, sin, self.num_groups, self.block,
+                                            amax_floor=self.amax_floor, x_fp8=x_fp8)
+        return be.batched_gemm_a8w8_mxscale(x, self._on("w", device), xs.view(torch.uint8),
+                                            self._on("ws", device), dtype=torch.bfloat16)
+
+    def __repr__(self) -> str:
+        kind = _checks.dtype_name(self._weight2d)
+        return (f"WoAProjection(G={self.num_groups}, N={self.n}, K={self.k}, weight={kind}, "
+                f"block={self.block})")
+
+
+def _infer_config(t) -> woa_jax.DSV4Config:
+    rows = t.num_groups * t.weight.shape[0] // t.local_groups
+    k = int(t.weight.shape[1])
+    block = k // int(t.scale.shape[1]) if t.scale is not None else None
+    for cfg in woa_jax.DSV4_CONFIGS.values():
+        if (cfg.o_groups * cfg.o_lora_rank == rows and cfg.group_in_features == k
+                and block in (None, cfg.block_size)):
+            return cfg
+    raise ValueError(
+        f"no released DeepSeek V4 config has a [{rows}, {k}] wo_a weight"
+        + (f" in {block}x{block} blocks" if block else "")
+        + "; pass config= (a woa_jax.DSV4Config) or cos_cache/sin_cache"
+    )
+
+
+def wo_a_bf16(o, positions, cos_cache, sin_cache, weight, weight_scale, num_groups: int):
+    """The BF16 chain as a function (``woa_jax.wo_a_bf16``'s arguments) -> ``[S, G, N]`` bf16."""
+    return WoAProjection(weight, weight_scale, num_groups, cos_cache, sin_cache,
+                         backend="bf16")(o, positions)
+
+
+def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_groups: int, *,
+             backend: ops.BackendArg = "auto", amax_floor: float = AITER_AMAX_FLOOR):
+    """The FP8 chain as two dispatched ops (``woa_jax.wo_a_fp8``'s arguments) -> ``[S, G, N]``.
+
+    Unlike ``WoAProjection`` this never falls back to BF16: each op takes the first backend of
+    aiter, triton, torch that accepts it (or the named one), and an unusable scale raises.
+    """
+    if any(interop.is_jax_array(a) for a in (o, positions, cos_cache, sin_cache, weight)):
+        args = (o, positions, cos_cache, sin_cache, weight, weight_scale)
+        return interop.to_jax(wo_a_fp8(*(interop.to_torch(a) for a in args), num_groups,
+                                       backend=backend, amax_floor=amax_floor))
+    proj = WoAProjection(weight, weight_scale, num_groups, cos_cache, sin_cache)
+    if proj._fp8_unavailable:
+        raise ValueError(f"the FP8 chain cannot run: {proj._fp8_unavailable}")
+    x, xs = ops.inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups,
+                                         proj.block, backend=backend,
+                                         fp8_dtype=proj.weight_fp8.dtype, amax_floor=amax_floor)
+    w, ws = proj.weight_fp8, proj.weight_scale_e8m0
+    if x.shape[2] != w.shape[2]:
+        raise ValueError(f"o gives group width {x.shape[2]}, the weight K={w.shape[2]}")
+    return ops.batched_gemm_a8w8_mxscale(x, w, xs, ws, backend=backend)
