@@ -1,0 +1,232 @@
+"""``WoBProjection``: DeepSeek V4's ``wo_b`` (``z [T, G*N] -> [T, hidden]``) on one rank, in torch.
+
+``wo_b`` is the row-parallel projection after ``wo_a``; a tensor-parallel rank holds the input
+columns of its own ``wo_a`` groups and produces a partial sum (``torch_bridge.tp`` reduces it).
+
+* FP8 path (the checkpoint's own format): 1 x B E8M0 activation quant of ``z`` (bit-identical to
+  ``woa_jax.group_quant_e8m0``), then ``ops.batched_gemm_a8w8_mxscale`` with one group,
+  ``x [T, 1, K']`` against ``w [1, hidden, K']`` with B x B weight scales.
+* BF16 path (the fallback): the exact BF16 dequantized weight, a bf16 GEMM with fp32 accumulation.
+
+Both return fp32 by default: a partial must not be rounded before the reduction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+import numpy as np
+import torch
+
+import woa_jax
+from woa_jax import AITER_AMAX_FLOOR, _checks
+from woa_jax import tp as woa_tp
+from woa_jax._spec import as_enum
+from woa_jax.tp import ProjectionPath
+
+from . import _dispatch, interop, ops
+from .backends import torch_ref
+
+_FLOAT_NAMES = ("bfloat16", "float16", "float32")
+
+QuantBackend = Literal["torch", "triton"]
+
+
+def group_quant_e8m0_2d(z: torch.Tensor, block: int = 128, *,
+                        fp8_dtype: torch.dtype = torch.float8_e4m3fn,
+                        amax_floor: float = AITER_AMAX_FLOOR,
+                        backend: QuantBackend = "torch") -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row 1 x ``block`` E8M0 FP8 quantization of a plain ``z [T, K]`` (no RoPE).
+
+    Bytes equal ``woa_jax.group_quant_e8m0(z, block)``'s for finite ``z`` (the scale comes from
+    the fp32 value of each element).
+
+    Args:
+      z: ``[T, K]`` bf16/fp16/fp32.
+      block: 32, 64 or 128; must divide K.
+      fp8_dtype: ``torch.float8_e4m3fn`` or ``torch.float8_e4m3fnuz``.
+      amax_floor: 1e-8 (AITER) or 1e-10 (vLLM CUDA).
+      backend: ``"torch"`` (pure torch, any device) or ``"triton"`` (the Triton backend's fused
+        quant kernel run with zero rope lanes, which makes its rotation the identity: one pass
+        over ``z``, no host sync, CUDA-graph capturable).
+
+    Returns:
+      ``(q [T, K] fp8_dtype, scale [T, K / block] float8_e8m0fnu)``.
+    """
+    t, k = _checks.check_rank(z, 2, "z", "[T, K]")
+    _checks.check_dtype(z, _FLOAT_NAMES, "z")
+    if block not in (32, 64, 128) or k % block != 0:
+        raise ValueError(f"block must be 32, 64 or 128 and divide K={k}, got {block}")
+    if fp8_dtype not in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
+        raise TypeError(f"fp8_dtype must be torch.float8_e4m3fn or torch.float8_e4m3fnuz, got "
+                        f"{fp8_dtype}")
+    if backend == "torch":
+        q, byte = torch_ref.group_quant_e8m0(z, block, fp8_dtype, amax_floor)
+        return q, byte.view(torch.float8_e8m0fnu)
+    if backend != "triton":
+        raise ValueError(f"backend must be 'torch' or 'triton', got {backend!r}")
+    from .backends.triton.launch import inverse_rope_group_quant
+
+    z = z if z.is_contiguous() else z.contiguous()
+    no_rope = torch.empty((1, 0), dtype=torch.float32, device=z.device)  # rd = 0: identity
+    q = torch.empty((t, 1, k), dtype=fp8_dtype, device=z.device)
+    byte = torch.empty((t, 1, k // block), dtype=torch.uint8, device=z.device)
+    inverse_rope_group_quant(z.view(t, 1, k), _zero_positions(t, z.device), no_rope, no_rope, 1,
+                             block, amax_floor=amax_floor, x_fp8=q, x_scale=byte)
+    return q.view(t, k), byte.view(t, k // block).view(torch.float8_e8m0fnu)
+
+
+_POSITIONS: dict[str, torch.Tensor] = {}
+
+
+def _zero_positions(t: int, device: torch.device) -> torch.Tensor:
+    """Cached ``[>= t]`` int32 zeros (the kernel reads a position per token; none is used)."""
+    key = str(device)
+    have = _POSITIONS.get(key)
+    if have is None or have.shape[0] < t:
+        have = torch.zeros(max(t, 1024), dtype=torch.int32, device=device)
+        _POSITIONS[key] = have
+    return have
+
+
+def _scale_bytes(scale: torch.Tensor) -> torch.Tensor:
+    """Checkpoint scale -> contiguous uint8 E8M0 bytes, losslessly, or ``ValueError``."""
+    if scale.dtype in (torch.uint8, torch.float8_e8m0fnu):
+        return scale.view(torch.uint8).contiguous()
+    host = scale.detach().to("cpu", torch.float64).numpy()  # exact for every float dtype
+    return torch.from_numpy(np.ascontiguousarray(woa_jax.e8m0_from_scale(host))).to(scale.device)
+
+
+def _mm_fp32(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
+    """``a [T, K] @ b_t.T`` for bf16 operands with fp32 accumulation and an fp32 result."""
+    if a.device.type != "cpu":
+        try:
+            return torch.mm(a, b_t.t(), out_dtype=torch.float32)
+        except (RuntimeError, TypeError, NotImplementedError):
+            pass  # builds without the out_dtype overload: upcast (exact) below
+    return torch.mm(a.to(torch.float32), b_t.to(torch.float32).t())
+
+
+class WoBProjection:
+    """The ``wo_b`` projection of one layer (one tensor-parallel rank's input columns).
+
+    Args:
+      weight: ``[hidden, K']`` checkpoint weight (``K' = G_l * N``): float8_e4m3fn/e4m3fnuz with a
+        scale, or bf16/fp16/fp32 with ``scale=None`` (an unquantized checkpoint: BF16 path only).
+      scale: ``[hidden / B, K' / B]`` block scales (B = 128, or 32 for V4.1): float8_e8m0fnu, uint8
+        E8M0 bytes, or float powers of two. Float scales that are not powers of two keep the FP8
+        path off (``fp8_unavailable`` says why) and dequantize as they are.
+      amax_floor: the activation quantizer's floor (1e-8, AITER's).
+
+    Validation happens here (``woa_jax.tp.check_wo_b_weight``: 2-D, dtypes, whole blocks in both
+    dimensions). The FP8 weight is kept as a zero-copy ``[1, hidden, K']`` view (the weight must be
+    contiguous); the BF16 weight is built on first use and cached.
+    """
+
+    def __init__(self, weight, scale, *, amax_floor: float = AITER_AMAX_FLOOR):
+        weight = interop.to_torch(weight)
+        scale = interop.to_torch(scale) if scale is not None else None
+        wname = _checks.dtype_name(weight)
+        self.amax_floor = amax_floor
+        self._weight2d, self._scale = weight, scale
+        self.weight_fp8: torch.Tensor | None = None
+        self.weight_scale_e8m0: torch.Tensor | None = None
+        self.fp8_unavailable: str | None = None
+        self._w_bf16: torch.Tensor | None = None
+        if wname in _FLOAT_NAMES:
+            if scale is not None:
+                raise ValueError(f"a {wname} wo_b weight is unquantized and takes no scale; got "
+                                 f"a scale of shape {tuple(scale.shape)}")
+            self.hidden, self.in_features = _checks.check_rank(weight, 2, "wo_b weight",
+                                                               "[hidden, G * N]")
+            self.block = None
+            self.fp8_unavailable = f"{wname} wo_b checkpoint has no scale"
+            return
+        if scale is None:
+            raise ValueError(f"an FP8 ({wname}) wo_b weight needs its block scale, got None")
+        self.hidden, self.in_features, self.block = woa_tp.check_wo_b_weight(weight, scale)
+        if not weight.is_contiguous():
+            raise ValueError("wo_b weight must be contiguous to be viewed as [1, hidden, K']; "
+                             "pass weight.contiguous()")
+        self.weight_fp8 = weight.view(1, self.hidden, self.in_features)
+        try:
+            self.weight_scale_e8m0 = _scale_bytes(scale).view(
+                1, self.hidden // self.block, self.in_features // self.block)
+        except ValueError as e:
+            self.fp8_unavailable = f"wo_b weight scale unusable by the FP8 path: {e}"
+
+    @classmethod
+    def from_tensors(cls, weight, scale, **kwargs) -> WoBProjection:
+        """Build from in-memory checkpoint tensors (same arguments as the constructor)."""
+        return cls(weight, scale, **kwargs)
+
+    @property
+    def weight_bf16(self) -> torch.Tensor:
+        """The dequantized ``[hidden, K']`` bf16 weight (exact for E8M0 scales), cached."""
+        if self._w_bf16 is None:
+            if self._scale is None:
+                self._w_bf16 = self._weight2d.to(torch.bfloat16)
+            else:
+                s = torch_ref.weight_scale_f32(self._scale)
+                self._w_bf16 = torch_ref.dequant_blocks(self._weight2d, s, self.block,
+                                                        torch.bfloat16)
+        return self._w_bf16
+
+    def to(self, device: torch.device | str) -> WoBProjection:
+        """Move the weights (and any cached BF16 weight) to ``device``; returns ``self``."""
+        self._weight2d = self._weight2d.to(device)
+        self._scale = self._scale.to(device) if self._scale is not None else None
+        for name in ("weight_fp8", "weight_scale_e8m0", "_w_bf16"):
+            t = getattr(self, name)
+            if t is not None:
+                setattr(self, name, t.to(device))
+        return self
+
+    def __call__(self, z, *, path: ProjectionPath | str = ProjectionPath.FP8,
+                 backend: ops.BackendArg = "auto", dtype: torch.dtype = torch.float32):
+        """``z [T, K']`` -> ``[T, hidden]`` in ``dtype`` (fp32 default: a TP partial).
+
+        Args:
+          z: ``[T, K']`` bf16 (``wo_a``'s output flattened), fp16 or fp32; on the weight's device.
+          path: ``"fp8"`` (quant + block-scaled GEMM) or ``"bf16"`` (the fallback).
+          backend: the FP8 GEMM's backend (``"auto"``, ``"aiter"``, ``"triton"``, ``"torch"``).
+          dtype: ``torch.float32`` or ``torch.bfloat16``.
+        """
+        if interop.is_jax_array(z):
+            return interop.to_jax(self(interop.to_torch(z), path=path, backend=backend,
+                                       dtype=dtype))
+        ops._require_torch(z=z)
+        mode = as_enum(ProjectionPath, path, "path")
+        t, k = _checks.check_rank(z, 2, "z", "[T, G * N]")
+        _checks.check_dtype(z, _FLOAT_NAMES, "z")
+        if k != self.in_features:
+            raise ValueError(f"z [T, G * N] = {(t, k)} does not match wo_b's {self.in_features} "
+                             "input columns")
+        if dtype not in (torch.float32, torch.bfloat16):
+            raise TypeError(f"dtype must be torch.float32 or torch.bfloat16, got {dtype}")
+        ops._one_device(z=z, weight=self._weight2d)
+        if mode is ProjectionPath.BF16:
+            return _mm_fp32(z.to(torch.bfloat16), self.weight_bf16).to(dtype)
+        if self.fp8_unavailable:
+            raise ValueError(f"the FP8 wo_b path cannot run: {self.fp8_unavailable}")
+        gemm = self._gemm_backend(z, dtype, backend)
+        q, qs = group_quant_e8m0_2d(z, self.block, fp8_dtype=self.weight_fp8.dtype,
+                                    amax_floor=self.amax_floor,
+                                    backend="triton" if gemm == "triton" else "torch")
+        y = ops.batched_gemm_a8w8_mxscale(q[:, None], self.weight_fp8, qs[:, None],
+                                          self.weight_scale_e8m0, dtype, backend=gemm)
+        return y[:, 0]
+
+    def _gemm_backend(self, z: torch.Tensor, dtype: torch.dtype, backend: str) -> str:
+        """The backend the GEMM of this call resolves to (the activation quant runs on Triton
+        exactly when the GEMM does)."""
+        x = torch.empty((z.shape[0], 1, self.in_features), dtype=self.weight_fp8.dtype,
+                        device="meta")
+        case = dataclasses.replace(ops.gemm_case(x, self.weight_fp8, self.block, dtype),
+                                   device_type=z.device.type)
+        return _dispatch.select("batched_gemm_a8w8_mxscale", case, backend).name
+
+    def __repr__(self) -> str:
+        return (f"WoBProjection(hidden={self.hidden}, K'={self.in_features}, "
+                f"weight={_checks.dtype_name(self._weight2d)}, block={self.block})")

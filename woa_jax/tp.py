@@ -1,0 +1,350 @@
+"""Tensor-parallel ``wo_a -> wo_b`` (the attention output projection after ``wo_a``).
+
+``wo_b`` is row-parallel: rank ``r`` of ``tp`` holds whole ``wo_a`` groups
+``[r * G_l, (r+1) * G_l)`` (``G_l = o_groups / tp``) and the matching ``wo_b`` input columns
+``[r * G_l * N, (r+1) * G_l * N)``, computes ``z = wo_a(o_l)`` locally and a partial
+``y_r = wo_b_r(z_l)``, and the ranks sum the partials. Summation contract: every partial is fp32,
+the reduction is fp32 and the one cast to the output dtype (bf16) happens after it, so a TP result
+differs from TP1 only by fp32 summation order.
+
+The 1 x 128 activation quant of ``z`` needs no cross-rank data: ``G_l * N`` is a multiple of the
+block, so every rank quantizes exactly the 128-lane groups TP1 would (same fp8 bytes, same scales).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _checks
+from ._spec import AITER_AMAX_FLOOR, QuantSemantics, as_enum
+from .config import DSV4Config, LocalShapes, get_config, local_shapes
+from .gemm import batched_gemm_a8w8_mxscale
+from .quant import e8m0_decode, e8m0_from_scale, group_quant_e8m0
+from .woa import wo_a_bf16, wo_a_fp8
+
+_FLOAT_SCALES = ("float32", "float64", "float16", "bfloat16")
+#: Mesh axis name the sharded functions use unless told otherwise.
+TP_AXIS = "tp"
+
+
+class ProjectionPath(str, enum.Enum):
+    """Which numerics a projection uses.
+
+    ``FP8``: 1 x B E8M0 activation quant and the block-scaled FP8 GEMM (the fast path).
+    ``BF16``: exact BF16 dequantized weight, bf16 GEMM with fp32 accumulation (the fallback).
+    """
+
+    FP8 = "fp8"
+    BF16 = "bf16"
+
+
+def check_wo_b_weight(weight, weight_scale) -> tuple[int, int, int]:
+    """Validate a checkpoint ``wo_b`` weight ``[hidden, G * N]`` and scale; return
+    ``(hidden, in_features, block)``.
+
+    Both dimensions must be whole blocks: the row-parallel split cuts the input columns at block
+    boundaries and the GEMM's weight tiles are square.
+    """
+    hidden, k = _checks.check_rank(weight, 2, "wo_b weight", "[hidden, G * N]")
+    _checks.check_dtype(weight, ("float8_e4m3fn", "float8_e4m3fnuz"), "wo_b weight")
+    srows, scols = _checks.check_rank(weight_scale, 2, "wo_b weight_scale",
+                                      "[hidden / B, G * N / B]")
+    _checks.check_dtype(weight_scale, ("float8_e8m0fnu", "uint8", *_FLOAT_SCALES),
+                        "wo_b weight_scale")
+    if scols < 1 or k % scols != 0 or k // scols not in (32, 128):
+        raise ValueError(
+            f"wo_b weight_scale {(srows, scols)} does not tile weight {(hidden, k)} in 128x128 or "
+            "32x32 blocks"
+        )
+    block = k // scols
+    if hidden % block != 0 or srows != hidden // block:
+        raise ValueError(
+            f"wo_b weight {(hidden, k)} with scale {(srows, scols)}: hidden={hidden} must be a "
+            f"multiple of the {block}-wide block and the scale must have hidden / {block} rows"
+        )
+    return hidden, k, block
+
+
+def wo_b_weight_e8m0(weight, weight_scale):
+    """``wo_b`` as the GEMM's one-group operands.
+
+    Returns ``w [1, hidden, K']`` and ``w_scale [1, hidden / B, K' / B]`` uint8.
+
+    Float scales go through the lossless ``e8m0_from_scale`` (host-side; raises on any scale that is
+    not a power of two, which then needs the BF16 path).
+    """
+    hidden, k, block = check_wo_b_weight(weight, weight_scale)
+    if _checks.dtype_name(weight_scale) in _FLOAT_SCALES:
+        weight_scale = e8m0_from_scale(weight_scale)
+    ws = jnp.asarray(weight_scale)
+    if _checks.dtype_name(ws) == "float8_e8m0fnu":
+        ws = jax.lax.bitcast_convert_type(ws, jnp.uint8)
+    return weight.reshape(1, hidden, k), ws.reshape(1, hidden // block, k // block)
+
+
+def _check_z(z, in_features: int) -> int:
+    t, k = _checks.check_rank(z, 2, "z", "[T, G * N]")
+    _checks.check_dtype(z, ("bfloat16", "float16", "float32"), "z")
+    if k != in_features:
+        raise ValueError(
+            f"z [T, G * N] = {(t, k)} does not match wo_b's {in_features} input columns"
+        )
+    return t
+
+
+def wo_b_fp8(z, weight, weight_scale, *, amax_floor: float = AITER_AMAX_FLOOR,
+             dtype=jnp.float32):
+    """FP8 ``wo_b``: 1 x B E8M0 quant of ``z`` (fp32 of its values), then the block-scaled GEMM.
+
+    The GEMM is ``batched_gemm_a8w8_mxscale`` with one group: ``x [T, 1, K']`` against
+    ``w [1, hidden, K']``.
+
+    Args:
+      z: ``[T, K']`` activations (``wo_a``'s bf16 output flattened, ``K' = G_l * N``).
+      weight: ``[hidden, K']`` fp8 (this rank's column slice under TP).
+      weight_scale: ``[hidden / B, K' / B]`` E8M0/uint8 bytes or power-of-two float scales.
+      amax_floor: the quantizer's floor, 1e-8 (AITER) or 1e-10 (vLLM CUDA).
+      dtype: output dtype; fp32 (default) for a partial that will be summed, bf16 for a final value.
+
+    Returns:
+      ``[T, hidden]`` in ``dtype``.
+    """
+    w, ws = wo_b_weight_e8m0(weight, weight_scale)
+    block = weight.shape[1] // weight_scale.shape[1]
+    _check_z(z, weight.shape[1])
+    xq, xs = group_quant_e8m0(z, block, fp8_dtype=weight.dtype, amax_floor=amax_floor)
+    return batched_gemm_a8w8_mxscale(xq[:, None], w, xs[:, None], ws, dtype=dtype)[:, 0]
+
+
+def dequant_wo_b_weight(weight, weight_scale, *, dtype=jnp.bfloat16):
+    """``[hidden, K']`` checkpoint weight times its block scales, in ``dtype`` (exact in bf16 for
+    E8M0 scales)."""
+    _, _, block = check_wo_b_weight(weight, weight_scale)
+    if _checks.dtype_name(weight_scale) in _FLOAT_SCALES:
+        s = jnp.asarray(weight_scale, jnp.float32)
+    else:
+        s = e8m0_decode(weight_scale)
+    full = jnp.repeat(jnp.repeat(s, block, axis=0), block, axis=1)
+    return (weight.astype(jnp.float32) * full).astype(dtype)
+
+
+def wo_b_bf16(z, weight, weight_scale, *, dtype=jnp.float32):
+    """BF16 ``wo_b``: bf16 ``z`` times the exact BF16 dequantized weight, fp32 accumulation.
+
+    Same arguments as ``wo_b_fp8``; returns ``[T, hidden]`` in ``dtype``.
+    """
+    w = dequant_wo_b_weight(weight, weight_scale)
+    _check_z(z, weight.shape[1])
+    y = jnp.einsum("tk,hk->th", z.astype(jnp.bfloat16), w, preferred_element_type=jnp.float32,
+                   precision=jax.lax.Precision.HIGHEST)
+    return y.astype(dtype)
+
+
+def wo_a_wo_b_partial(o, positions, cos_cache, sin_cache, wo_a_weight, wo_a_scale, wo_b_weight,
+                      wo_b_scale, num_groups: int, *,
+                      path: ProjectionPath | str = ProjectionPath.FP8,
+                      amax_floor: float = AITER_AMAX_FLOOR,
+                      semantics: QuantSemantics | str = QuantSemantics.FUSED):
+    """One rank's share: ``wo_a`` on its groups (bf16 ``z``), then its fp32 ``wo_b`` partial.
+
+    Args:
+      o: ``[T, H_l, Dh]`` bf16, this rank's heads.
+      positions, cos_cache, sin_cache: as for ``wo_a_fp8`` / ``wo_a_bf16``.
+      wo_a_weight, wo_a_scale: ``[G_l * N, K]`` fp8 and ``[G_l * N / B, K / B]`` scales.
+      wo_b_weight, wo_b_scale: ``[hidden, G_l * N]`` fp8 and ``[hidden / B, G_l * N / B]`` scales.
+      num_groups: G_l, the groups this rank holds.
+      path: ``"fp8"`` or ``"bf16"`` for both projections.
+      amax_floor, semantics: FP8 quantizer options (both quantizers use ``amax_floor``).
+
+    Returns:
+      ``[T, hidden]`` fp32 partial sum (the full result when the rank holds every group).
+    """
+    mode = as_enum(ProjectionPath, path, "path")
+    if mode is ProjectionPath.FP8:
+        z = wo_a_fp8(o, positions, cos_cache, sin_cache, wo_a_weight, wo_a_scale, num_groups,
+                     amax_floor=amax_floor, semantics=semantics, dtype=jnp.bfloat16)
+        z = z.reshape(z.shape[0], -1)
+        return wo_b_fp8(z, wo_b_weight, wo_b_scale, amax_floor=amax_floor, dtype=jnp.float32)
+    z = wo_a_bf16(o, positions, cos_cache, sin_cache, wo_a_weight, wo_a_scale, num_groups)
+    return wo_b_bf16(z.reshape(z.shape[0], -1), wo_b_weight, wo_b_scale, dtype=jnp.float32)
+
+
+def wo_a_wo_b(o, positions, cos_cache, sin_cache, wo_a_weight, wo_a_scale, wo_b_weight,
+              wo_b_scale, num_groups: int, *, path: ProjectionPath | str = ProjectionPath.FP8,
+              amax_floor: float = AITER_AMAX_FLOOR,
+              semantics: QuantSemantics | str = QuantSemantics.FUSED, dtype=jnp.bfloat16):
+    """The TP1 attention output ``[T, hidden]``: ``wo_a_wo_b_partial`` cast once to ``dtype``."""
+    y = wo_a_wo_b_partial(o, positions, cos_cache, sin_cache, wo_a_weight, wo_a_scale, wo_b_weight,
+                          wo_b_scale, num_groups, path=path, amax_floor=amax_floor,
+                          semantics=semantics)
+    return y.astype(dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class TPShard:
+    """What rank ``rank`` of ``tp`` holds; the slices index the full (TP1) tensors."""
+
+    tp: int
+    rank: int
+    local: LocalShapes
+    #: ``o``'s head axis ``[T, H, Dh]``.
+    heads: slice
+    #: ``wo_a.weight`` rows and ``wo_a.scale`` rows.
+    wo_a_rows: slice
+    wo_a_scale_rows: slice
+    #: ``wo_b.weight`` columns and ``wo_b.scale`` columns.
+    wo_b_cols: slice
+    wo_b_scale_cols: slice
+
+
+def tp_shard(config: DSV4Config | str, tp: int, rank: int) -> TPShard:
+    """Slices of rank ``rank`` under ``tp``-way tensor parallelism.
+
+    Raises ``ValueError`` when ``o_groups`` or ``num_heads`` is not divisible by ``tp`` (from
+    ``local_shapes``), when ``hidden_size`` or ``o_lora_rank`` is not a whole number of weight
+    blocks, or when ``rank`` is outside ``[0, tp)``.
+    """
+    cfg = get_config(config)
+    loc = local_shapes(cfg, tp)
+    if not isinstance(rank, int) or not 0 <= rank < tp:
+        raise ValueError(f"rank must be an integer in [0, {tp}), got {rank!r}")
+    b = loc.block_size
+    if cfg.hidden_size % b != 0:
+        raise ValueError(
+            f"{cfg.name}: hidden_size={cfg.hidden_size} is not a multiple of the {b}-wide weight "
+            "block; wo_b's scale rows would not tile it"
+        )
+    if cfg.o_lora_rank % b != 0:
+        raise ValueError(
+            f"{cfg.name}: o_lora_rank={cfg.o_lora_rank} is not a multiple of the {b}-wide block; "
+            "a rank's wo_b columns would split a scale block"
+        )
+    rows = loc.num_groups * loc.group_out_features  # G_l * N
+    return TPShard(
+        tp=tp, rank=rank, local=loc,
+        heads=slice(rank * loc.num_heads, (rank + 1) * loc.num_heads),
+        wo_a_rows=slice(rank * rows, (rank + 1) * rows),
+        wo_a_scale_rows=slice(rank * rows // b, (rank + 1) * rows // b),
+        wo_b_cols=slice(rank * rows, (rank + 1) * rows),
+        wo_b_scale_cols=slice(rank * rows // b, (rank + 1) * rows // b),
+    )
+
+
+def check_tp_weights(config: DSV4Config | str, wo_a_weight, wo_a_scale, wo_b_weight,
+                     wo_b_scale) -> None:
+    """Require the full (TP1) tensors to have the shapes ``config`` implies."""
+    cfg = get_config(config)
+    b, gn = cfg.block_size, cfg.o_groups * cfg.o_lora_rank
+    expect = {
+        "wo_a weight": (wo_a_weight, (gn, cfg.group_in_features)),
+        "wo_a scale": (wo_a_scale, (-(-gn // b), cfg.group_in_features // b)),
+        "wo_b weight": (wo_b_weight, (cfg.hidden_size, gn)),
+        "wo_b scale": (wo_b_scale, (cfg.hidden_size // b, gn // b)),
+    }
+    for what, (t, shape) in expect.items():
+        got = tuple(int(d) for d in t.shape)
+        if got != shape:
+            raise ValueError(f"{cfg.name}: {what} has shape {got}, expected {shape}")
+
+
+def shard_wo_a_wo_b(wo_a_weight, wo_a_scale, wo_b_weight, wo_b_scale, shard: TPShard):
+    """One rank's ``(wo_a weight, wo_a scale, wo_b weight, wo_b scale)`` views of the full tensors.
+
+    Uses only basic slicing, so it works on numpy, JAX and torch tensors (torch gives views).
+    """
+    return (wo_a_weight[shard.wo_a_rows], wo_a_scale[shard.wo_a_scale_rows],
+            wo_b_weight[:, shard.wo_b_cols], wo_b_scale[:, shard.wo_b_scale_cols])
+
+
+def _shard_map():
+    """``jax.shard_map`` (jax >= 0.7) or the older ``jax.experimental.shard_map.shard_map``."""
+    sm = getattr(jax, "shard_map", None)
+    if sm is None:  # pragma: no cover - jax < 0.7
+        from jax.experimental.shard_map import shard_map as sm
+    return sm
+
+
+def tp_mesh(tp: int, *, devices=None, axis: str = TP_AXIS) -> jax.sharding.Mesh:
+    """A 1-D ``Mesh`` of the first ``tp`` devices (default ``jax.devices()``) named ``axis``.
+
+    On CPU, more devices come from ``XLA_FLAGS=--xla_force_host_platform_device_count=<n>`` set
+    before JAX is imported.
+    """
+    devs = list(jax.devices() if devices is None else devices)
+    if not isinstance(tp, int) or tp < 1 or tp > len(devs):
+        raise ValueError(
+            f"tp={tp!r} needs that many devices, {len(devs)} available (on CPU set "
+            "XLA_FLAGS=--xla_force_host_platform_device_count=<n> before importing jax)"
+        )
+    return jax.sharding.Mesh(np.array(devs[:tp]), (axis,))
+
+
+@functools.lru_cache(maxsize=32)
+def _tp_fn(mesh, axis: str, g_l: int, mode: ProjectionPath, amax_floor: float,
+           semantics: QuantSemantics, dtype: np.dtype):
+    """The jitted ``shard_map`` program, cached per mesh and options (not per call)."""
+    from jax.sharding import PartitionSpec as P
+
+    def body(o_l, pos, cos, sin, wa, sa, wb, sb):
+        y = wo_a_wo_b_partial(o_l, pos, cos, sin, wa, sa, wb, sb, g_l, path=mode,
+                              amax_floor=amax_floor, semantics=semantics)
+        return jax.lax.psum(y, axis).astype(dtype)
+
+    return jax.jit(_shard_map()(
+        body, mesh=mesh,
+        in_specs=(P(None, axis, None), P(), P(), P(), P(axis, None), P(axis, None),
+                  P(None, axis), P(None, axis)),
+        out_specs=P(),
+    ))
+
+
+def wo_a_wo_b_tp(mesh: jax.sharding.Mesh, o, positions, cos_cache, sin_cache, wo_a_weight,
+                 wo_a_scale, wo_b_weight, wo_b_scale, config: DSV4Config | str, *,
+                 axis: str = TP_AXIS, path: ProjectionPath | str = ProjectionPath.FP8,
+                 amax_floor: float = AITER_AMAX_FLOOR,
+                 semantics: QuantSemantics | str = QuantSemantics.FUSED, dtype=jnp.bfloat16):
+    """``wo_a_wo_b`` split over the ``axis`` axis of ``mesh`` with ``shard_map``, ``psum`` after
+    ``wo_b``.
+
+    ``o`` is sharded on its head axis, ``wo_a`` on its rows (whole groups), ``wo_b`` on its input
+    columns; positions and the rope tables are replicated. Each shard computes
+    ``wo_a_wo_b_partial`` on its ``G_l`` groups; the fp32 partials are summed with ``psum`` and cast
+    once to ``dtype``.
+
+    Args:
+      mesh: a mesh with an axis named ``axis``; its size is ``tp``.
+      o: ``[T, H, Dh]`` bf16, all heads (global array).
+      positions, cos_cache, sin_cache: as for ``wo_a_fp8``.
+      wo_a_weight, wo_a_scale, wo_b_weight, wo_b_scale: the full TP1 checkpoint tensors.
+      config: the model config (``o_groups``, shapes, block); validated against the tensors.
+      axis, path, amax_floor, semantics, dtype: see ``wo_a_wo_b_partial`` / ``wo_a_wo_b``.
+
+    Returns:
+      ``[T, hidden]`` in ``dtype``, replicated over ``axis``.
+    """
+    cfg = get_config(config)
+    if axis not in mesh.shape:
+        raise ValueError(f"mesh axes {tuple(mesh.shape)} have no axis named {axis!r}")
+    tp = int(mesh.shape[axis])
+    g_l = tp_shard(cfg, tp, 0).local.num_groups
+    check_tp_weights(cfg, wo_a_weight, wo_a_scale, wo_b_weight, wo_b_scale)
+    if o.shape[1] != cfg.num_heads:
+        raise ValueError(f"o has {o.shape[1]} heads; {cfg.name} has num_heads={cfg.num_heads}")
+    mode = as_enum(ProjectionPath, path, "path")
+    if mode is ProjectionPath.FP8:
+        # The lossless float -> E8M0 conversion inspects values on the host; do it before tracing.
+        if _checks.dtype_name(wo_a_scale) in _FLOAT_SCALES:
+            wo_a_scale = e8m0_from_scale(wo_a_scale)
+        if _checks.dtype_name(wo_b_scale) in _FLOAT_SCALES:
+            wo_b_scale = e8m0_from_scale(wo_b_scale)
+
+    fn = _tp_fn(mesh, axis, g_l, mode, float(amax_floor),
+                as_enum(QuantSemantics, semantics, "semantics"), np.dtype(dtype))
+    return fn(o, positions, cos_cache, sin_cache, wo_a_weight, wo_a_scale, wo_b_weight,
+              wo_b_scale)
