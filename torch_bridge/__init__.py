@@ -15,6 +15,8 @@ from .interop import to_jax, to_torch
 from .layouts import from_scale_layout, to_scale_layout
 from .ops import batched_gemm_a8w8_mxscale, inverse_rope_group_quant
 from .projection import WoAProjection, wo_a_bf16, wo_a_fp8
+from .tp import TPOutputProjection
+from .wo_b import WoBProjection
 
 _DEFAULT_CASES = {
     "inverse_rope_group_quant": dict(fp8_dtype="float8_e4m3fn", act_dtype="bfloat16",
@@ -69,7 +71,9 @@ __all__ = [
     "ENV_VARS",
     "BackendUnavailableError",
     "Case",
+    "TPOutputProjection",
     "WoAProjection",
+    "WoBProjection",
     "available_backends",
     "batched_gemm_a8w8_mxscale",
     "explain",
