@@ -63,8 +63,9 @@ def e8m0_scale_bytes(amax: torch.Tensor, fp8_dtype: torch.dtype,
     ``x = fp32(fmax(amax, floor) * fp32(1 / fp8_max))``; byte = x's biased exponent, plus one when
     its mantissa is non-zero and the exponent is not already 255. ``fmax`` ignores NaN.
     """
-    amax = torch.fmax(amax.to(torch.float32), torch.tensor(amax_floor, dtype=torch.float32,
-                                                           device=amax.device))
+    amax = amax.to(torch.float32)
+    # fmax(amax, floor) without a host-built tensor (CUDA-graph safe): NaN >= floor is False.
+    amax = torch.where(amax >= amax_floor, amax, amax_floor)
     x = amax * _fp8_max_reciprocal(fp8_dtype)
     u = x.view(torch.int32)
     exp = (u >> 23) & 0xFF
