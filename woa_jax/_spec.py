@@ -84,3 +84,28 @@ def as_enum(enum_type, value, what: str):
     except ValueError:
         allowed = ", ".join(repr(m.value) for m in enum_type)
         raise ValueError(f"{what} must be one of {allowed}, got {value!r}") from None
+
+
+def _fp8_table(dtype_name: str) -> np.ndarray:
+    return np.arange(256, dtype=np.uint8).view(getattr(ml_dtypes, dtype_name)).astype(np.float32)
+
+
+_FP8_TO_F32 = {name: _fp8_table(name) for name in ("float8_e4m3fn", "float8_e4m3fnuz")}
+
+
+def upcast_f32(x):
+    """Widen fp8/bf16 ``x`` to fp32 through its bits, so the narrow rounding cannot be elided.
+
+    XLA's default ``--xla_allow_excess_precision`` lets one jitted program drop a narrowing
+    convert followed by a widening one; on XLA:GPU that removed the fp8 rounding between the quant
+    and the GEMM (the CPU compiler kept it). A bitcast consumer pins the narrow value.
+    """
+    import jax
+
+    name = np.dtype(x.dtype).name
+    if name in _FP8_TO_F32:
+        return jnp.asarray(_FP8_TO_F32[name])[jax.lax.bitcast_convert_type(x, jnp.uint8)]
+    if name == "bfloat16":
+        bits = jax.lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32) << 16
+        return jax.lax.bitcast_convert_type(bits, jnp.float32)
+    return x.astype(jnp.float32)

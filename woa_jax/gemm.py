@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _checks
+from ._spec import upcast_f32
 from .quant import e8m0_decode
 
 
@@ -24,7 +25,7 @@ def dequant_weight(w, w_scale, *, dtype=jnp.float32):
     """
     g, n, k = _checks.check_rank(w, 3, "w", "[G, N, K]")
     s = e8m0_decode(w_scale)
-    return (w.astype(jnp.float32) * _expand_weight_scale(s, n, k)).astype(dtype)
+    return (upcast_f32(w) * _expand_weight_scale(s, n, k)).astype(dtype)
 
 
 def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=jnp.bfloat16):
@@ -47,7 +48,7 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=jnp.bfloat16):
         raise TypeError(f"dtype must be bfloat16 or float32, got {np.dtype(dtype).name}")
     xs = e8m0_decode(x_scale)
     bk = k // xs.shape[-1]
-    xd = (x.astype(jnp.float32).reshape(m, g, k // bk, bk) * xs[..., None]).reshape(m, g, k)
+    xd = (upcast_f32(x).reshape(m, g, k // bk, bk) * xs[..., None]).reshape(m, g, k)
     wd = dequant_weight(w, w_scale)
     y = jnp.einsum("mgk,gnk->mgn", xd, wd, precision=jax.lax.Precision.HIGHEST,
                    preferred_element_type=jnp.float32)

@@ -15,6 +15,7 @@ from ._spec import (
     as_enum,
     fp8_max,
     fp8_max_reciprocal,
+    upcast_f32,
 )
 from .rope import _rotate
 
@@ -98,7 +99,7 @@ def group_dequant_e8m0(q, scale):
     """``q [..., K]`` fp8 times its ``[..., K / GS]`` E8M0 scales, as fp32 (exact)."""
     s = e8m0_decode(scale)
     gs = q.shape[-1] // s.shape[-1]
-    qf = q.astype(jnp.float32).reshape(*q.shape[:-1], s.shape[-1], gs)
+    qf = upcast_f32(q).reshape(*q.shape[:-1], s.shape[-1], gs)
     return (qf * s[..., None]).reshape(q.shape)
 
 
@@ -127,7 +128,7 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
     mode = as_enum(QuantSemantics, semantics, "semantics")
     rotated = _rotate(o, positions[:s], cos_cache, sin_cache, sign=-1)
     if mode is QuantSemantics.UNFUSED:
-        rotated = rotated.astype(o.dtype).astype(jnp.float32)
+        rotated = upcast_f32(rotated.astype(o.dtype))
     return group_quant_e8m0(rotated.reshape(s, num_groups, d), quant_group_size,
                             fp8_dtype=fp8_dtype, amax_floor=amax_floor)
 
