@@ -1,0 +1,302 @@
+"""Triton backend on CPU through ``TRITON_INTERPRET=1`` (tests/conftest.py sets it without a GPU).
+
+Tiny shapes (about 1e6 FLOP per call) against the ``woa_jax`` oracle: the quant bit for bit, the
+GEMM within the bf16 output rounding of the fp32 reference. On a GPU machine these run on the GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import woa_jax
+from woa_jax.testing import TOLERANCES, to_numpy
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from torch_bridge import _dispatch  # noqa: E402
+from torch_bridge.backends.triton import BACKEND, launch  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _rope_case(rng, s=3, h=4, dh=512, rd=64, p=64, *, rope_dtype=torch.bfloat16,
+               pos_dtype=torch.int64, o_dtype=torch.bfloat16):
+    o = torch.from_numpy(rng.standard_normal((s, h, dh)).astype(np.float32) / 10).to(o_dtype)
+    pos = torch.from_numpy(rng.integers(0, p, s)).to(pos_dtype)
+    ang = rng.uniform(0, 6.3, (p, rd // 2)).astype(np.float32)
+    cos = torch.from_numpy(np.cos(ang)).to(rope_dtype)
+    sin = torch.from_numpy(np.sin(ang)).to(rope_dtype)
+    return [t.to(DEVICE) for t in (o, pos, cos, sin)]
+
+
+def _jx(*ts):
+    return [jnp.asarray(to_numpy(t)) for t in ts]
+
+
+def _assert_quant_equal(q, sc, rq, rs):
+    np.testing.assert_array_equal(to_numpy(sc).view(np.uint8), np.asarray(rs).view(np.uint8),
+                                  err_msg="scale bytes")
+    np.testing.assert_array_equal(to_numpy(q).view(np.uint8), np.asarray(rq).view(np.uint8),
+                                  err_msg="fp8 bytes")
+
+
+@pytest.mark.parametrize("gs,g,pos_dtype", [(128, 2, torch.int64), (128, 1, torch.int32),
+                                             (64, 2, torch.int32), (32, 4, torch.int64)])
+@pytest.mark.parametrize("block_r", [8, 32])
+def test_quant_bit_exact(rng, gs, g, pos_dtype, block_r):
+    o, pos, cos, sin = _rope_case(rng, pos_dtype=pos_dtype)
+    q, sc = launch.inverse_rope_group_quant(o, pos, cos, sin, g, gs, config=launch.QuantConfig(
+        block_r=block_r, num_warps=2))
+    assert q.dtype == torch.float8_e4m3fn and sc.dtype == torch.uint8
+    assert tuple(q.shape) == (3, g, 4 * 512 // g) and tuple(sc.shape) == (3, g, 4 * 512 // g // gs)
+    _assert_quant_equal(q, sc, *woa_jax.inverse_rope_group_quant(*_jx(o, pos, cos, sin), g, gs))
+
+
+def test_quant_fp32_rope_and_fp32_o(rng):
+    """fp32 cos/sin and fp32 ``o``: the interpreter does not contract to FMA, so bytes match."""
+    o, pos, cos, sin = _rope_case(rng, rope_dtype=torch.float32, o_dtype=torch.float32)
+    q, sc = launch.inverse_rope_group_quant(o, pos, cos, sin, 2, 128)
+    _assert_quant_equal(q, sc, *woa_jax.inverse_rope_group_quant(*_jx(o, pos, cos, sin), 2, 128))
+
+
+def test_quant_edge_values_floor_and_clamped_positions(rng):
+    """Zero group -> byte 92 (floor 1e-8) or 85 (1e-10); NaN lanes ignored in amax; an inf lane
+    gives byte 255; out-of-range positions are clamped like AITER's kernel."""
+    o, _, cos, sin = _rope_case(rng, s=4)
+    o[0] = 0.0
+    o[1, 0, 5] = float("nan")
+    o[2, 1, 7] = float("inf")
+    pos = torch.tensor([-3, 0, 63, 1000], device=DEVICE)
+    for floor in (woa_jax.AITER_AMAX_FLOOR, woa_jax.CUDA_AMAX_FLOOR):
+        q, sc = launch.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, amax_floor=floor)
+        rq, rs = woa_jax.inverse_rope_group_quant(*_jx(o, pos, cos, sin), 2, 128,
+                                                  amax_floor=floor)
+        assert (to_numpy(sc)[0] == (92 if floor == woa_jax.AITER_AMAX_FLOOR else 85)).all()
+        assert to_numpy(sc)[2, 0, 4] == 255  # head 1, lane 7: group 0, chunk 4
+        np.testing.assert_array_equal(to_numpy(sc), np.asarray(rs).view(np.uint8))
+        finite = np.isfinite(np.asarray(rq, np.float32))  # NaN payloads: compare as NaN
+        np.testing.assert_array_equal(to_numpy(q).view(np.uint8)[finite],
+                                      np.asarray(rq).view(np.uint8)[finite])
+        if DEVICE == "cuda":  # Triton's interpreter casts fp32 NaN to a finite fp8 value
+            assert np.isnan(to_numpy(q).astype(np.float32)[~finite]).all()
+
+
+def test_quant_writes_into_given_buffers_and_fnuz(rng):
+    o, pos, cos, sin = _rope_case(rng)
+    xq = torch.empty((3, 2, 1024), dtype=torch.float8_e4m3fnuz, device=DEVICE)
+    xs = torch.empty((3, 2, 8), dtype=torch.float8_e8m0fnu, device=DEVICE)
+    q, sc = launch.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, x_fp8=xq, x_scale=xs)
+    assert q is xq and sc is xs
+    rq, rs = woa_jax.inverse_rope_group_quant(*_jx(o, pos, cos, sin), 2, 128,
+                                              fp8_dtype=jnp.float8_e4m3fnuz)
+    _assert_quant_equal(q, sc.view(torch.uint8), rq, rs)
+
+
+def test_quant_rejects_bad_output_buffer(rng):
+    o, pos, cos, sin = _rope_case(rng)
+    bad = torch.empty((3, 2, 8, 2), dtype=torch.uint8, device=DEVICE)[..., 0]
+    with pytest.raises(ValueError, match="x_scale must be a contiguous"):
+        launch.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, x_scale=bad)
+    with pytest.raises(ValueError, match="x_fp8 must be a contiguous"):
+        launch.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, x_fp8=torch.empty(
+            (3, 2, 512), dtype=torch.float8_e4m3fn, device=DEVICE))
+
+
+def _gemm_case(rng, m, g, n, k, block=128):
+    x = rng.standard_normal((m, g, k)).astype(np.float32) * 30
+    w = rng.standard_normal((g, n, k)).astype(np.float32) * 30
+    xs = rng.integers(122, 131, (m, g, k // block)).astype(np.uint8)
+    ws = rng.integers(112, 120, (g, -(-n // block), k // block)).astype(np.uint8)
+    ts = (torch.from_numpy(x).to(torch.float8_e4m3fn), torch.from_numpy(w).to(torch.float8_e4m3fn),
+          torch.from_numpy(xs), torch.from_numpy(ws))
+    return [t.to(DEVICE) for t in ts]
+
+
+def _relerr(a, e) -> float:
+    a = np.asarray(to_numpy(a), np.float64)
+    e = np.asarray(e, np.float64)
+    return float("inf") if not np.isfinite(a).all() else float(
+        np.linalg.norm(a - e) / np.linalg.norm(e))
+
+
+CONFIGS = [
+    None,
+    launch.GemmConfig(16, 64, swap_ab=True),
+    launch.GemmConfig(16, 64, split_k=2),
+    launch.GemmConfig(16, 128, swap_ab=True, num_stages=5),
+    launch.GemmConfig(32, 64, swap_ab=True),
+]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.label() if c else "default")
+@pytest.mark.parametrize("m", [1, 5, 33])
+def test_gemm_against_oracle(rng, m, config):
+    x, w, xs, ws = _gemm_case(rng, m, 2, 128, 256)
+    y = torch.full((m, 2, 128), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    out = launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, out=y, config=config)
+    assert out is y
+    ref = woa_jax.batched_gemm_a8w8_mxscale(*_jx(x, w, xs, ws), dtype=jnp.float32)
+    assert _relerr(y, ref) <= TOLERANCES["gemm_bf16"].rel
+
+
+def test_gemm_fp32_out_ragged_n_transposed_x_and_32_blocks(rng):
+    x, w, xs, ws = _gemm_case(rng, 6, 2, 96, 256)  # N = 96: a ragged last 128-row weight block
+    xt = x.transpose(0, 1).contiguous().transpose(0, 1)
+    y = launch.batched_gemm_a8w8_mxscale(xt, w, xs.view(torch.float8_e8m0fnu), ws,
+                                         dtype=torch.float32)
+    ref = woa_jax.batched_gemm_a8w8_mxscale(*_jx(x, w, xs, ws), dtype=jnp.float32)
+    assert y.dtype == torch.float32 and _relerr(y, ref) <= TOLERANCES["gemm_fp32"].rel
+    x, w, xs, ws = _gemm_case(rng, 3, 2, 64, 128, block=32)  # V4.1: 32 x 32 blocks
+    y = launch.batched_gemm_a8w8_mxscale(x, w, xs, ws)
+    ref = woa_jax.batched_gemm_a8w8_mxscale(*_jx(x, w, xs, ws), dtype=jnp.float32)
+    assert _relerr(y, ref) <= TOLERANCES["gemm_bf16"].rel
+
+
+def test_gemm_rejects_bad_out_and_split(rng):
+    x, w, xs, ws = _gemm_case(rng, 2, 2, 128, 256)
+    with pytest.raises(ValueError, match="out must be"):
+        launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, out=torch.empty(
+            (2, 2, 64), dtype=torch.bfloat16, device=DEVICE))
+    with pytest.raises(ValueError, match="split_k=3"):
+        launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, config=launch.GemmConfig(16, 64, 3))
+
+
+def test_inplace_inverse_rope_bf16_chain(rng):
+    o, pos, cos, sin = _rope_case(rng, rope_dtype=torch.float32)
+    ref = woa_jax.inverse_rope(*_jx(o, pos, cos, sin))
+    x = o.clone()
+    assert launch.inverse_rope_(x, pos, cos, sin) is x
+    np.testing.assert_array_equal(to_numpy(x).view(np.uint16), np.asarray(ref).view(np.uint16))
+    with pytest.raises(TypeError, match="bfloat16"):
+        launch.inverse_rope_(o.float(), pos, cos, sin)
+    # the whole BF16 chain against the oracle's
+    g, n = 2, 128
+    weight = torch.from_numpy(rng.standard_normal((g * n, 1024)).astype(np.float32)).to(
+        torch.float8_e4m3fn).to(DEVICE)
+    scale = torch.from_numpy(rng.integers(118, 124, (g * n // 128, 8)).astype(np.uint8)).to(
+        DEVICE)
+    w_bf16 = woa_jax.dequant_wo_a_weight(*_jx(weight, scale), g)
+    y = launch.wo_a_bf16(o, pos, cos, sin, torch.from_numpy(np.array(w_bf16.astype(
+        jnp.float32))).to(torch.bfloat16).to(DEVICE), g)
+    ref = woa_jax.wo_a_bf16(*_jx(o, pos, cos, sin, weight, scale), g)
+    assert _relerr(y, np.asarray(ref, np.float32)) <= TOLERANCES["gemm_bf16"].rel
+
+
+def test_whole_chain_through_public_api(rng):
+    from torch_bridge import WoAProjection
+
+    o, pos, cos, sin = _rope_case(rng)
+    g, n = 2, 128
+    weight = torch.from_numpy(rng.standard_normal((g * n, 1024)).astype(np.float32)).to(
+        torch.float8_e4m3fn).to(DEVICE)
+    scale = torch.from_numpy(rng.integers(118, 124, (g * n // 128, 8)).astype(np.uint8)).to(
+        DEVICE)
+    proj = WoAProjection(weight, scale.view(torch.float8_e8m0fnu), g, cos, sin, backend="triton")
+    y = proj(o, pos)
+    ref = woa_jax.wo_a_fp8(*_jx(o, pos, cos, sin, weight, scale), g, dtype=jnp.float32)
+    assert proj.path == "triton"
+    assert y.dtype == torch.bfloat16 and _relerr(y, ref) <= TOLERANCES["gemm_bf16"].rel
+
+
+def test_backend_availability_and_refusals():
+    ok, reason = BACKEND.is_available()
+    assert ok, reason
+    case = _dispatch.Case(device_type=DEVICE, fp8_dtype="float8_e4m3fn", act_dtype="bfloat16",
+                          rope_dtype="bfloat16", head_dim=512, rope_dim=64, quant_group_size=128)
+    assert _dispatch.select("inverse_rope_group_quant", case, "triton") is BACKEND
+    assert BACKEND.supports("batched_gemm_a8w8_mxscale", case) == (True, "ok")
+    other = "cuda" if DEVICE == "cpu" else "cpu"
+    refusals = {
+        "device": _dispatch.Case(device_type=other),
+        "layout": _dispatch.Case(device_type=DEVICE, scale_layout="mfma_tile"),
+        "fp8": _dispatch.Case(device_type=DEVICE, fp8_dtype="float8_e5m2"),
+        "out": _dispatch.Case(device_type=DEVICE, out_dtype="float16"),
+        "gs": _dispatch.Case(device_type=DEVICE, quant_group_size=256),
+    }
+    for what, c in refusals.items():
+        op = "batched_gemm_a8w8_mxscale" if what in ("out", "gs") else "inverse_rope_group_quant"
+        ok, reason = BACKEND.supports(op, c)
+        assert not ok and reason, what
+    ok, reason = BACKEND.supports("wo_a", _dispatch.Case(device_type=DEVICE, extra=(
+        ("fp8_unavailable", "bfloat16 checkpoint has no scale"),)))
+    assert not ok and "no scale" in reason
+
+
+def test_backend_disabled_by_env(monkeypatch):
+    monkeypatch.setenv("WOA_USE_TRITON", "0")
+    BACKEND.cache_clear()
+    try:
+        ok, reason = BACKEND.is_available()
+        assert not ok and "WOA_USE_TRITON=0" in reason
+    finally:
+        BACKEND.cache_clear()
+
+
+def test_custom_ops_opcheck(rng):
+    """The registered ops' fake implementations (torch.compile / CUDA graphs see opaque ops).
+
+    (opcheck's schema test cannot run here: it compares fp8 tensors with ops CPU torch lacks.)"""
+    o, pos, cos, sin = _rope_case(rng, s=2, h=2)
+    xq = torch.empty((2, 2, 512), dtype=torch.float8_e4m3fn, device=DEVICE)
+    xs = torch.empty((2, 2, 4), dtype=torch.uint8, device=DEVICE)
+    torch.library.opcheck(torch.ops.woa_triton.inverse_rope_group_quant_.default,
+                          (o, pos, cos, sin, xq, xs, 128, 1e-8, 8, 2),
+                          test_utils=("test_faketensor",))
+    x, w, xsc, wsc = _gemm_case(rng, 2, 2, 64, 128)
+    y = torch.empty((2, 2, 64), dtype=torch.bfloat16, device=DEVICE)
+    torch.library.opcheck(torch.ops.woa_triton.bmm_fp8_block_.default,
+                          (x, w, xsc, wsc, y, 16, 64, 1, False, 4, 3),
+                          test_utils=("test_faketensor",))
+
+
+def test_jax_entry_points_oracle_and_callback(rng, monkeypatch):
+    """On CPU the JAX ops return the oracle unless a backend is named; ``backend="triton"`` runs
+    the same kernels through ``buffer_callback`` under ``jax.jit``, bit-exact for the quant."""
+    if DEVICE != "cpu":
+        pytest.skip("the CPU oracle fallback exists only on a CPU-only JAX")
+    from torch_bridge import jax_ops
+
+    monkeypatch.delenv("WOA_BACKEND", raising=False)
+    o, pos, cos, sin = _jx(*_rope_case(rng))
+    ref = woa_jax.inverse_rope_group_quant(o, pos, cos, sin, 2, 128)
+    for backend in (None, "triton"):
+        q, sc = jax.jit(lambda *a, b=backend: jax_ops.inverse_rope_group_quant(
+            *a, 2, 128, backend=b))(o, pos, cos, sin)
+        assert q.dtype == jnp.float8_e4m3fn and sc.dtype == jnp.float8_e8m0fnu
+        _assert_quant_equal(q, sc, *ref)
+    w = jnp.asarray(rng.standard_normal((2, 128, 1024)).astype(np.float32)).astype(
+        jnp.float8_e4m3fn)
+    ws = jnp.asarray(rng.integers(118, 124, (2, 1, 8)).astype(np.uint8))
+    y = jax.jit(lambda *a: jax_ops.wo_a_fp8(*a, 2, backend="triton"))(o, pos, cos, sin, w, ws)
+    gref = woa_jax.batched_gemm_a8w8_mxscale(ref[0], w, ref[1], ws, dtype=jnp.float32)
+    assert y.dtype == jnp.bfloat16 and _relerr(y, gref) <= TOLERANCES["gemm_bf16"].rel
+    monkeypatch.setenv("WOA_JAX_COMMAND_BUFFER", "yes")
+    with pytest.raises(ValueError, match="WOA_JAX_COMMAND_BUFFER"):
+        jax_ops.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, backend="triton")
+
+
+def test_benchmark_harness_smoke(tmp_path):
+    """The CPU sweep and the prefill scenario run, check providers and write JSON and a plot."""
+    from benchmarks import bench
+
+    out, png = tmp_path / "b.json", tmp_path / "b.png"
+    rc = bench.main(["--ms", "1", "--providers", "quant_triton,gemm_triton,chain_bf16",
+                     "--json", str(out), "--plot", str(png), "--reps", "1", "--no-progress"])
+    assert rc == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["provider"] for r in rows} == {"copy", "quant_triton", "gemm_triton", "chain_bf16"}
+    assert all(r["us"] > 0 for r in rows)
+    assert png.stat().st_size > 0
+    rc = bench.main(["--prefill", "--json", str(out), "--no-progress"])
+    pre = [r for r in json.loads(out.read_text())["rows"] if r["kind"] == "prefill"]
+    assert rc == 0 and len(pre) == 2 and all(len(r["runs_ms"]) == 3 for r in pre)
+    with pytest.raises(SystemExit):
+        bench.main(["--providers", "nope"])
+    assert os.environ.get("TRITON_INTERPRET") or DEVICE == "cuda"

@@ -1,0 +1,133 @@
+"""The Triton backend (``WOA_BACKEND=triton``): NVIDIA sm_89+ (Hopper tuned) and AMD gfx942/gfx950.
+
+Kernel bodies live in ``kernels.py`` (no torch, so ``torch_bridge.jax_ops`` launches the same
+kernels); ``launch.py`` holds the torch launchers, registered as ``torch.library`` custom ops.
+With ``TRITON_INTERPRET=1`` the kernels run on CPU tensors through Triton's interpreter (CI).
+Importing this package touches no GPU and does not import Triton.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+from ... import _capability
+from ..._dispatch import Case
+
+AITER_AMAX_FLOOR = 1e-8  # woa_jax.AITER_AMAX_FLOOR, without importing jax here
+
+_ROPE_DTYPES = ("bfloat16", "float16", "float32")
+_GEMM_BLOCKS = (32, 64, 128)
+
+
+def interpreter_on() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _fp8_arch_reason(arch: str | None) -> str | None:
+    """``None`` when the GPU arch has fp8 MMA Triton can use; else why not."""
+    if arch is None:
+        return "no GPU (torch.cuda.is_available() is False) and TRITON_INTERPRET is not set"
+    if arch.startswith("sm_"):
+        major_minor = int(arch[3:])
+        if major_minor >= 89:
+            return None
+        return f"{arch} has no fp8 (e4m3) tensor cores; needs sm_89 or newer"
+    if arch in ("gfx942", "gfx950"):
+        return None
+    return f"{arch} is not a Triton fp8 target here; needs gfx942 or gfx950"
+
+
+class _TritonBackend:
+    name = "triton"
+
+    @functools.cache  # noqa: B019 - one module-level instance; cache_clear() resets it
+    def is_available(self) -> tuple[bool, str]:
+        if not _capability.env_flag("WOA_USE_TRITON", True):
+            return False, "disabled by WOA_USE_TRITON=0"
+        if not _capability.module_found("triton"):
+            return False, "triton is not installed (pip install 'woa[triton]')"
+        if interpreter_on():
+            return True, "triton interpreter (TRITON_INTERPRET=1, CPU tensors)"
+        reason = _fp8_arch_reason(_capability.gpu_arch())
+        if reason is not None:
+            return False, reason
+        return True, f"triton on {_capability.gpu_arch()}"
+
+    def cache_clear(self) -> None:
+        self.is_available.cache_clear()
+
+    def supports(self, op: str, case: Case) -> tuple[bool, str]:
+        want = "cpu" if interpreter_on() else "cuda"
+        if case.device_type != want:
+            return False, (f"tensors are on {case.device_type}; the triton backend runs on "
+                           f"{want} here" + (" (TRITON_INTERPRET=1)" if want == "cpu" else ""))
+        if case.fp8_dtype not in (None, "float8_e4m3fn", "float8_e4m3fnuz"):
+            return False, f"fp8 dtype {case.fp8_dtype} is not supported (e4m3fn, e4m3fnuz)"
+        if case.fp8_dtype == "float8_e4m3fnuz" and not interpreter_on() \
+                and _capability.gpu_arch() != "gfx942":
+            return False, "float8_e4m3fnuz is native only on gfx942"
+        if case.fp8_dtype == "float8_e4m3fn" and _capability.gpu_arch() == "gfx942" \
+                and not interpreter_on():
+            return False, "gfx942 has no OCP float8_e4m3fn; use float8_e4m3fnuz"
+        if case.scale_layout != "row":
+            return False, (f"scale_layout {case.scale_layout!r}: the triton backend writes "
+                           "'row' only")
+        if op == "inverse_rope_group_quant":
+            return self._supports_quant(case)
+        if op == "batched_gemm_a8w8_mxscale":
+            if case.out_dtype not in (None, "bfloat16", "float32"):
+                return False, f"output dtype {case.out_dtype} is not bf16 or fp32"
+            if case.quant_group_size not in (None, *_GEMM_BLOCKS):
+                return False, f"scale block {case.quant_group_size} not in {_GEMM_BLOCKS}"
+            return True, "ok"
+        if op == "wo_a":
+            extra = dict(case.extra)
+            if case.fp8_dtype is None or "fp8_unavailable" in extra:
+                return False, extra.get("fp8_unavailable", "the weight is not fp8")
+            if case.out_dtype not in (None, "bfloat16", "float32"):
+                return False, f"output dtype {case.out_dtype} is not bf16 or fp32"
+            return self._supports_quant(case)
+        return False, f"the triton backend does not implement {op}"
+
+    @staticmethod
+    def _supports_quant(case: Case) -> tuple[bool, str]:
+        if case.act_dtype not in (None, *_ROPE_DTYPES):
+            return False, f"o dtype {case.act_dtype} is not bf16, fp16 or fp32"
+        if case.rope_dtype not in (None, *_ROPE_DTYPES):
+            return False, f"cos/sin dtype {case.rope_dtype} is not bf16, fp16 or fp32"
+        if case.rope_dim is not None and case.rope_dim % 2 != 0:
+            return False, f"rope_dim {case.rope_dim} is odd"
+        gs = case.quant_group_size
+        if gs is not None and gs not in (32, 64, 128):
+            return False, f"quant_group_size {gs} not in (32, 64, 128)"
+        return True, "ok"
+
+    # Op callables: imported lazily so that selecting a backend does not import triton/torch.
+    def inverse_rope_group_quant(self, *args, **kwargs):
+        from .launch import inverse_rope_group_quant
+
+        return inverse_rope_group_quant(*args, **kwargs)
+
+    def batched_gemm_a8w8_mxscale(self, *args, **kwargs):
+        from .launch import batched_gemm_a8w8_mxscale
+
+        return batched_gemm_a8w8_mxscale(*args, **kwargs)
+
+    def wo_a(self, o, positions, cos_cache, sin_cache, w, w_scale, num_groups: int, *,
+             amax_floor: float = AITER_AMAX_FLOOR, dtype=None):
+        """The FP8 chain on this backend: ``o [S, H, Dh]``, ``w [G, N, K]`` fp8, ``w_scale
+        [G, N / B, K / B]`` E8M0 bytes -> ``[S, G, N]`` (bf16 unless ``dtype``)."""
+        import torch
+
+        from .launch import batched_gemm_a8w8_mxscale, inverse_rope_group_quant
+
+        block = w.shape[2] // w_scale.shape[2]
+        x_fp8 = torch.empty((o.shape[0], num_groups, w.shape[2]), dtype=w.dtype, device=o.device)
+        x, xs = inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, block,
+                                         amax_floor=amax_floor, x_fp8=x_fp8)
+        return batched_gemm_a8w8_mxscale(x, w, xs, w_scale, dtype=dtype or torch.bfloat16)
+
+
+BACKEND = _TritonBackend()

@@ -1,0 +1,183 @@
+"""JAX entry points that run the torch backends' kernels inside ``jax.jit``, zero-copy.
+
+Each op picks its backend with the same dispatcher as ``torch_bridge`` (``backend=`` argument,
+else ``WOA_BACKEND``, else the ``auto`` walk: AITER on gfx950, the Triton kernels elsewhere) and
+runs it through ``jax.experimental.buffer_callback``: XLA hands the callback its device buffers
+and its stream, the buffers are wrapped as torch tensors with DLPack (no copy) and the backend
+launches on XLA's stream, writing the outputs in place.
+
+One-byte dtypes (fp8, E8M0) cross the boundary as ``uint8`` and are re-viewed on each side, so
+the exchange does not depend on DLPack's fp8 support. On a CPU-only JAX with no backend asked
+for, the ops return the ``woa_jax`` oracle (pure JAX); pass ``backend="triton"`` with
+``TRITON_INTERPRET=1`` to run the callback path on CPU.
+
+Limits: no autodiff (forward only) and no ``vmap``. Cost: on an H200 (jax 0.11.2, torch 2.11) each
+call paid 0.6-1.3 ms of host-side overhead at decode sizes and ran ~45 % slower than the torch
+launch at M = 8192 (benchmarks/RESULTS.md); use it where the zero-copy ``jax.jit`` integration
+matters more than decode latency.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.buffer_callback import buffer_callback
+
+import woa_jax
+from woa_jax import AITER_AMAX_FLOOR, _checks
+
+from . import _dispatch
+
+__all__ = ["batched_gemm_a8w8_mxscale", "inverse_rope_group_quant", "wo_a_fp8"]
+
+
+def _device_type() -> str:
+    """The torch device type of the buffers XLA will hand over (``cpu`` or ``cuda``)."""
+    return "cpu" if jax.default_backend() == "cpu" else "cuda"
+
+
+def _use_oracle(backend: str | None) -> bool:
+    explicit = backend not in (None, "auto") or os.environ.get("WOA_BACKEND", "auto") != "auto"
+    return _device_type() == "cpu" and not explicit
+
+
+def _torch_dtype(dtype):
+    import torch
+
+    return getattr(torch, np.dtype(dtype).name)
+
+
+def _to_torch(buf, dtype=None):
+    """A torch view of a buffer_callback buffer (uint8 buffers re-viewed as ``dtype``)."""
+    import torch
+
+    t = torch.from_dlpack(buf)
+    return t.view(dtype) if dtype is not None and t.dtype != dtype else t
+
+
+@contextlib.contextmanager
+def _on_xla_stream(ctx):
+    """Make XLA's compute stream torch's current stream for the launch (GPU only)."""
+    import torch
+
+    if _device_type() == "cpu":  # ctx.stream raises on CPU
+        yield
+        return
+    with torch.cuda.stream(torch.cuda.ExternalStream(ctx.stream)):
+        yield
+
+
+def _bytes(x):
+    return jax.lax.bitcast_convert_type(x, jnp.uint8) if np.dtype(x.dtype).itemsize == 1 else x
+
+
+def _command_buffer(flag: bool | None) -> bool:
+    if flag is not None:
+        return flag
+    raw = os.environ.get("WOA_JAX_COMMAND_BUFFER", "0").strip()
+    if raw not in ("", "0", "1"):
+        raise ValueError(f"WOA_JAX_COMMAND_BUFFER={raw!r} is not a valid switch; expected 0 or 1")
+    return raw == "1"
+
+
+def _callback(fn, out_types, command_buffer: bool, *args):
+    return buffer_callback(fn, out_types, command_buffer_compatible=command_buffer)(*args)
+
+
+def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int,
+                             quant_group_size: int = 128, *, fp8_dtype=jnp.float8_e4m3fn,
+                             amax_floor: float = AITER_AMAX_FLOOR, backend: str | None = None,
+                             command_buffer: bool | None = None):
+    """``woa_jax.inverse_rope_group_quant`` (fused semantics) on a torch backend's kernel.
+
+    ``command_buffer=True`` (default: ``WOA_JAX_COMMAND_BUFFER``) lets XLA record the launch
+    into its CUDA-graph command buffers and replay it without re-entering Python.
+
+    Args and returns as the oracle: ``(x_fp8 [S, G, D] fp8_dtype, x_scale [S, G, D / GS]
+    float8_e8m0fnu)``; bit-identical to it (the backends' quant is bit-exact).
+    """
+    s, h, dh, rd = _checks.check_rope_inputs(o, positions, cos_cache, sin_cache)
+    d = _checks.check_group_split(s, h, dh, num_groups, quant_group_size)
+    if _use_oracle(backend):
+        return woa_jax.inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups,
+                                                quant_group_size, fp8_dtype=fp8_dtype,
+                                                amax_floor=amax_floor)
+    fp8_name = np.dtype(fp8_dtype).name
+    case = _dispatch.Case(
+        device_type=_device_type(), fp8_dtype=fp8_name, act_dtype=_checks.dtype_name(o),
+        rope_dtype=_checks.dtype_name(cos_cache), head_dim=dh, rope_dim=rd,
+        quant_group_size=quant_group_size)
+    be = _dispatch.select("inverse_rope_group_quant", case, backend)
+    out_types = (jax.ShapeDtypeStruct((s, num_groups, d), jnp.uint8),
+                 jax.ShapeDtypeStruct((s, num_groups, d // quant_group_size), jnp.uint8))
+
+    def launch(ctx, outs, o_b, pos_b, cos_b, sin_b):
+        import torch
+
+        with _on_xla_stream(ctx):
+            be.inverse_rope_group_quant(
+                _to_torch(o_b), _to_torch(pos_b), _to_torch(cos_b), _to_torch(sin_b),
+                num_groups, quant_group_size, amax_floor=amax_floor,
+                x_fp8=_to_torch(outs[0], getattr(torch, fp8_name)), x_scale=_to_torch(outs[1]))
+
+    q, scale = _callback(launch, out_types, _command_buffer(command_buffer), o, positions[:s],
+                         cos_cache, sin_cache)
+    return (jax.lax.bitcast_convert_type(q, fp8_dtype),
+            jax.lax.bitcast_convert_type(scale, jnp.float8_e8m0fnu))
+
+
+def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=jnp.bfloat16, *,
+                              backend: str | None = None, command_buffer: bool | None = None):
+    """``woa_jax.batched_gemm_a8w8_mxscale`` on a torch backend's kernel -> ``[M, G, N]``.
+
+    Agrees with the oracle to the output rounding (summation order is the kernel's).
+    """
+    m, g, n, k, block = _checks.check_gemm_inputs(x, w, x_scale, w_scale)
+    if np.dtype(dtype) not in (np.dtype(jnp.bfloat16), np.dtype(jnp.float32)):
+        raise TypeError(f"dtype must be bfloat16 or float32, got {np.dtype(dtype).name}")
+    if _use_oracle(backend):
+        return woa_jax.batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=dtype)
+    fp8_name = _checks.dtype_name(x)
+    case = _dispatch.Case(device_type=_device_type(), fp8_dtype=fp8_name,
+                          out_dtype=np.dtype(dtype).name, quant_group_size=block)
+    be = _dispatch.select("batched_gemm_a8w8_mxscale", case, backend)
+    out_type = jax.ShapeDtypeStruct((m, g, n), dtype)
+
+    def launch(ctx, out, x_b, w_b, xs_b, ws_b):
+        import torch
+
+        f8 = getattr(torch, fp8_name)
+        with _on_xla_stream(ctx):
+            be.batched_gemm_a8w8_mxscale(
+                _to_torch(x_b, f8), _to_torch(w_b, f8), _to_torch(xs_b), _to_torch(ws_b),
+                dtype=_torch_dtype(dtype), out=_to_torch(out))
+
+    return _callback(launch, out_type, _command_buffer(command_buffer), _bytes(x), _bytes(w),
+                     _bytes(x_scale), _bytes(w_scale))
+
+
+def wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: int, *,
+             amax_floor: float = AITER_AMAX_FLOOR, dtype=jnp.bfloat16,
+             backend: str | None = None, command_buffer: bool | None = None):
+    """The FP8 chain under ``jax.jit``: fused inverse RoPE + quant, then the block-scaled GEMM.
+
+    Args:
+      o: ``[S, H, Dh]`` bf16; positions ``[S]``; cos/sin ``[P, rd / 2]`` (bf16 for AITER bytes).
+      w: ``[G, N, K]`` fp8 weight; w_scale ``[G, N / B, K / B]`` E8M0 bytes (``woa_jax.
+        wo_a_weight_e8m0`` turns a checkpoint into these).
+      num_groups: G.
+      command_buffer: see ``inverse_rope_group_quant``.
+
+    Returns:
+      ``[S, G, N]`` in ``dtype``.
+    """
+    block = w.shape[2] // w_scale.shape[2]
+    x, xs = inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, block,
+                                     fp8_dtype=w.dtype, amax_floor=amax_floor, backend=backend,
+                                     command_buffer=command_buffer)
+    return batched_gemm_a8w8_mxscale(x, w, xs, w_scale, dtype=dtype, backend=backend,
+                                     command_buffer=command_buffer)
