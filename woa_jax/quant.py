@@ -166,7 +166,8 @@ def e8m0_from_scale(scale):
         why = ("not finite" if not np.isfinite(v) else "not positive" if v <= 0
                else "not a power of two" if mant[idx] != 0.5 else "outside the E8M0 range")
         raise ValueError(
-            f"weight scale is not losslessly representable as E8M0: element {list(idx)} = {v!r} "
-            f"is {why}; rounding would change the weights, so this checkpoint needs the BF16 path"
+            f"weight scale is not losslessly representable as E8M0: element {list(idx)} = "
+            f"{float(v)!r} is {why}; rounding would change the weights, so this checkpoint needs "
+            "the BF16 path"
         )
     return np.ascontiguousarray(byte.astype(np.uint8))

@@ -28,10 +28,11 @@ TOLERANCES: dict[str, Tolerance] = {
     "gemm_bf16": Tolerance(4e-3, "bf16 output rounding of an fp32-accumulated GEMM"),
     "gemm_fp32": Tolerance(1e-5, "fp32 summation-order differences"),
     # The FP8 chain against the BF16 chain or the float64 truth: e4m3 activation rounding
-    # (unit roundoff 2**-4) averaged over K = 4096 products. Measured ~2.6e-2 on random data
-    # (tests/woa_jax/test_chain.py); the gate leaves 2x.
+    # (unit roundoff 2**-4) averaged over K = 4096 products. Measured 2.65e-2 .. 2.68e-2 on
+    # V4-Flash shapes with o = randn * 0.1 (tests/woa_jax/test_chain.py); the gate leaves ~2x.
     "fp8_chain_vs_bf16": Tolerance(6e-2, "e4m3 activation quantization"),
-    "bf16_chain_vs_truth": Tolerance(1e-2, "bf16 rounding of activations and output"),
+    # The BF16 chain against the float64 truth: measured 1.75e-3 on the same data; ~2x gate.
+    "bf16_chain_vs_truth": Tolerance(4e-3, "bf16 rounding of activations and output"),
 }
 
 
@@ -125,3 +126,7 @@ def assert_close(actual, reference, *, tolerance: str, name: str = "tensor") -> 
             f"{name}: relative error {err:.3e} exceeds {tol.rel:.1e} ({tolerance}: {tol.why})"
         )
     return err
+
+
+# The conformance sweep for other projects' CI; it imports this module lazily, hence last.
+from .conformance import ConformanceReport, assert_conformance, run_conformance  # noqa: E402, F401

@@ -1,0 +1,128 @@
+"""``woa conformance``: our backends conform, deliberately broken ones are caught and named."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import woa_jax
+from woa_jax import conformance
+from woa_jax.testing import assert_conformance, run_conformance
+
+GOOD = "tests/cli/good_impl.py"
+BROKEN = "tests/cli/broken_impl.py"
+
+
+def test_our_backends_with_aiters_signature_conform(woa, tmp_path):
+    out = tmp_path / "report.json"
+    proc = woa("conformance", f"{GOOD}:inverse_rope_group_quant",
+               f"{GOOD}:batched_gemm_a8w8_mxscale", "--quick", "--json", out)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("PASS") == 2
+    quant, gemm = json.loads(out.read_text())["reports"]
+    assert quant["passed"] and quant["amax_floor"] == woa_jax.AITER_AMAX_FLOOR
+    assert {c["name"].rsplit("-", 1)[-1] for c in quant["cases"]} >= {"randn", "large"}
+    assert all(c["scale_bytes_equal"] == 1.0 and c["fp8_bytes_equal"] == 1.0
+               for c in quant["cases"])
+    assert gemm["passed"] and gemm["tolerance"] == "gemm_bf16"
+    assert all(0 < c["rel_error"] < 4e-3 for c in gemm["cases"])
+
+
+def test_public_entry_point_and_the_cuda_floor(woa):
+    """torch_bridge's own functions take AITER's positional arguments as they are."""
+    proc = woa("conformance", "torch_bridge:inverse_rope_group_quant",
+               f"{GOOD}:cuda_floor_quant", "--quick", "-k", "floor", "--json")
+    assert proc.returncode == 0, proc.stderr
+    ours, cuda = json.loads(proc.stdout)["reports"]
+    assert ours["amax_floor"] == 1e-8 and cuda["amax_floor"] == 1e-10
+    assert all("floor" in c["name"] for c in ours["cases"])
+    # Requiring AITER's floor turns the CUDA floor into a break.
+    strict = woa("conformance", f"{GOOD}:cuda_floor_quant", "--quick", "-k", "zero-groups",
+                 "--floor", "aiter")
+    assert strict.returncode == 1
+    assert "zero-groups" in strict.stdout and "0x55" in strict.stdout  # byte 85 instead of 92
+
+
+def test_broken_implementations_fail_and_name_the_case(woa, tmp_path):
+    out = tmp_path / "report.json"
+    names = ["inverse_rope_group_quant_log2", "inverse_rope_group_quant_round_down",
+             "inverse_rope_group_quant_mixed_floor", "batched_gemm_a8w8_mxscale_swapped"]
+    proc = woa("conformance", *(f"{BROKEN}:{n}" for n in names), "--quick", "--json", out)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    log2, round_down, mixed, swapped = json.loads(out.read_text())["reports"]
+    # An approximate log2 is one step low only just above a power of two, reached in rotated lanes.
+    assert not log2["passed"]
+    assert {c["name"].split("-", 6)[-1] for c in log2["cases"] if not c["passed"]} == {"pow2-rope"}
+    assert "FAIL: scale bytes" in proc.stdout and "pow2-rope" in proc.stdout
+    assert not round_down["passed"] and all(not c["passed"] for c in round_down["cases"])
+    # Every case matches some floor, but not the same one.
+    assert not mixed["passed"] and all(c["passed"] for c in mixed["cases"])
+    assert "inconsistent amax floor" in mixed["problems"][0]
+    assert not swapped["passed"]
+    assert all("exceeds" in c["detail"] for c in swapped["cases"])
+
+
+@pytest.mark.parametrize("target, fragments", [
+    ("no_such_module_xyz:fn", ["no module named 'no_such_module_xyz'"]),
+    ("torch_bridge:no_such_fn", ["has no attribute 'no_such_fn'"]),
+])
+def test_bad_targets_are_one_line(woa, one_line_error, target, fragments):
+    one_line_error(woa("conformance", target), *fragments)
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["torch_bridge.ops"], ["is not MODULE:FUNCTION"]),
+    (["tests/cli/missing.py:fn"], ["does not exist"]),
+    (["os:getcwd"], ["cannot tell", "--op"]),
+    (["torch_bridge:wo_a_fp8", "--group-size", "96"], ["--group-size", "invalid choice"]),
+])
+def test_more_bad_targets_in_process(main_error, args, fragments):
+    main_error(["conformance", *args], *fragments)
+
+
+# The importable sweep (what another project's pytest suite calls), on numpy implementations.
+
+
+def _numpy_quant(o, positions, cos, sin, num_groups, quant_group_size):
+    return woa_jax.inverse_rope_group_quant(o, positions, cos, sin, num_groups, quant_group_size)
+
+
+def test_sweep_is_importable_from_testing_and_passes_the_oracle():
+    report = run_conformance(_numpy_quant, quick=True, select="large")
+    assert report.passed and report.op == "inverse_rope_group_quant" and report.cases
+    assert report.summary().startswith("PASS")
+
+
+def test_assert_conformance_names_the_failing_case():
+    def fp8_off(o, positions, cos, sin, num_groups, quant_group_size):
+        x, s = _numpy_quant(o, positions, cos, sin, num_groups, quant_group_size)
+        x = np.asarray(x).view(np.uint8).copy()
+        x[0, 0, 5] ^= 1  # one payload bit
+        return x.view(ml_dtypes.float8_e4m3fn), s
+
+    with pytest.raises(AssertionError, match=r"(?s)^FAIL: .*-large: fp8 bytes .* first at "
+                                             r"\[0, 0, 5\]: got 0x01, expected 0x00"):
+        assert_conformance(fp8_off, op="inverse_rope_group_quant", quick=True, select="large")
+
+
+def test_sweep_contents_and_argument_errors():
+    quick = conformance.list_cases("inverse_rope_group_quant", quick=True)
+    assert {c.rsplit("gs128-", 1)[1] for c in quick} == set(conformance.QUANT_PATTERNS)
+    full = conformance.list_cases("batched_gemm_a8w8_mxscale")
+    assert len(full) == 3 * 3 * 2 and any("-G8-M33-" in c for c in full)
+    with pytest.raises(ValueError, match="no inverse_rope_group_quant case id contains"):
+        run_conformance(_numpy_quant, select="nothing-like-this")
+    with pytest.raises(ValueError, match="group_sizes"):
+        run_conformance(_numpy_quant, group_sizes=(96,))
+    with pytest.raises(ValueError, match="cannot tell which op"):
+        run_conformance(lambda a, b: a)
+
+
+def test_conformance_module_does_not_import_torch():
+    code = "import sys, woa_jax.testing, woa_jax.conformance; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
