@@ -20,7 +20,6 @@ matters more than decode latency.
 from __future__ import annotations
 
 import contextlib
-import os
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +30,7 @@ import woa_jax
 from woa_jax import AITER_AMAX_FLOOR, _checks
 
 from . import _dispatch
+from ._capability import env_flag
 
 __all__ = ["batched_gemm_a8w8_mxscale", "inverse_rope_group_quant", "wo_a_fp8"]
 
@@ -41,8 +41,7 @@ def _device_type() -> str:
 
 
 def _use_oracle(backend: str | None) -> bool:
-    explicit = backend not in (None, "auto") or os.environ.get("WOA_BACKEND", "auto") != "auto"
-    return _device_type() == "cpu" and not explicit
+    return _device_type() == "cpu" and _dispatch.requested_backend(backend) == "auto"
 
 
 def _torch_dtype(dtype):
@@ -76,12 +75,7 @@ def _bytes(x):
 
 
 def _command_buffer(flag: bool | None) -> bool:
-    if flag is not None:
-        return flag
-    raw = os.environ.get("WOA_JAX_COMMAND_BUFFER", "0").strip()
-    if raw not in ("", "0", "1"):
-        raise ValueError(f"WOA_JAX_COMMAND_BUFFER={raw!r} is not a valid switch; expected 0 or 1")
-    return raw == "1"
+    return flag if flag is not None else env_flag("WOA_JAX_COMMAND_BUFFER", False)
 
 
 def _callback(fn, out_types, command_buffer: bool, *args):
