@@ -32,21 +32,30 @@ INDEX_FILE = "model.safetensors.index.json"
 #: a checkpoint without a config is inferred as ``rows / N_DEFAULT``.
 N_DEFAULT = 1024
 
-_NAME = re.compile(
-    r"^(?P<prefix>(?:.*\.)?)layers\.(?P<layer>\d+)\.(?P<attn>attn|self_attn)\.wo_a\."
-    r"(?P<kind>weight|scale|weight_scale_inv|weight_scale)$"
-)
+Projection = Literal["wo_a", "wo_b"]
+_NAMES = {
+    proj: re.compile(
+        r"^(?P<prefix>(?:.*\.)?)layers\.(?P<layer>\d+)\.(?P<attn>attn|self_attn)\." + proj
+        + r"\.(?P<kind>weight|scale|weight_scale_inv|weight_scale)$")
+    for proj in ("wo_a", "wo_b")
+}
 _SCALE_KINDS = ("scale", "weight_scale_inv", "weight_scale")
 
 
-def wo_a_names(layer: int, naming: Naming = "deepseek") -> tuple[str, str]:
-    """``(weight name, scale name)`` of layer ``layer`` in the given naming."""
+def projection_names(layer: int, proj: Projection = "wo_a",
+                     naming: Naming = "deepseek") -> tuple[str, str]:
+    """``(weight name, scale name)`` of attention projection ``proj`` of layer ``layer``."""
     if naming == "deepseek":
-        return f"layers.{layer}.attn.wo_a.weight", f"layers.{layer}.attn.wo_a.scale"
+        return f"layers.{layer}.attn.{proj}.weight", f"layers.{layer}.attn.{proj}.scale"
     if naming == "vllm":
-        base = f"model.layers.{layer}.self_attn.wo_a"
+        base = f"model.layers.{layer}.self_attn.{proj}"
         return f"{base}.weight", f"{base}.weight_scale_inv"
     raise ValueError(f"naming must be 'deepseek' or 'vllm', got {naming!r}")
+
+
+def wo_a_names(layer: int, naming: Naming = "deepseek") -> tuple[str, str]:
+    """``(weight name, scale name)`` of layer ``layer``'s ``wo_a`` in the given naming."""
+    return projection_names(layer, "wo_a", naming)
 
 
 def tensor_files(path: str | pathlib.Path) -> dict[str, pathlib.Path]:
@@ -89,11 +98,16 @@ class WoATensors:
     scale_name: str | None
 
 
-def find_wo_a(files: dict[str, pathlib.Path], layer: int) -> tuple[str, str | None]:
-    """The weight and scale names of layer ``layer`` (scale ``None`` when absent)."""
+def find_projection(files: dict[str, pathlib.Path], layer: int,
+                    proj: Projection = "wo_a") -> tuple[str, str | None]:
+    """The weight and scale names of layer ``layer``'s ``proj`` (scale ``None`` when absent).
+
+    Accepts DeepSeek names (``layers.{i}.attn.{proj}.{weight,scale}``) and vLLM / ModelOpt names
+    (``...layers.{i}.self_attn.{proj}.{weight,weight_scale_inv,weight_scale}``).
+    """
     weights, scales = {}, {}
     for name in files:
-        m = _NAME.match(name)
+        m = _NAMES[proj].match(name)
         if m is None or int(m["layer"]) != layer:
             continue
         stem = name.rsplit(".", 1)[0]
@@ -102,14 +116,19 @@ def find_wo_a(files: dict[str, pathlib.Path], layer: int) -> tuple[str, str | No
         else:
             scales.setdefault(stem, {})[m["kind"]] = name
     if not weights:
-        expect = " or ".join(wo_a_names(layer, n)[0] for n in ("deepseek", "vllm"))
-        raise KeyError(f"no wo_a weight for layer {layer} in the checkpoint; expected {expect}")
+        expect = " or ".join(projection_names(layer, proj, n)[0] for n in ("deepseek", "vllm"))
+        raise KeyError(f"no {proj} weight for layer {layer} in the checkpoint; expected {expect}")
     if len(weights) > 1:
-        raise ValueError(f"layer {layer} has several wo_a weights: {sorted(weights.values())}")
+        raise ValueError(f"layer {layer} has several {proj} weights: {sorted(weights.values())}")
     stem, wname = next(iter(weights.items()))
     found = scales.get(stem, {})
     sname = next((found[k] for k in _SCALE_KINDS if k in found), None)
     return wname, sname
+
+
+def find_wo_a(files: dict[str, pathlib.Path], layer: int) -> tuple[str, str | None]:
+    """``find_projection`` for ``wo_a``."""
+    return find_projection(files, layer, "wo_a")
 
 
 def read_wo_a(path: str | pathlib.Path, layer: int, *, tp_rank: int = 0, tp_size: int = 1,

@@ -13,7 +13,6 @@ backend; when ``wo_a`` falls back to the BF16 chain, so does ``wo_b``.
 from __future__ import annotations
 
 import pathlib
-import re
 
 import torch
 import torch.distributed as dist
@@ -23,25 +22,14 @@ from woa_jax import AITER_AMAX_FLOOR
 from woa_jax import tp as woa_tp
 from woa_jax.tp import ProjectionPath, TPShard
 
-from . import _dispatch, interop, ops
+from . import _dispatch, checkpoint, interop, ops
 from .projection import WoAProjection
 from .wo_b import WoBProjection
 
-_WO_B = re.compile(
-    r"^(?P<prefix>(?:.*\.)?)layers\.(?P<layer>\d+)\.(?:attn|self_attn)\.wo_b\."
-    r"(?P<kind>weight|scale|weight_scale_inv|weight_scale)$"
-)
-_SCALE_KINDS = ("scale", "weight_scale_inv", "weight_scale")
 
-
-def wo_b_names(layer: int, naming: str = "deepseek") -> tuple[str, str]:
+def wo_b_names(layer: int, naming: checkpoint.Naming = "deepseek") -> tuple[str, str]:
     """``(weight name, scale name)`` of ``wo_b`` in layer ``layer`` (``"deepseek"``/``"vllm"``)."""
-    if naming == "deepseek":
-        return f"layers.{layer}.attn.wo_b.weight", f"layers.{layer}.attn.wo_b.scale"
-    if naming == "vllm":
-        base = f"model.layers.{layer}.self_attn.wo_b"
-        return f"{base}.weight", f"{base}.weight_scale_inv"
-    raise ValueError(f"naming must be 'deepseek' or 'vllm', got {naming!r}")
+    return checkpoint.projection_names(layer, "wo_b", naming)
 
 
 def read_wo_b(path: str | pathlib.Path, layer: int, shard: TPShard
@@ -54,21 +42,8 @@ def read_wo_b(path: str | pathlib.Path, layer: int, shard: TPShard
     """
     from safetensors import safe_open
 
-    from . import checkpoint
-
     files = checkpoint.tensor_files(path)
-    found: dict[str, str] = {}
-    for name in files:
-        m = _WO_B.match(name)
-        if m is not None and int(m["layer"]) == layer:
-            if m["kind"] in found:
-                raise ValueError(f"layer {layer} has several wo_b {m['kind']} tensors")
-            found[m["kind"]] = name
-    if "weight" not in found:
-        expect = " or ".join(wo_b_names(layer, n)[0] for n in ("deepseek", "vllm"))
-        raise KeyError(f"no wo_b weight for layer {layer} in the checkpoint; expected {expect}")
-    wname = found["weight"]
-    sname = next((found[k] for k in _SCALE_KINDS if k in found), None)
+    wname, sname = checkpoint.find_projection(files, layer, "wo_b")
     with safe_open(str(files[wname]), framework="pt") as fh:
         sl = fh.get_slice(wname)
         shape = tuple(sl.get_shape())
