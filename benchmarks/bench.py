@@ -178,22 +178,18 @@ def _bytes_equal(actual, expected) -> bool:
 # ----------------------------------------------------------------------------------------------
 
 
-def _gemm_check(y, p: Problem, g: int) -> str:
-    from woa_jax.testing import TOLERANCES
-
-    err = _relerr(y, oracle(p, "gemm", g))
-    if not err <= TOLERANCES[_GEMM_TOL].rel:
-        raise AssertionError(f"relative error {err:.3g} > {TOLERANCES[_GEMM_TOL].rel}")
-    return f"relerr {err:.2e}"
-
-
 def _chain_check(y, p: Problem, g: int, what: str) -> str:
+    """Raise unless ``y`` is within the bf16 GEMM tolerance of the oracle's ``what``."""
     from woa_jax.testing import TOLERANCES
 
     err = _relerr(y, oracle(p, what, g))
     if not err <= TOLERANCES[_GEMM_TOL].rel:
         raise AssertionError(f"relative error {err:.3g} > {TOLERANCES[_GEMM_TOL].rel}")
     return f"relerr {err:.2e}"
+
+
+def _gemm_check(y, p: Problem, g: int) -> str:
+    return _chain_check(y, p, g, "gemm")
 
 
 def prov_quant_triton(sets, g, on_gpu):

@@ -117,6 +117,8 @@ def get_backend(name: str):
 def requested_backend(backend: str | None) -> str:
     """Argument, else ``WOA_BACKEND``, else ``"auto"``; validated."""
     name = backend if backend not in (None, "auto") else os.environ.get("WOA_BACKEND", "auto")
+    if not isinstance(name, str):
+        raise TypeError(f"backend must be 'auto' or one of {', '.join(BACKENDS)}, got {name!r}")
     name = name.strip().lower() or "auto"
     if name != "auto" and name not in BACKENDS:
         source = "backend" if backend not in (None, "auto") else "WOA_BACKEND"

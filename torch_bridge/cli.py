@@ -43,7 +43,6 @@ EXIT_OK, EXIT_BROKEN, EXIT_USAGE = 0, 1, 2
 
 _FP8_BACKENDS = ("aiter", "triton", "torch")
 _QUANT, _GEMM = "inverse_rope_group_quant", "batched_gemm_a8w8_mxscale"
-_OPS = (_QUANT, _GEMM, "wo_a")
 _SCALE_SUFFIXES = ("scale", "weight_scale_inv", "weight_scale")
 #: safetensors dtype tags -> the names ``woa_jax._checks`` uses.
 _ST_DTYPES = {"F8_E4M3": "float8_e4m3fn", "F8_E8M0": "float8_e8m0fnu", "U8": "uint8",

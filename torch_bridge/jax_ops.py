@@ -28,6 +28,7 @@ from jax.experimental.buffer_callback import buffer_callback
 
 import woa_jax
 from woa_jax import AITER_AMAX_FLOOR, _checks
+from woa_jax._spec import _check_fp8_dtype
 
 from . import _dispatch
 from ._capability import env_flag
@@ -96,6 +97,7 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
     """
     s, h, dh, rd = _checks.check_rope_inputs(o, positions, cos_cache, sin_cache)
     d = _checks.check_group_split(s, h, dh, num_groups, quant_group_size)
+    _check_fp8_dtype(fp8_dtype)
     if _use_oracle(backend):
         return woa_jax.inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups,
                                                 quant_group_size, fp8_dtype=fp8_dtype,
@@ -104,7 +106,8 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
     case = _dispatch.Case(
         device_type=_device_type(), fp8_dtype=fp8_name, act_dtype=_checks.dtype_name(o),
         rope_dtype=_checks.dtype_name(cos_cache), head_dim=dh, rope_dim=rd,
-        quant_group_size=quant_group_size)
+        quant_group_size=quant_group_size,
+        extra=(("num_groups", num_groups), ("amax_floor", amax_floor)))
     be = _dispatch.select("inverse_rope_group_quant", case, backend)
     out_types = (jax.ShapeDtypeStruct((s, num_groups, d), jnp.uint8),
                  jax.ShapeDtypeStruct((s, num_groups, d // quant_group_size), jnp.uint8))
@@ -136,8 +139,11 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=jnp.bfloat16, *,
     if _use_oracle(backend):
         return woa_jax.batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=dtype)
     fp8_name = _checks.dtype_name(x)
+    # JAX arrays are dense row-major, so x is K-contiguous and w contiguous.
     case = _dispatch.Case(device_type=_device_type(), fp8_dtype=fp8_name,
-                          out_dtype=np.dtype(dtype).name, quant_group_size=block)
+                          out_dtype=np.dtype(dtype).name, quant_group_size=block,
+                          extra=(("num_groups", g), ("m", m), ("n", n), ("k", k),
+                                 ("x_k_contiguous", True), ("w_contiguous", True)))
     be = _dispatch.select("batched_gemm_a8w8_mxscale", case, backend)
     out_type = jax.ShapeDtypeStruct((m, g, n), dtype)
 
@@ -169,7 +175,12 @@ def wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: int, *,
     Returns:
       ``[S, G, N]`` in ``dtype``.
     """
-    block = w.shape[2] // w_scale.shape[2]
+    _checks.check_rank(w, 3, "w", "[G, N, K]")
+    _, _, ks = _checks.check_rank(w_scale, 3, "w_scale", "[G, N / B, K / B]")
+    if ks < 1 or w.shape[2] % ks != 0:
+        raise ValueError(f"w_scale [G, N / B, K / B] = {tuple(w_scale.shape)} does not tile "
+                         f"K = {w.shape[2]} of w")
+    block = w.shape[2] // ks
     x, xs = inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, block,
                                      fp8_dtype=w.dtype, amax_floor=amax_floor, backend=backend,
                                      command_buffer=command_buffer)

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from woa_jax import ScaleLayout, scale_shape
+from woa_jax._checks import _SCALE_BYTES, check_dtype
 from woa_jax._spec import as_enum
 from woa_jax.layouts import _addresses
 
@@ -40,6 +41,9 @@ def to_scale_layout(x_scale: torch.Tensor, scale_layout: ScaleLayout | str, *,
     layout = as_enum(ScaleLayout, scale_layout, "scale_layout")
     if x_scale.dim() != 3:
         raise ValueError(f"x_scale must be 3-D [S, G, Ks], got shape {tuple(x_scale.shape)}")
+    check_dtype(x_scale, _SCALE_BYTES, "x_scale")
+    if out is not None:
+        check_dtype(out, _SCALE_BYTES, "out")
     s, g, ks = (int(d) for d in x_scale.shape)
     shape = scale_shape(s, g, ks, layout, quant_group_size)
     if out is None:
@@ -65,6 +69,7 @@ def from_scale_layout(buffer: torch.Tensor, scale_layout: ScaleLayout | str, s: 
             f"a {layout.value} scale buffer for S={s}, G={num_groups}, Ks={scale_groups} has "
             f"shape {shape}, got {tuple(buffer.shape)}"
         )
+    check_dtype(buffer, _SCALE_BYTES, "buffer")
     idx = _index(s, num_groups, scale_groups, layout, quant_group_size, buffer.device)
     raw = buffer.contiguous().view(torch.uint8).reshape(-1)[idx]
     return raw.reshape(s, num_groups, scale_groups).view(buffer.dtype)

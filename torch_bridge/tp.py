@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 import woa_jax
-from woa_jax import AITER_AMAX_FLOOR
+from woa_jax import AITER_AMAX_FLOOR, _checks
 from woa_jax import tp as woa_tp
 from woa_jax.tp import ProjectionPath, TPShard
 
@@ -196,8 +196,9 @@ class TPOutputProjection:
           o: ``[T, H_l, Dh]`` this rank's heads (``o_full[:, self.heads]``), bf16.
           positions: ``[>= T]`` int32/int64.
         """
-        if o.shape[1] != self.shard.local.num_heads:
-            raise ValueError(f"o has {o.shape[1]} heads; rank {self.rank} of tp={self.tp} holds "
+        _, h, _ = _checks.check_rank(o, 3, "o", "[T, H_l, Dh]")
+        if h != self.shard.local.num_heads:
+            raise ValueError(f"o has {h} heads; rank {self.rank} of tp={self.tp} holds "
                              f"{self.shard.local.num_heads} (pass o_full[:, proj.heads])")
         z = self.wo_a(o, positions)  # [T, G_l, N] bf16
         path, backend = self._wo_b_route()

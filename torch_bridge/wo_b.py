@@ -16,10 +16,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-import numpy as np
 import torch
 
-import woa_jax
 from woa_jax import AITER_AMAX_FLOOR, _checks
 from woa_jax import tp as woa_tp
 from woa_jax._spec import as_enum
@@ -27,6 +25,7 @@ from woa_jax.tp import ProjectionPath
 
 from . import _dispatch, interop, ops
 from .backends import torch_ref
+from .projection import _e8m0_bytes
 
 _FLOAT_NAMES = ("bfloat16", "float16", "float32")
 
@@ -90,14 +89,6 @@ def _zero_positions(t: int, device: torch.device) -> torch.Tensor:
     return have
 
 
-def _scale_bytes(scale: torch.Tensor) -> torch.Tensor:
-    """Checkpoint scale -> contiguous uint8 E8M0 bytes, losslessly, or ``ValueError``."""
-    if scale.dtype in (torch.uint8, torch.float8_e8m0fnu):
-        return scale.view(torch.uint8).contiguous()
-    host = scale.detach().to("cpu", torch.float64).numpy()  # exact for every float dtype
-    return torch.from_numpy(np.ascontiguousarray(woa_jax.e8m0_from_scale(host))).to(scale.device)
-
-
 def _mm_fp32(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
     """``a [T, K] @ b_t.T`` for bf16 operands with fp32 accumulation and an fp32 result."""
     if a.device.type != "cpu":
@@ -151,7 +142,7 @@ class WoBProjection:
                              "pass weight.contiguous()")
         self.weight_fp8 = weight.view(1, self.hidden, self.in_features)
         try:
-            self.weight_scale_e8m0 = _scale_bytes(scale).view(
+            self.weight_scale_e8m0 = _e8m0_bytes(scale).view(
                 1, self.hidden // self.block, self.in_features // self.block)
         except ValueError as e:
             self.fp8_unavailable = f"wo_b weight scale unusable by the FP8 path: {e}"

@@ -15,7 +15,6 @@ CUDA_AMAX_FLOOR = 1e-10
 
 #: Quant group width along K used by DeepSeek V4 (V4.1 uses 32x32 weight blocks and 1x32 groups).
 QUANT_GROUP_SIZE = 128
-QUANT_GROUP_SIZES = (32, 64, 128)
 
 E8M0_BIAS = 127
 E8M0_NAN = 0xFF

@@ -24,6 +24,11 @@ def dequant_weight(w, w_scale, *, dtype=jnp.float32):
     With E8M0 scales the product fits bf16 exactly, so ``dtype=jnp.bfloat16`` is lossless.
     """
     g, n, k = _checks.check_rank(w, 3, "w", "[G, N, K]")
+    ws = _checks.check_rank(w_scale, 3, "w_scale", "[G, ceil(N / B), K / B]")
+    block = k // ws[2] if ws[2] >= 1 and k % ws[2] == 0 else 0
+    if block not in (32, 64, 128) or ws != (g, -(-n // block), ws[2]):
+        raise ValueError(f"w_scale must be [G, ceil(N / B), K / B] with B in 32, 64, 128 for "
+                         f"w [G, N, K] = {(g, n, k)}, got {ws}")
     s = e8m0_decode(w_scale)
     return (upcast_f32(w) * _expand_weight_scale(s, n, k)).astype(dtype)
 

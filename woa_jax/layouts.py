@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._checks import _SCALE_BYTES, check_dtype
 from ._spec import ScaleLayout, as_enum
 
 
@@ -69,6 +70,7 @@ def to_scale_layout(x_scale, scale_layout: ScaleLayout | str, *, quant_group_siz
     layout = as_enum(ScaleLayout, scale_layout, "scale_layout")
     if x_scale.ndim != 3:
         raise ValueError(f"x_scale must be 3-D [S, G, Ks], got shape {tuple(x_scale.shape)}")
+    check_dtype(x_scale, _SCALE_BYTES, "x_scale")
     s, g, ks = x_scale.shape
     shape = scale_shape(s, g, ks, layout, quant_group_size)
     addr = _addresses(s, g, ks, layout, quant_group_size)
@@ -88,6 +90,7 @@ def from_scale_layout(buffer, scale_layout: ScaleLayout | str, s: int, num_group
             f"a {layout.value} scale buffer for S={s}, G={num_groups}, Ks={scale_groups} has shape "
             f"{shape}, got {tuple(buffer.shape)}"
         )
+    check_dtype(buffer, _SCALE_BYTES, "buffer")
     addr = _addresses(s, num_groups, scale_groups, layout, quant_group_size)
     dtype = buffer.dtype
     raw = jax.lax.bitcast_convert_type(jnp.asarray(buffer), jnp.uint8).ravel()

@@ -82,6 +82,7 @@ def forward_rope(o, positions, cos_cache, sin_cache, *, out_dtype=None):
 
 def inverse_rope_float64(o, positions, cos_cache, sin_cache) -> np.ndarray:
     """Exact-math inverse RoPE in numpy float64 (the "truth" for error measurement)."""
+    check_rope_inputs(o, positions, cos_cache, sin_cache)
     o = np.asarray(o, dtype=np.float64)
     cos = np.asarray(cos_cache, dtype=np.float64)
     sin = np.asarray(sin_cache, dtype=np.float64)

@@ -25,8 +25,8 @@ from . import _checks
 from ._spec import AITER_AMAX_FLOOR, QuantSemantics, as_enum
 from .config import DSV4Config, LocalShapes, get_config, local_shapes
 from .gemm import batched_gemm_a8w8_mxscale
-from .quant import e8m0_decode, e8m0_from_scale, group_quant_e8m0
-from .woa import wo_a_bf16, wo_a_fp8
+from .quant import e8m0_from_scale, group_quant_e8m0
+from .woa import _weight_scale_f32, wo_a_bf16, wo_a_fp8
 
 _FLOAT_SCALES = ("float32", "float64", "float16", "bfloat16")
 #: Mesh axis name the sharded functions use unless told otherwise.
@@ -126,10 +126,7 @@ def dequant_wo_b_weight(weight, weight_scale, *, dtype=jnp.bfloat16):
     """``[hidden, K']`` checkpoint weight times its block scales, in ``dtype`` (exact in bf16 for
     E8M0 scales)."""
     _, _, block = check_wo_b_weight(weight, weight_scale)
-    if _checks.dtype_name(weight_scale) in _FLOAT_SCALES:
-        s = jnp.asarray(weight_scale, jnp.float32)
-    else:
-        s = e8m0_decode(weight_scale)
+    s = _weight_scale_f32(weight_scale)
     full = jnp.repeat(jnp.repeat(s, block, axis=0), block, axis=1)
     return (weight.astype(jnp.float32) * full).astype(dtype)
 
@@ -334,8 +331,9 @@ def wo_a_wo_b_tp(mesh: jax.sharding.Mesh, o, positions, cos_cache, sin_cache, wo
     tp = int(mesh.shape[axis])
     g_l = tp_shard(cfg, tp, 0).local.num_groups
     check_tp_weights(cfg, wo_a_weight, wo_a_scale, wo_b_weight, wo_b_scale)
-    if o.shape[1] != cfg.num_heads:
-        raise ValueError(f"o has {o.shape[1]} heads; {cfg.name} has num_heads={cfg.num_heads}")
+    _, h, _ = _checks.check_rank(o, 3, "o", "[T, H, Dh]")
+    if h != cfg.num_heads:
+        raise ValueError(f"o has {h} heads; {cfg.name} has num_heads={cfg.num_heads}")
     mode = as_enum(ProjectionPath, path, "path")
     if mode is ProjectionPath.FP8:
         # The lossless float -> E8M0 conversion inspects values on the host; do it before tracing.

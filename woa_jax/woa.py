@@ -73,9 +73,8 @@ def wo_a_weight_e8m0(weight, weight_scale, num_groups: int):
 
 
 def _group_view(o, num_groups: int):
+    """``o [S, H, Dh]`` as ``[S, G, H * Dh / G]`` (callers ran ``_check_k`` first)."""
     s, h, dh = o.shape
-    if (h * dh) % num_groups != 0:
-        raise ValueError(f"H * Dh = {h * dh} is not divisible by num_groups={num_groups}")
     return o.reshape(s, num_groups, h * dh // num_groups)
 
 
@@ -141,7 +140,7 @@ def wo_a_truth(o, positions, cos_cache, sin_cache, weight_fp8, weight_scale,
 
 
 def _check_k(o, weight, num_groups: int) -> None:
-    s, h, dh = o.shape
+    _, h, dh = _checks.check_rank(o, 3, "o", "[S, H, Dh]")
     k = weight.shape[1]
     if h * dh != num_groups * k:
         raise ValueError(

@@ -100,7 +100,7 @@ def test_missing_layer_is_one_line(woa, one_line_error, tmp_path):
                        "compress"), "no wo_a weight for layer 7")
 
 
-def test_triton_rows_under_the_interpreter(tmp_path, capsys):
+def test_triton_rows_under_the_interpreter(tmp_path):
     """In-process (the suite's conftest set TRITON_INTERPRET=1 before any kernel was defined)."""
     out = tmp_path / "v.json"
     assert cli.main(["verify", "--tokens", "2", "--backends", "triton", "--json", out]) == 0

@@ -122,7 +122,7 @@ def test_adapter_checks_scales_before_calling_aiter(fake_aiter):
     assert y.shape == (3, 1, 128) and calls[-1][1]["x_scale_dtype"] == torch.uint8
 
 
-def test_gemm_through_aiter_and_fallback_for_32_blocks(fake_aiter, caplog):
+def test_gemm_through_aiter_and_fallback_for_32_blocks(fake_aiter):
     calls = fake_aiter("main")
     rng = np.random.default_rng(3)
     w, sc = wo_a_checkpoint(rng, g=2, n=128, k=256, block=128)
@@ -185,6 +185,23 @@ def test_auto_falls_back_when_aiter_rejects_the_shape(fake_aiter):
         c.torch()[0], c.torch()[2], 128, torch.float8_e4m3fn, num_groups=1,
         amax_floor=1e-8)) == (False, "AITER's kernel is built for head_dim 512 and rope_dim 64, "
                                      "got 128 and 64")
+
+
+def test_jax_entry_points_describe_the_call_to_aiter(fake_aiter):
+    """``torch_bridge.jax_ops`` tells the dispatcher the amax floor and the GEMM's N and K, so
+    AITER refuses what it would run wrong (its floor is fixed; its GEMM needs 128-multiples)."""
+    from torch_bridge import jax_ops
+
+    fake_aiter("main")
+    c = _case()
+    with pytest.raises(tb.BackendUnavailableError, match="AITER's amax floor is 1e-08"):
+        jax_ops.inverse_rope_group_quant(*c.jax(), 1, 128, amax_floor=woa_jax.CUDA_AMAX_FLOOR,
+                                         backend="aiter")
+    x = jnp.zeros((3, 1, 256), jnp.float8_e4m3fn)
+    w = jnp.zeros((1, 96, 256), jnp.float8_e4m3fn)
+    xs, ws = jnp.full((3, 1, 2), 127, jnp.uint8), jnp.full((1, 1, 2), 127, jnp.uint8)
+    with pytest.raises(tb.BackendUnavailableError, match="N and K multiples of 128, got N=96"):
+        jax_ops.batched_gemm_a8w8_mxscale(x, w, xs, ws, backend="aiter")
 
 
 @pytest.mark.gpu

@@ -132,6 +132,35 @@ def test_gemm_empty_batch(gemm_args):
 def test_unknown_backend_name(rope_args, monkeypatch):
     with pytest.raises(ValueError, match="backend='cuda' is not a backend"):
         tb.inverse_rope_group_quant(*rope_args, 2, 64, backend="cuda")
+    with pytest.raises(TypeError, match="backend must be 'auto' or one of .*, got 1"):
+        tb.inverse_rope_group_quant(*rope_args, 2, 64, backend=1)
     monkeypatch.setenv("WOA_BACKEND", "fast")
     with pytest.raises(ValueError, match="WOA_BACKEND='fast' is not a backend"):
         tb.inverse_rope_group_quant(*rope_args, 2, 64)
+
+
+def test_jax_entry_points_reject_bad_weight_and_fp8_dtype():
+    import jax.numpy as jnp
+
+    from torch_bridge import jax_ops
+
+    c = rope_case(np.random.default_rng(0), s=4, h=2, dh=128, rd=64, num_groups=2, gs=128)
+    w = jnp.zeros((2, 128, 128), jnp.float8_e4m3fn)
+    with pytest.raises(ValueError, match=r"w_scale must be 3-D \[G, N / B, K / B\]"):
+        jax_ops.wo_a_fp8(*c.jax(), w, jnp.zeros((2, 1), jnp.uint8), 2)
+    with pytest.raises(ValueError, match=r"w_scale \[G, N / B, K / B\] = \(2, 1, 3\) does not "
+                                         "tile K = 128"):
+        jax_ops.wo_a_fp8(*c.jax(), w, jnp.zeros((2, 1, 3), jnp.uint8), 2)
+    with pytest.raises(TypeError, match="fp8_dtype must be float8_e4m3fn or float8_e4m3fnuz"):
+        jax_ops.inverse_rope_group_quant(*c.jax(), 2, 128, fp8_dtype=jnp.bfloat16,
+                                         backend="torch")
+
+
+def test_layout_helpers_reject_non_byte_scales():
+    with pytest.raises(TypeError, match="x_scale must have dtype uint8 or float8_e8m0fnu"):
+        tb.to_scale_layout(torch.zeros((4, 2, 8)), "row")
+    with pytest.raises(TypeError, match="out must have dtype uint8 or float8_e8m0fnu"):
+        tb.to_scale_layout(torch.zeros((4, 2, 8), dtype=torch.uint8), "row",
+                           out=torch.zeros((4, 2, 8)))
+    with pytest.raises(TypeError, match="buffer must have dtype uint8 or float8_e8m0fnu"):
+        tb.from_scale_layout(torch.zeros((4, 2, 8)), "row", 4, 2, 8)

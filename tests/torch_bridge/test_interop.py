@@ -11,7 +11,7 @@ from tb_cases import rope_case
 
 import torch_bridge as tb
 import woa_jax
-from woa_jax.testing import assert_bitwise_equal
+from woa_jax.testing import assert_bitwise_equal, assert_close
 
 DTYPES = ["bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e8m0fnu", "float32", "uint8"]
 
@@ -91,8 +91,9 @@ def test_ops_accept_and_return_jax_arrays():
     assert_bitwise_equal(q, q_ref)
     assert_bitwise_equal(sc, sc_ref)
     w = jnp.transpose(q, (1, 0, 2))  # any fp8 [G=1, N=4, K=256]
-    y = tb.batched_gemm_a8w8_mxscale(q, w, sc, jnp.full((1, 1, 2), 127, jnp.uint8),
-                                     backend="torch")
+    ws = jnp.full((1, 1, 2), 127, jnp.uint8)
+    y = tb.batched_gemm_a8w8_mxscale(q, w, sc, ws, backend="torch")
     assert isinstance(y, jax.Array) and y.shape == (4, 1, 4)
+    assert_close(y, woa_jax.batched_gemm_a8w8_mxscale(q_ref, w, sc_ref, ws), tolerance="gemm_bf16")
     with pytest.raises(TypeError, match="x_fp8 cannot be filled"):
         tb.inverse_rope_group_quant(*c.jax(), 1, 128, x_fp8=torch.empty(4, 1, 256))

@@ -126,6 +126,10 @@ def test_check_tp_weights_names_the_wrong_tensor():
     with pytest.raises(ValueError, match=r"wo_b weight has shape \(512, 1024\), expected"):
         wtp.check_tp_weights(PRO_TINY, c["wo_a.weight"], c["wo_a.scale"],
                              make_case(FLASH_TINY)["wo_b.weight"], c["wo_b.scale"])
+    weights = (c["wo_a.weight"], c["wo_a.scale"], c["wo_b.weight"], c["wo_b.scale"])
+    with pytest.raises(ValueError, match=r"o must be 3-D \[T, H, Dh\], got shape \(24, 128\)"):
+        wtp.wo_a_wo_b_tp(wtp.tp_mesh(1), c["o"][:, 0], c["positions"], None, None, *weights,
+                         PRO_TINY)
 
 
 def test_tp_mesh_needs_devices():

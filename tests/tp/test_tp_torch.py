@@ -172,6 +172,8 @@ def test_tp_needs_a_process_group_and_divisible_groups():
     proj = TPOutputProjection.from_tensors(*args, backend="torch")
     with pytest.raises(ValueError, match="o has 8 heads; rank 0 of tp=1 holds 16"):
         proj(t["o"][:, :8].contiguous(), t["positions"])
+    with pytest.raises(ValueError, match=r"o must be 3-D \[T, H_l, Dh\]"):
+        proj(t["o"][:, 0], t["positions"])
 
 
 def test_wo_b_quant_bytes_equal_the_oracle():

@@ -255,18 +255,11 @@ def test_whole_chain_public_api_and_bf16_chain(s):
     o, pos, cos, sin = _rope_inputs(s, g, seed)
     weight, scale = _checkpoint(g, seed)
     ref = _chain_oracle(o, pos, cos, sin, weight, scale, g)
-    try:
-        from torch_bridge import WoAProjection
-    except ImportError:
-        WoAProjection = None
-    if WoAProjection is not None:
-        proj = WoAProjection(weight, scale.view(torch.float8_e8m0fnu), g, cos, sin,
-                             backend="triton")
-        y = proj(o, pos)
-        assert _relerr(y, ref) <= TOLERANCES["gemm_bf16"].rel, f"seed {seed}"
-    from torch_bridge.backends.triton import BACKEND
+    from torch_bridge import WoAProjection
 
-    y = BACKEND.wo_a(o, pos, cos, sin, weight.view(g, N, -1), scale.view(g, N // 128, -1), g)
+    proj = WoAProjection(weight, scale.view(torch.float8_e8m0fnu), g, cos, sin, backend="triton")
+    y = proj(o, pos)
+    assert proj.path == "triton"
     assert _relerr(y, ref) <= TOLERANCES["gemm_bf16"].rel, f"seed {seed}"
     cos32, sin32 = cos.float(), sin.float()
     ref16 = _oracle("wo_a_bf16")(_j(o), _j(pos), _j(cos32), _j(sin32), _j(weight), _j(scale), g)

@@ -236,3 +236,10 @@ def test_chain_errors(small_case, change, exc, match):
         with pytest.raises(exc, match=match):
             f(o, pos, cos, sin, w2, ws2, g)
 
+
+
+def test_chain_rejects_o_of_the_wrong_rank(small_case):
+    o, pos, (cos, sin), w, ws = small_case
+    for f in (wo_a_fp8, wo_a_bf16, wo_a_truth):
+        with pytest.raises(ValueError, match=r"o must be 3-D \[S, H, Dh\], got shape \(5, 2048\)"):
+            f(o.reshape(5, -1), pos, cos, sin, w, ws, 2)

@@ -28,26 +28,30 @@ def _pos_freqs(base: float) -> np.ndarray:
     return np.power(F32(base), (F32(2) * j) / F32(64))
 
 
+def _yarn_correction_dims() -> tuple[int, int]:
+    """Upstream's ``find_correction_range`` for the compressed layers, written out here."""
+
+    def corr(rot: float) -> float:
+        return 64 * math.log(65536 / (rot * 2 * math.pi)) / (2 * math.log(160000))
+
+    return math.floor(corr(32)), math.ceil(corr(1))
+
+
 def test_compress_inv_freq_yarn_ramp_between_15_and_25():
+    low, high = _yarn_correction_dims()
+    assert (low, high) == (15, 25)
     inv = rope_inv_freq("v4-flash", "compress")
     assert inv.dtype == F32 and inv.shape == (32,)
     pf = _pos_freqs(160000.0)
     extrap = F32(1) / pf
     interp = F32(1) / (F32(16) * pf)
-    np.testing.assert_array_equal(inv[:16], extrap[:16])  # j <= low = 15: pure extrapolation
-    np.testing.assert_array_equal(inv[25:], interp[25:])  # j >= high = 25: pure interpolation
-    mid = slice(16, 25)
+    np.testing.assert_array_equal(inv[:low + 1], extrap[:low + 1])  # j <= low: extrapolation
+    np.testing.assert_array_equal(inv[high:], interp[high:])  # j >= high: pure interpolation
+    mid = slice(low + 1, high)
     assert ((inv[mid] < extrap[mid]) & (inv[mid] > interp[mid])).all()
     # The ramp is linear in j between low and high: recover it and compare.
     ramp = (extrap[mid].astype(np.float64) - inv[mid]) / (extrap[mid] - interp[mid])
-    np.testing.assert_allclose(ramp, (np.arange(16, 25) - 15) / 10, rtol=1e-5)
-
-
-def test_yarn_correction_dims_are_15_and_25():
-    def corr(rot: float) -> float:
-        return 64 * math.log(65536 / (rot * 2 * math.pi)) / (2 * math.log(160000))
-
-    assert math.floor(corr(32)) == 15 and math.ceil(corr(1)) == 25
+    np.testing.assert_allclose(ramp, (np.arange(low + 1, high) - low) / (high - low), rtol=1e-5)
 
 
 def test_window_inv_freq_is_plain_rope():

@@ -175,3 +175,14 @@ def test_gemm_errors(change, exc, match):
 def test_gemm_output_dtype_error():
     with pytest.raises(TypeError, match="dtype must be bfloat16 or float32, got float16"):
         batched_gemm_a8w8_mxscale(*_ops(), dtype=jnp.float16)
+
+
+def test_dequant_weight_rejects_a_scale_that_does_not_tile_w():
+    w = np.zeros((2, 130, 256), ml_dtypes.float8_e4m3fn)
+    for ws in (np.zeros((2, 1, 2), np.uint8), np.zeros((2, 3, 2), np.uint8),
+               np.zeros((2, 2, 3), np.uint8)):
+        with pytest.raises(ValueError, match=r"w_scale must be \[G, ceil\(N / B\), K / B\] with B "
+                                             r"in 32, 64, 128 for w \[G, N, K\] = \(2, 130, 256\)"):
+            dequant_weight(w, ws)
+    with pytest.raises(ValueError, match=r"w_scale must be 3-D"):
+        dequant_weight(w, np.zeros((2, 2), np.uint8))

@@ -127,3 +127,8 @@ def test_layout_errors():
     with pytest.raises(ValueError, match=r"a mfma_tile scale buffer for S=4, G=2, Ks=6 has shape "
                                          r"\(2, 32, 6\), got \(2, 32, 8\)"):
         from_scale_layout(np.zeros((2, 32, 8), np.uint8), "mfma_tile", 4, 2, 6)
+    with pytest.raises(TypeError, match="x_scale must have dtype uint8 or float8_e8m0fnu, got "
+                                        "float32"):
+        to_scale_layout(x.astype(np.float32), "row")
+    with pytest.raises(TypeError, match="buffer must have dtype uint8 or float8_e8m0fnu"):
+        from_scale_layout(x.astype(np.float32), "row", 4, 2, 6)

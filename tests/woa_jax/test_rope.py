@@ -204,6 +204,6 @@ _C = jnp.ones((8, 32), jnp.bfloat16)
     ],
 )
 def test_rope_errors(args, exc, match):
-    for f in (inverse_rope, forward_rope):
+    for f in (inverse_rope, forward_rope, inverse_rope_float64):
         with pytest.raises(exc, match=match):
             f(*args)

@@ -14,10 +14,9 @@ import numpy as np
 import torch
 
 from woa_jax import AITER_AMAX_FLOOR
+from woa_jax._spec import E8M0_NAN
 
 from .._dispatch import Case
-
-_E8M0_NAN = 0xFF
 
 
 def fp8_max(fp8_dtype: torch.dtype) -> float:
@@ -89,7 +88,7 @@ def group_quant_e8m0(x: torch.Tensor, group_size: int, fp8_dtype: torch.dtype,
     byte = e8m0_scale_bytes(amax, fp8_dtype, amax_floor)
     # 2**(127 - byte) as fp32 bits, exact; byte 255 (an inf lane) makes the payload NaN.
     inv = ((254 - byte.to(torch.int32)).clamp(1, 254) << 23).view(torch.float32)
-    inv = torch.where(byte == _E8M0_NAN, torch.full_like(inv, float("nan")), inv)
+    inv = torch.where(byte == E8M0_NAN, torch.full_like(inv, float("nan")), inv)
     m = fp8_max(fp8_dtype)
     q = torch.clamp(g * inv[..., None], -m, m).to(fp8_dtype).reshape(x.shape)
     return q, byte

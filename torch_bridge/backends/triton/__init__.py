@@ -14,8 +14,6 @@ import os
 from ... import _capability
 from ..._dispatch import Case
 
-AITER_AMAX_FLOOR = 1e-8  # woa_jax.AITER_AMAX_FLOOR, without importing jax here
-
 _ROPE_DTYPES = ("bfloat16", "float16", "float32")
 _GEMM_BLOCKS = (32, 64, 128)
 
@@ -82,13 +80,6 @@ class _TritonBackend:
             if case.quant_group_size not in (None, *_GEMM_BLOCKS):
                 return False, f"scale block {case.quant_group_size} not in {_GEMM_BLOCKS}"
             return True, "ok"
-        if op == "wo_a":
-            extra = dict(case.extra)
-            if case.fp8_dtype is None or "fp8_unavailable" in extra:
-                return False, extra.get("fp8_unavailable", "the weight is not fp8")
-            if case.out_dtype not in (None, "bfloat16", "float32"):
-                return False, f"output dtype {case.out_dtype} is not bf16 or fp32"
-            return self._supports_quant(case)
         return False, f"the triton backend does not implement {op}"
 
     @staticmethod
@@ -114,20 +105,6 @@ class _TritonBackend:
         from .launch import batched_gemm_a8w8_mxscale
 
         return batched_gemm_a8w8_mxscale(*args, **kwargs)
-
-    def wo_a(self, o, positions, cos_cache, sin_cache, w, w_scale, num_groups: int, *,
-             amax_floor: float = AITER_AMAX_FLOOR, dtype=None):
-        """The FP8 chain on this backend: ``o [S, H, Dh]``, ``w [G, N, K]`` fp8, ``w_scale
-        [G, N / B, K / B]`` E8M0 bytes -> ``[S, G, N]`` (bf16 unless ``dtype``)."""
-        import torch
-
-        from .launch import batched_gemm_a8w8_mxscale, inverse_rope_group_quant
-
-        block = w.shape[2] // w_scale.shape[2]
-        x_fp8 = torch.empty((o.shape[0], num_groups, w.shape[2]), dtype=w.dtype, device=o.device)
-        x, xs = inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, block,
-                                         amax_floor=amax_floor, x_fp8=x_fp8)
-        return batched_gemm_a8w8_mxscale(x, w, xs, w_scale, dtype=dtype or torch.bfloat16)
 
 
 BACKEND = _TritonBackend()

@@ -1,4 +1,4 @@
-"""Fake AITER main (``scale_layout`` spelling); see tests/fake_aiter/README.md."""
+"""Fake AITER main (``scale_layout`` spelling); see ../../aiter_contract_double.py."""
 
 from __future__ import annotations
 

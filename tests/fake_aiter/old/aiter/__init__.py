@@ -1,4 +1,4 @@
-"""Fake released AITER (``scale_shuffle`` spelling); see tests/fake_aiter/README.md."""
+"""Fake AITER 0.1.19.post1 (``scale_shuffle``, no GEMM); see ../../aiter_contract_double.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Fake released AITER (``scale_shuffle`` spelling); see tests/fake_aiter/README.md."""
+"""Fake released AITER (``scale_shuffle`` spelling); see ../../aiter_contract_double.py."""
 
 from __future__ import annotations
 
