@@ -527,24 +527,29 @@ def run_prefill(sweep: shapes.Sweep, cfg: shapes.Prefill, *, on_gpu: bool, progr
 
 
 def gemm_candidates(m: int) -> list:
-    """Launch shapes worth timing for one M (``label()``: m, n, split-K, s=swap, warps, stages)."""
+    """Launch shapes worth timing for one M (``label()``: m, n, split-K, s=swap, warps, stages,
+    T = TMA tiles [programs per SM])."""
     from torch_bridge.backends.triton.launch import GemmConfig as C
 
     if m <= 64:
         t = max(16, 1 << (m - 1).bit_length())
-        out = [C(t, bn, sk, True, 4, st) for bn in (64, 128) for sk in (1, 2) for st in (4, 5, 8)]
+        out = [C(t, bn, sk, True, 4, st) for bn in (64, 128) for sk in (1, 2) for st in (4, 5)]
+        out += [C(t, bn, 1, True, 4, st, tma=True) for bn in (64, 128) for st in (4, 6, 8)]
         if t == 16:
-            out += [C(16, 64, 1, False, 4, 4), C(16, 64, 1, False, 4, 6)]
+            out += [C(16, 64, 1, False, 4, 4), C(16, 64, 1, False, 4, 4, tma=True)]
         return out
-    return [C(64, 128, 1, False, 4, 4), C(64, 128, 1, False, 4, 5), C(64, 64, 1, False, 4, 4),
-            C(128, 128, 1, False, 8, 3), C(128, 128, 1, False, 8, 4), C(64, 256, 1, False, 8, 3),
-            C(128, 256, 1, False, 8, 3), C(128, 64, 1, False, 4, 4)]
+    return [C(64, 128, 1, False, 4, 4), C(64, 128, 1, False, 4, 4, tma=True),
+            C(64, 128, 1, False, 4, 4, tma=True, programs_per_sm=2),
+            C(128, 128, 1, False, 8, 3, tma=True), C(128, 128, 1, False, 8, 4, tma=True),
+            C(128, 128, 1, False, 8, 4, tma=True, programs_per_sm=1),
+            C(128, 256, 1, False, 8, 3, tma=True), C(64, 256, 1, False, 4, 3, tma=True)]
 
 
 def quant_candidates() -> list:
     from torch_bridge.backends.triton.launch import QuantConfig as Q
 
-    return [Q(r, w) for r, w in ((8, 2), (16, 2), (16, 4), (32, 2), (32, 4), (64, 4), (64, 8))]
+    return [Q(32, 4), Q(8, 4), Q(4, 4, 1), Q(8, 4, 1), Q(16, 4, 1), Q(32, 8, 1), Q(8, 4, 4),
+            Q(16, 8, 2), Q(2, 4, 8), Q(1, 4, 16)]
 
 
 def run_tune(sweep: shapes.Sweep, *, on_gpu: bool, reps: int, progress, seed: int) -> list[dict]:
@@ -560,6 +565,7 @@ def run_tune(sweep: shapes.Sweep, *, on_gpu: bool, reps: int, progress, seed: in
         progress.update(task, description=f"tune G={g} M={m}")
         sets = [make_problem(sweep, g, m, device, seed + i)
                 for i in range(n_sets(sweep, g, m, on_gpu))]
+        n_before = len(rows)
         for cfg in gemm_candidates(m):
             row = {"kind": "tune_gemm", "provider": cfg.label(), "G": g, "M": m,
                    "N": sweep.n, "K": sweep.k, "config": dataclasses.asdict(cfg)}
@@ -578,26 +584,28 @@ def run_tune(sweep: shapes.Sweep, *, on_gpu: bool, reps: int, progress, seed: in
             except Exception as e:  # a shape that fails to compile (shared memory) is data too
                 row.update(us=None, check=f"FAILED: {type(e).__name__}: {str(e)[:200]}")
             rows.append(row)
-        if m >= 1024 or not on_gpu:
-            for qc in quant_candidates():
-                row = {"kind": "tune_quant", "provider": qc.label(), "G": g, "M": m,
-                       "config": dataclasses.asdict(qc)}
-                p0 = sets[0]
-                q, sc = launch.inverse_rope_group_quant(p0.o, p0.pos, p0.cos_bf16, p0.sin_bf16, g,
-                                                        128, config=qc)
-                rq, rs = oracle(p0, "quant", g)
-                if not (_bytes_equal(q, rq) and _bytes_equal(sc, rs)):
-                    row.update(us=None, check="FAILED: bytes differ from the oracle")
-                    rows.append(row)
-                    continue
-                fns = [(lambda p=p, qc=qc, g=g: launch.inverse_rope_group_quant(
-                    p.o, p.pos, p.cos_bf16, p.sin_bf16, g, 128, x_fp8=p.x, x_scale=p.xs,
-                    config=qc)) for p in sets]
-                times = _time(fns, on_gpu, reps)
-                nbytes = m * g * sweep.k * 3 + m * g * sweep.k // 128
-                row.update(us=median(times), check="bytes exact",
-                           **{"GB/s": nbytes / median(times) / 1e3})
+        for qc in quant_candidates():
+            row = {"kind": "tune_quant", "provider": qc.label(), "G": g, "M": m,
+                   "config": dataclasses.asdict(qc)}
+            p0 = sets[0]
+            q, sc = launch.inverse_rope_group_quant(p0.o, p0.pos, p0.cos_bf16, p0.sin_bf16, g,
+                                                    128, config=qc)
+            rq, rs = oracle(p0, "quant", g)
+            if not (_bytes_equal(q, rq) and _bytes_equal(sc, rs)):
+                row.update(us=None, check="FAILED: bytes differ from the oracle")
                 rows.append(row)
+                continue
+            fns = [(lambda p=p, qc=qc, g=g: launch.inverse_rope_group_quant(
+                p.o, p.pos, p.cos_bf16, p.sin_bf16, g, 128, x_fp8=p.x, x_scale=p.xs,
+                config=qc)) for p in sets]
+            times = _time(fns, on_gpu, reps)
+            nbytes = m * g * sweep.k * 3 + m * g * sweep.k // 128
+            row.update(us=median(times), check="bytes exact",
+                       **{"GB/s": nbytes / median(times) / 1e3})
+            rows.append(row)
+        for r in rows[n_before:]:
+            progress.console.print(f"{r['kind']} G={g} M={m} {r['provider']}: "
+                                   f"{_fmt(r.get('us'), 1)} us  {r['check'][:120]}")
         progress.advance(task)
         del sets
     return rows
@@ -680,7 +688,7 @@ def use_tuned(path: str) -> None:
 
     GEMM: for each (G, M) the best timed shape; other M take the nearest tuned M (log scale) of
     the same G, else of any G. Quant: the best shape at the largest tuned M. For trying tuned
-    shapes before they go into ``launch.gemm_config`` / ``launch.QUANT_CONFIG``.
+    shapes before they go into ``launch.gemm_config`` / ``launch.quant_config``.
     """
     from torch_bridge.backends.triton import launch
 
@@ -702,7 +710,8 @@ def use_tuned(path: str) -> None:
 
         launch.gemm_config = lookup
     if quant:
-        launch.QUANT_CONFIG = launch.QuantConfig(**quant[-1][2]["config"])
+        tuned = launch.QuantConfig(**quant[-1][2]["config"])
+        launch.quant_config = lambda s: tuned
 
 
 def _fmt(v, digits: int, suffix: str = "") -> str:

@@ -49,11 +49,15 @@ def _assert_quant_equal(q, sc, rq, rs):
 
 @pytest.mark.parametrize("gs,g,pos_dtype", [(128, 2, torch.int64), (128, 1, torch.int32),
                                              (64, 2, torch.int32), (32, 4, torch.int64)])
-@pytest.mark.parametrize("block_r", [8, 32])
-def test_quant_bit_exact(rng, gs, g, pos_dtype, block_r):
+@pytest.mark.parametrize("config", [launch.QuantConfig(8, 2), launch.QuantConfig(32, 2),
+                                    launch.QuantConfig(2, 2, block_h=2),
+                                    launch.QuantConfig(4, 2, block_h=3)],
+                         ids=lambda c: c.label())
+def test_quant_bit_exact(rng, gs, g, pos_dtype, config):
+    """Both quant kernels (flat rows; per head, where block_h=3 does not divide H=4 and is cut
+    to a divisor) give the oracle's bytes."""
     o, pos, cos, sin = _rope_case(rng, pos_dtype=pos_dtype)
-    q, sc = launch.inverse_rope_group_quant(o, pos, cos, sin, g, gs, config=launch.QuantConfig(
-        block_r=block_r, num_warps=2))
+    q, sc = launch.inverse_rope_group_quant(o, pos, cos, sin, g, gs, config=config)
     assert q.dtype == torch.float8_e4m3fn and sc.dtype == torch.uint8
     assert tuple(q.shape) == (3, g, 4 * 512 // g) and tuple(sc.shape) == (3, g, 4 * 512 // g // gs)
     _assert_quant_equal(q, sc, *woa_jax.inverse_rope_group_quant(*_jx(o, pos, cos, sin), g, gs))
@@ -125,6 +129,9 @@ CONFIGS = [
     launch.GemmConfig(16, 64, split_k=2),
     launch.GemmConfig(16, 128, swap_ab=True, num_stages=5),
     launch.GemmConfig(32, 64, swap_ab=True),
+    launch.GemmConfig(16, 64, tma=True),
+    launch.GemmConfig(16, 64, swap_ab=True, tma=True, programs_per_sm=1),
+    launch.GemmConfig(32, 128, tma=True, programs_per_sm=2),
 ]
 
 
@@ -245,12 +252,12 @@ def test_custom_ops_opcheck(rng):
     xq = torch.empty((2, 2, 512), dtype=torch.float8_e4m3fn, device=DEVICE)
     xs = torch.empty((2, 2, 4), dtype=torch.uint8, device=DEVICE)
     torch.library.opcheck(torch.ops.woa_triton.inverse_rope_group_quant_.default,
-                          (o, pos, cos, sin, xq, xs, 128, 1e-8, 8, 2),
+                          (o, pos, cos, sin, xq, xs, 128, 1e-8, 8, 2, 0),
                           test_utils=("test_faketensor",))
     x, w, xsc, wsc = _gemm_case(rng, 2, 2, 64, 128)
     y = torch.empty((2, 2, 64), dtype=torch.bfloat16, device=DEVICE)
     torch.library.opcheck(torch.ops.woa_triton.bmm_fp8_block_.default,
-                          (x, w, xsc, wsc, y, 16, 64, 1, False, 4, 3),
+                          (x, w, xsc, wsc, y, 16, 64, 1, False, 4, 3, True, 1),
                           test_utils=("test_faketensor",))
 
 

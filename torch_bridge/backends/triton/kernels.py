@@ -51,8 +51,8 @@ def _round_bf16_rne(x):
 
 @triton.jit
 def inv_rope_group_quant_kernel(
-    o_ptr, pos_ptr, cos_ptr, sin_ptr, q_ptr, s_ptr,
-    n_rows, n_pos_rows, stride_os, stride_cp, stride_sp,
+    o_ptr, pos_ptr, cos_ptr, sin_ptr, n_rows, n_pos_rows, stride_os, stride_cp, stride_sp,
+    q_ptr, s_ptr,  # outputs after inputs and scalars: jax_triton.triton_call's order
     NQ: tl.constexpr,  # quant groups per token, H * Dh / GS
     GS: tl.constexpr,
     DH: tl.constexpr,
@@ -61,6 +61,7 @@ def inv_rope_group_quant_kernel(
     FP8_MAX: tl.constexpr,
     FP8_MIN_NORMAL_EXP: tl.constexpr,  # -6 for e4m3fn, -7 for e4m3fnuz
     AMAX_FLOOR: tl.constexpr,  # the fp32-rounded floor
+    HW_CAST: tl.constexpr,  # the target's fp32 -> fp8 cast is RNE (CUDA e4m3fn)
     BLOCK_R: tl.constexpr,
 ):
     """One program quantizes ``BLOCK_R`` consecutive 1 x GS groups of the flat ``[S * NQ, GS]``.
@@ -92,6 +93,18 @@ def inv_rope_group_quant_kernel(
     a2 = tl.where(is_rope, a * c + b * s, a)
     b2 = tl.where(is_rope, b * c - a * s, b)
     v = tl.reshape(tl.join(a2, b2), (BLOCK_R, GS))
+    q, byte = _quantize_group(v, INV_FP8_MAX, FP8_MAX, FP8_MIN_NORMAL_EXP, AMAX_FLOOR, HW_CAST,
+                              q_ptr.dtype.element_ty)
+    out_off = rows[:, None] * GS + lanes[None, :]
+    tl.store(q_ptr + out_off, q, mask=row_ok[:, None])
+    tl.store(s_ptr + rows, byte.to(tl.uint8), mask=row_ok)
+
+
+@triton.jit
+def _quantize_group(v, INV_FP8_MAX: tl.constexpr, FP8_MAX: tl.constexpr,
+                    FP8_MIN_NORMAL_EXP: tl.constexpr, AMAX_FLOOR: tl.constexpr,
+                    HW_CAST: tl.constexpr, FP8_TY: tl.constexpr):
+    """fp32 groups ``v [R, GS]`` -> (fp8 ``[R, GS]``, E8M0 bytes ``[R]`` int32), AITER's rule."""
     # amax with fmaxf semantics: a NaN lane is ignored.
     amax = tl.max(tl.where(v == v, tl.abs(v), 0.0), axis=1)
     amax = tl.maximum(amax, AMAX_FLOOR)
@@ -106,15 +119,126 @@ def inv_rope_group_quant_kernel(
     # The clamp never binds for finite groups; NaN (an inf/NaN lane) must survive it as NaN.
     q = tl.minimum(tl.maximum(q, -FP8_MAX, propagate_nan=tl.PropagateNan.ALL), FP8_MAX,
                    propagate_nan=tl.PropagateNan.ALL)
-    q = _round_fp8_rne(q, FP8_MIN_NORMAL_EXP)
-    out_off = rows[:, None] * GS + lanes[None, :]
-    tl.store(q_ptr + out_off, q.to(q_ptr.dtype.element_ty), mask=row_ok[:, None])
-    tl.store(s_ptr + rows, byte.to(tl.uint8), mask=row_ok)
+    if not HW_CAST:  # the interpreter and non-RNE targets: round on the fp32 side first
+        q = _round_fp8_rne(q, FP8_MIN_NORMAL_EXP)
+    return q.to(FP8_TY), byte
+
+
+@triton.jit
+def inv_rope_group_quant_head_kernel(
+    o_ptr, pos_ptr, cos_ptr, sin_ptr, n_tokens, n_pos_rows, stride_os, stride_cp, stride_sp,
+    q_ptr, s_ptr,  # outputs after inputs and scalars: jax_triton.triton_call's order
+    H: tl.constexpr, DH: tl.constexpr, RD: tl.constexpr, GS: tl.constexpr,
+    INV_FP8_MAX: tl.constexpr,  # fp32(1 / fp8_max), exactly representable
+    FP8_MAX: tl.constexpr,
+    FP8_MIN_NORMAL_EXP: tl.constexpr,  # -6 for e4m3fn, -7 for e4m3fnuz
+    AMAX_FLOOR: tl.constexpr,  # the fp32-rounded floor
+    HW_CAST: tl.constexpr,  # the target's fp32 -> fp8 cast is RNE (CUDA e4m3fn)
+    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    """One program quantizes ``BLOCK_T`` tokens x ``BLOCK_H`` heads, one 1 x GS group at a time.
+
+    Which groups hold rope lanes is known at compile time (the last RD lanes of each head), so
+    only those pay for the GPT-J pair split, the cos/sin loads and the rotation; the others are
+    load -> amax -> scale -> store. ``x_fp8 [S, G, D]`` is ``o``'s packed (H, Dh) layout, so a
+    group's output offset is its input offset without the token padding.
+    """
+    NG: tl.constexpr = DH // GS
+    HALF: tl.constexpr = GS // 2
+    ROPE_FROM: tl.constexpr = DH - RD
+    FP8_TY: tl.constexpr = q_ptr.dtype.element_ty
+    toks = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tok_ok = toks < n_tokens
+    pos = tl.load(pos_ptr + toks, mask=tok_ok, other=0).to(tl.int64)
+    pos = tl.minimum(tl.maximum(pos, 0), n_pos_rows - 1)  # AITER's clamp
+    lanes = tl.arange(0, GS)
+    pairs = tl.arange(0, HALF)
+    for hh in range(BLOCK_H):
+        h = tl.program_id(1) * BLOCK_H + hh
+        in_row = o_ptr + toks[:, None] * stride_os + h * DH
+        out_row = q_ptr + toks[:, None] * (H * DH) + h * DH
+        s_row = s_ptr + toks * (H * NG) + h * NG
+        for j in tl.static_range(NG):
+            x = tl.load(in_row + j * GS + lanes[None, :], mask=tok_ok[:, None],
+                        other=0.0).to(tl.float32)
+            if (j + 1) * GS > ROPE_FROM:  # this group holds rope lanes
+                a, b = tl.split(tl.reshape(x, (BLOCK_T, HALF, 2)))
+                lane = j * GS + 2 * pairs  # head offset of each pair's even lane
+                is_rope = lane >= ROPE_FROM
+                col = (lane - ROPE_FROM) // 2
+                rope_ok = tok_ok[:, None] & is_rope[None, :]
+                c = tl.load(cos_ptr + pos[:, None] * stride_cp + col[None, :], mask=rope_ok,
+                            other=1.0).to(tl.float32)
+                s = tl.load(sin_ptr + pos[:, None] * stride_sp + col[None, :], mask=rope_ok,
+                            other=0.0).to(tl.float32)
+                a2 = tl.where(is_rope[None, :], a * c + b * s, a)
+                b2 = tl.where(is_rope[None, :], b * c - a * s, b)
+                x = tl.reshape(tl.join(a2, b2), (BLOCK_T, GS))
+            q, byte = _quantize_group(x, INV_FP8_MAX, FP8_MAX, FP8_MIN_NORMAL_EXP, AMAX_FLOOR,
+                                      HW_CAST, FP8_TY)
+            tl.store(out_row + j * GS + lanes[None, :], q, mask=tok_ok[:, None])
+            tl.store(s_row + j, byte.to(tl.uint8), mask=tok_ok)
+
+
+@triton.jit
+def bmm_fp8_block_tma_kernel(
+    x_desc, w_desc, y_desc, xs_ptr, ws_ptr, M, num_programs,
+    SXSM: tl.constexpr, SXSG: tl.constexpr,  # x_scale [M, G, K/SB] strides (last contiguous)
+    SWSG: tl.constexpr, SWSN: tl.constexpr,  # w_scale [G, N/SB, K/SB] strides
+    G: tl.constexpr, N: tl.constexpr, K: tl.constexpr, SB: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr,
+    OUT_BF16: tl.constexpr,
+):
+    """``bmm_fp8_block_kernel``'s math with tensor-descriptor (TMA) tiles and a persistent grid.
+
+    ``x_desc`` views x as ``[M, G*K]``, ``w_desc`` w as ``[G*N, K]`` and ``y_desc`` y as
+    ``[M, G*N]`` (N % BLOCK_N == 0, so a tile never straddles two groups). The copy engine
+    fetches the tiles (no per-thread address arithmetic; rows past M read as zeros and are
+    clipped on store). ``num_programs`` programs walk the tiles group by group, M tile by M
+    tile, N tiles fastest, so each group's weight and the current activations stay in L2.
+    """
+    BLOCK_K: tl.constexpr = SB
+    KB: tl.constexpr = K // SB
+    NUM_N: tl.constexpr = N // BLOCK_N
+    tiles_per_group = tl.cdiv(M, BLOCK_M) * NUM_N
+    n_tiles = tiles_per_group * G
+    for tile in range(tl.program_id(0), n_tiles, num_programs):
+        g = tile // tiles_per_group
+        r = tile % tiles_per_group
+        m0 = (r // NUM_N) * BLOCK_M
+        n0 = (r % NUM_N) * BLOCK_N
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        m_ok = offs_m < M
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        xs_rows = xs_ptr + g.to(tl.int64) * SXSG + offs_m.to(tl.int64) * SXSM
+        ws_rows = ws_ptr + g.to(tl.int64) * SWSG + (offs_n // SB) * SWSN
+        if SWAP_AB:
+            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kb in range(KB):
+            a = x_desc.load([m0, g * K + kb * BLOCK_K])
+            b = w_desc.load([g * N + n0, kb * BLOCK_K])
+            a_s = _e8m0_to_f32(tl.load(xs_rows + kb, mask=m_ok, other=127))
+            b_s = _e8m0_to_f32(tl.load(ws_rows + kb))
+            if SWAP_AB:
+                acc += tl.dot(b, tl.trans(a)) * b_s[:, None] * a_s[None, :]
+            else:
+                acc += tl.dot(a, tl.trans(b)) * a_s[:, None] * b_s[None, :]
+        if SWAP_AB:
+            out = tl.trans(acc)
+        else:
+            out = acc
+        if OUT_BF16:
+            y_desc.store([m0, g * N + n0], _round_bf16_rne(out).to(tl.bfloat16))
+        else:
+            y_desc.store([m0, g * N + n0], out)
 
 
 @triton.jit
 def bmm_fp8_block_kernel(
-    x_ptr, w_ptr, xs_ptr, ws_ptr, y_ptr, M,
+    x_ptr, w_ptr, xs_ptr, ws_ptr, M,
+    y_ptr,  # the output after inputs and scalars: jax_triton.triton_call's order
     SXM: tl.constexpr, SXG: tl.constexpr,  # x [M, G, K] strides (K contiguous)
     SXSM: tl.constexpr, SXSG: tl.constexpr,  # x_scale [M, G, K/SB] strides (last contiguous)
     SWG: tl.constexpr, SWN: tl.constexpr,  # w [G, N, K] strides

@@ -9,6 +9,7 @@ directly (no ``.to(int64)`` copy).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -28,17 +29,31 @@ _LIB = "woa_triton"
 
 @dataclasses.dataclass(frozen=True)
 class QuantConfig:
-    """Launch shape of the quant kernel: quant groups per program and warps."""
+    """Launch shape of the quant kernel.
+
+    ``block_h == 0``: the flat-rows kernel, ``block_r`` quant groups per program. Else the
+    per-head kernel, ``block_r`` tokens x ``block_h`` heads per program.
+    """
 
     block_r: int = 32
     num_warps: int = 4
+    block_h: int = 0
 
     def label(self) -> str:
-        return f"r{self.block_r}w{self.num_warps}"
+        return f"r{self.block_r}w{self.num_warps}" + (f"h{self.block_h}" if self.block_h else "")
 
 
-#: The quant launch shape (tuned on an H200; see benchmarks/RESULTS.md).
-QUANT_CONFIG = QuantConfig()
+def quant_config(s: int) -> QuantConfig:
+    """The quant launch shape for ``s`` tokens (tuned on an H200; see benchmarks/RESULTS.md).
+
+    The per-head kernel won at every S: 16 tokens x 1 head per program streamed 3.45 TB/s at
+    S = 8192, G = 16 (the flat-rows kernel 2.6); small S wants more, smaller programs.
+    """
+    if s <= 16:
+        return QuantConfig(4, 4, block_h=1)
+    if s <= 512:
+        return QuantConfig(8, 4, block_h=1)
+    return QuantConfig(16, 4, block_h=1)
 
 
 def _last_dims_contiguous(o: torch.Tensor) -> torch.Tensor:
@@ -57,34 +72,57 @@ def _min_normal_exp(fp8_dtype: torch.dtype) -> int:
     return int(math.log2(torch.finfo(fp8_dtype).smallest_normal))
 
 
+def _hw_fp8_cast(fp8_dtype: torch.dtype) -> bool:
+    """Whether the compiled fp32 -> fp8 cast is already RNE on the e4m3 grid (CUDA e4m3fn).
+
+    The interpreter rounds ties away from zero and AMD's e4m3fnuz cast is not checked here, so
+    those round on the fp32 side first (same bytes, more instructions).
+    """
+    from . import interpreter_on
+
+    return (not interpreter_on() and torch.version.hip is None
+            and fp8_dtype == torch.float8_e4m3fn)
+
+
 def _as_bytes(scale: torch.Tensor) -> torch.Tensor:
     return scale.view(torch.uint8) if scale.dtype != torch.uint8 else scale
+
+
+def _quant_constants(fp8_dtype: torch.dtype, amax_floor: float) -> dict:
+    fmax = float(torch.finfo(fp8_dtype).max)
+    return dict(INV_FP8_MAX=float(np.float32(1.0) / np.float32(fmax)), FP8_MAX=fmax,
+                FP8_MIN_NORMAL_EXP=_min_normal_exp(fp8_dtype),
+                AMAX_FLOOR=float(np.float32(amax_floor)), HW_CAST=_hw_fp8_cast(fp8_dtype))
 
 
 @torch.library.custom_op(f"{_LIB}::inverse_rope_group_quant_", mutates_args=("x_fp8", "x_scale"))
 def _inverse_rope_group_quant_op(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
                                  sin_cache: torch.Tensor, x_fp8: torch.Tensor,
                                  x_scale: torch.Tensor, quant_group_size: int,
-                                 amax_floor: float, block_r: int, num_warps: int) -> None:
+                                 amax_floor: float, block_r: int, num_warps: int,
+                                 block_h: int) -> None:
     s, h, dh = o.shape
-    n_rows = s * (h * dh // quant_group_size)
-    if n_rows == 0:
+    if s == 0:
         return
-    fmax = float(torch.finfo(x_fp8.dtype).max)
-    grid = (triton.cdiv(n_rows, block_r),)
-    kernels.inv_rope_group_quant_kernel[grid](
-        o, positions, cos_cache, sin_cache, x_fp8, x_scale,
-        n_rows, cos_cache.shape[0], o.stride(0), cos_cache.stride(0), sin_cache.stride(0),
-        NQ=h * dh // quant_group_size, GS=quant_group_size, DH=dh, RD=2 * cos_cache.shape[1],
-        INV_FP8_MAX=float(np.float32(1.0) / np.float32(fmax)), FP8_MAX=fmax,
-        FP8_MIN_NORMAL_EXP=_min_normal_exp(x_fp8.dtype),
-        AMAX_FLOOR=float(np.float32(amax_floor)), BLOCK_R=block_r, num_warps=num_warps,
-    )
+    common = dict(GS=quant_group_size, DH=dh, RD=2 * cos_cache.shape[1], num_warps=num_warps,
+                  **_quant_constants(x_fp8.dtype, amax_floor))
+    if block_h and dh % quant_group_size == 0:
+        block_h = math.gcd(h, block_h)
+        kernels.inv_rope_group_quant_head_kernel[(triton.cdiv(s, block_r), h // block_h)](
+            o, positions, cos_cache, sin_cache, s, cos_cache.shape[0], o.stride(0),
+            cos_cache.stride(0), sin_cache.stride(0), x_fp8, x_scale, H=h, BLOCK_T=block_r,
+            BLOCK_H=block_h, **common)
+        return
+    n_rows = s * (h * dh // quant_group_size)
+    kernels.inv_rope_group_quant_kernel[(triton.cdiv(n_rows, block_r),)](
+        o, positions, cos_cache, sin_cache, n_rows, cos_cache.shape[0], o.stride(0),
+        cos_cache.stride(0), sin_cache.stride(0), x_fp8, x_scale,
+        NQ=h * dh // quant_group_size, BLOCK_R=block_r, **common)
 
 
 @_inverse_rope_group_quant_op.register_fake
 def _(o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size, amax_floor, block_r,
-      num_warps) -> None:
+      num_warps, block_h) -> None:
     return None
 
 
@@ -106,7 +144,7 @@ def inverse_rope_group_quant(o: torch.Tensor, positions: torch.Tensor, cos_cache
       amax_floor: 1e-8 (AITER) or 1e-10 (vLLM CUDA).
       x_fp8: optional contiguous ``[S, G, D]`` fp8 output (its dtype picks e4m3fn / e4m3fnuz).
       x_scale: optional contiguous ``[S, G, D / GS]`` uint8 or float8_e8m0fnu output.
-      config: launch shape; ``None`` uses ``QUANT_CONFIG``.
+      config: launch shape; ``None`` uses ``quant_config(S)``.
 
     Returns:
       ``(x_fp8 [S, G, D], x_scale [S, G, D / GS])``; the given buffers when passed.
@@ -122,11 +160,11 @@ def inverse_rope_group_quant(o: torch.Tensor, positions: torch.Tensor, cos_cache
         if tuple(t.shape) != shape or not t.is_contiguous():
             raise ValueError(f"{name} must be a contiguous {list(shape)} tensor, got shape "
                              f"{list(t.shape)} with strides {list(t.stride())}")
-    cfg = config or QUANT_CONFIG
+    cfg = config or quant_config(s)
     _inverse_rope_group_quant_op(
         _last_dims_contiguous(o), positions, _rows_contiguous(cos_cache),
         _rows_contiguous(sin_cache), x_fp8, _as_bytes(x_scale), quant_group_size,
-        float(amax_floor), cfg.block_r, cfg.num_warps)
+        float(amax_floor), cfg.block_r, cfg.num_warps, cfg.block_h)
     return x_fp8, x_scale
 
 
@@ -205,43 +243,85 @@ class GemmConfig:
     swap_ab: bool = False
     num_warps: int = 4
     num_stages: int = 4
+    #: Tensor-descriptor (TMA) tiles; used when the operands allow it (see ``_tma_ok``).
+    tma: bool = False
+    #: TMA kernel only: resident programs per SM looping over tiles (0: one program per tile).
+    programs_per_sm: int = 0
 
     def label(self) -> str:
+        tma = ""
+        if self.tma:
+            tma = f"T{self.programs_per_sm or ''}"
         return (f"m{self.block_m}n{self.block_n}k{self.split_k}{'s' if self.swap_ab else ''}"
-                f"w{self.num_warps}st{self.num_stages}")
+                f"w{self.num_warps}st{self.num_stages}{tma}")
 
 
 def gemm_config(m: int, g: int, n: int, k: int, block: int) -> GemmConfig:
     """The launch shape for one problem, chosen by M (tuned on an H200; see benchmarks/RESULTS.md).
 
-    Small M is weight-bandwidth-bound: at M = 1 the tokens become the MMA's N side (``swap_ab``;
-    wgmma needs 64 rows on its M side) with a 5-stage pipeline streaming 128-row weight tiles; up
-    to 16 tokens a 16 x 64 tile (more CTAs) won, up to 64 the swapped 64 x 128 tile. From 128
-    tokens on, 64 x 128 tiles with 4 warps and 4 stages were fastest (128 x 128 with 8 warps
-    tied at M = 1024; larger tiles and split-K lost everywhere). Winners of the H200 sweep at
-    G = 16, K = 4096, N = 1024 (benchmarks/RESULTS.md).
+    Small M is weight-bandwidth-bound: the tokens become the MMA's N side (``swap_ab``; wgmma
+    needs 64 rows on its M side) and each program streams 64 weight rows (256 programs keep more
+    bytes in flight than 128). From 128 tokens on, 64 x 128 tiles fetched by the copy engine
+    (TMA) with 4 warps and 4 stages were fastest: 6-14 % ahead of the same tile with pointer
+    loads; 128 x 128 / 8 warps, persistent grids and warp specialization tied or lost, 128 x 256
+    lost (H200 sweep at G = 16, K = 4096, N = 1024, 2026-11-30).
     """
-    if m <= 8:
-        return GemmConfig(16, 128, swap_ab=True, num_warps=4, num_stages=5)
     if m <= 16:
-        return GemmConfig(16, 64, num_warps=4, num_stages=4)
+        return GemmConfig(16, 64, swap_ab=True, num_warps=4, num_stages=5)
     if m <= 64:
-        return GemmConfig(64, 128, swap_ab=True, num_warps=4, num_stages=5)
-    return GemmConfig(64, 128, num_warps=4, num_stages=4)
+        return GemmConfig(64, 64, swap_ab=True, num_warps=4, num_stages=6, tma=True)
+    return GemmConfig(64, 128, num_warps=4, num_stages=4, tma=True)
+
+
+@functools.cache
+def _sm_count(device_index: int | None) -> int:
+    from . import interpreter_on
+
+    if interpreter_on():
+        return 4
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _tma_ok(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, block_n: int) -> bool:
+    """Whether x, w, out can be viewed as the TMA kernel's 2D ``[M, G*K]``, ``[G*N, K]`` and
+    ``[M, G*N]`` (packed inner dims, 16-byte aligned bases and row strides, N % BLOCK_N == 0)."""
+    m, g, k = x.shape
+    n = w.shape[1]
+    return (n % block_n == 0 and x.stride(2) == 1 and x.stride(1) == k and w.is_contiguous()
+            and out.stride(2) == 1 and out.stride(1) == n
+            and x.stride(0) % 16 == 0 and (out.stride(0) * out.element_size()) % 16 == 0
+            and all(t.data_ptr() % 16 == 0 for t in (x, w, out)))
 
 
 @torch.library.custom_op(f"{_LIB}::bmm_fp8_block_", mutates_args=("out",))
 def _bmm_op(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
             out: torch.Tensor, block_m: int, block_n: int, split_k: int, swap_ab: bool,
-            num_warps: int, num_stages: int) -> None:
+            num_warps: int, num_stages: int, tma: bool, programs_per_sm: int) -> None:
     m, g, k = x.shape
     n = w.shape[1]
     if m == 0:
         return
     block = k // x_scale.shape[2]
+    if tma and split_k == 1 and _tma_ok(x, w, out, block_n):
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        x_desc = TensorDescriptor(x, [m, g * k], [x.stride(0), 1], [block_m, block])
+        w_desc = TensorDescriptor(w, [g * n, k], [k, 1], [block_n, block])
+        y_desc = TensorDescriptor(out, [m, g * n], [out.stride(0), 1], [block_m, block_n])
+        tiles = triton.cdiv(m, block_m) * (n // block_n) * g
+        programs = tiles
+        if programs_per_sm:
+            programs = min(tiles, programs_per_sm * _sm_count(x.device.index))
+        kernels.bmm_fp8_block_tma_kernel[(programs,)](
+            x_desc, w_desc, y_desc, x_scale, w_scale, m, programs,
+            SXSM=x_scale.stride(0), SXSG=x_scale.stride(1), SWSG=w_scale.stride(0),
+            SWSN=w_scale.stride(1), G=g, N=n, K=k, SB=block, BLOCK_M=block_m, BLOCK_N=block_n,
+            SWAP_AB=swap_ab, OUT_BF16=out.dtype == torch.bfloat16,
+            num_warps=num_warps, num_stages=num_stages)
+        return
     grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n), g, split_k)
     kernels.bmm_fp8_block_kernel[grid](
-        x, w, x_scale, w_scale, out, m,
+        x, w, x_scale, w_scale, m, out,
         SXM=x.stride(0), SXG=x.stride(1), SXSM=x_scale.stride(0), SXSG=x_scale.stride(1),
         SWG=w.stride(0), SWN=w.stride(1), SWSG=w_scale.stride(0), SWSN=w_scale.stride(1),
         SYM=out.stride(0), SYG=out.stride(1), N=n, K=k, SB=block,
@@ -253,7 +333,7 @@ def _bmm_op(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: to
 
 @_bmm_op.register_fake
 def _(x, w, x_scale, w_scale, out, block_m, block_n, split_k, swap_ab, num_warps,
-      num_stages) -> None:
+      num_stages, tma, programs_per_sm) -> None:
     return None
 
 
@@ -289,7 +369,8 @@ def batched_gemm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.T
     xs, ws = _rows_contiguous(_as_bytes(x_scale)), _rows_contiguous(_as_bytes(w_scale))
     if (k // block) % cfg.split_k != 0:
         raise ValueError(f"split_k={cfg.split_k} does not divide K / B = {k // block}")
-    args = (cfg.block_m, cfg.block_n, cfg.split_k, cfg.swap_ab, cfg.num_warps, cfg.num_stages)
+    args = (cfg.block_m, cfg.block_n, cfg.split_k, cfg.swap_ab, cfg.num_warps, cfg.num_stages,
+            cfg.tma, cfg.programs_per_sm)
     if cfg.split_k == 1:
         _bmm_op(x, w, xs, ws, out, *args)
         return out
@@ -301,4 +382,3 @@ def batched_gemm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.T
     if acc is not out:
         out.copy_(acc)
     return out
-
