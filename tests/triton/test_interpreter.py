@@ -160,6 +160,26 @@ def test_gemm_fp32_out_ragged_n_transposed_x_and_32_blocks(rng):
     assert_close(y, ref, tolerance="gemm_bf16")
 
 
+def test_gemm_config_splits_k_for_few_programs_unless_deterministic(rng, monkeypatch):
+    """Few programs (G = 2 decode) split K over fp32 atomics; deterministic mode never does."""
+    assert launch.gemm_config(1, 2, 1024, 4096, 128).split_k == 8
+    assert launch.gemm_config(128, 2, 1024, 4096, 128).split_k == 4
+    assert launch.gemm_config(1, 16, 1024, 4096, 128).split_k == 1
+    assert launch.gemm_config(8192, 2, 1024, 4096, 128).split_k == 1
+    seen = []
+    real = launch._bmm_op
+    monkeypatch.setattr(launch, "_bmm_op", lambda *a: (seen.append(a[7]), real(*a)))
+    x, w, xs, ws = _gemm_case(rng, 1, 2, 128, 256)
+    ref = woa_jax.batched_gemm_a8w8_mxscale(*_jx(x, w, xs, ws), dtype=jnp.float32)
+    assert_close(launch.batched_gemm_a8w8_mxscale(x, w, xs, ws), ref, tolerance="gemm_bf16")
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert_close(launch.batched_gemm_a8w8_mxscale(x, w, xs, ws), ref, tolerance="gemm_bf16")
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert seen == [2, 1]  # K / B = 2 blocks caps the split at 2
+
+
 def test_gemm_rejects_bad_out_and_split(rng):
     x, w, xs, ws = _gemm_case(rng, 2, 2, 128, 256)
     with pytest.raises(ValueError, match="out must be"):

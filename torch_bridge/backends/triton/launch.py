@@ -257,20 +257,35 @@ class GemmConfig:
 
 
 def gemm_config(m: int, g: int, n: int, k: int, block: int) -> GemmConfig:
-    """The launch shape for one problem, chosen by M (tuned on an H200; see benchmarks/RESULTS.md).
+    """The launch shape for one problem, by M and G (tuned on an H200; benchmarks/RESULTS.md).
 
     Small M is weight-bandwidth-bound: the tokens become the MMA's N side (``swap_ab``; wgmma
-    needs 64 rows on its M side) and each program streams 64 weight rows (256 programs keep more
-    bytes in flight than 128). From 128 tokens on, 64 x 128 tiles fetched by the copy engine
-    (TMA) with 4 warps and 4 stages were fastest: 6-14 % ahead of the same tile with pointer
-    loads; 128 x 128 / 8 warps, persistent grids and warp specialization tied or lost, 128 x 256
-    lost (H200 sweep at G = 16, K = 4096, N = 1024, 2026-11-30).
+    needs 64 rows on its M side) and each program streams 64 weight rows. From 128 tokens on,
+    64 x 128 tiles fetched by the copy engine (TMA) with 4 warps and 4 stages were fastest (6-14 %
+    ahead of pointer loads; 128 x 128 / 8 warps, persistent grids and warp specialization tied or
+    lost). With 64 programs or fewer (G = 2, TP8) the SMs starve: K is split so that about 256
+    programs stream the weight (G = 2: 9.2 -> 7.3 us at M = 1, 15.7 -> 11.1 us at M = 128).
+    Split-K adds fp32 partials atomically, so its bits depend on the order of arrival; it is not
+    used under ``torch.use_deterministic_algorithms(True)`` (see ``batched_gemm_a8w8_mxscale``).
     """
     if m <= 16:
-        return GemmConfig(16, 64, swap_ab=True, num_warps=4, num_stages=5)
-    if m <= 64:
-        return GemmConfig(64, 64, swap_ab=True, num_warps=4, num_stages=6, tma=True)
-    return GemmConfig(64, 128, num_warps=4, num_stages=4, tma=True)
+        cfg = GemmConfig(16, 64, swap_ab=True, num_warps=4, num_stages=5)
+    elif m <= 64:
+        cfg = GemmConfig(64, 64, swap_ab=True, num_warps=4, num_stages=6, tma=True)
+    else:
+        cfg = GemmConfig(64, 128, num_warps=4, num_stages=4, tma=True)
+    if _programs(cfg, m, g, n) > 64:
+        return cfg
+    if not cfg.swap_ab:
+        cfg = GemmConfig(64, 64, num_warps=4, num_stages=4)
+    split = max(1, min(8, 256 // _programs(cfg, m, g, n)))
+    while (k // block) % split:
+        split //= 2
+    return dataclasses.replace(cfg, split_k=split, tma=False, num_stages=4)
+
+
+def _programs(cfg: GemmConfig, m: int, g: int, n: int) -> int:
+    return triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n) * g
 
 
 @functools.cache
@@ -350,7 +365,8 @@ def batched_gemm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.T
       w_scale: ``[G, ceil(N / B), K / B]`` uint8 or float8_e8m0fnu (B x B blocks).
       dtype: bf16 or fp32 output.
       out: optional ``[M, G, N]`` output with N contiguous (written in place).
-      config: launch shape; ``None`` picks ``gemm_config`` by M.
+      config: launch shape; ``None`` picks ``gemm_config`` by M and G (without split-K under
+        ``torch.use_deterministic_algorithms(True)``: then the bits never depend on timing).
 
     Returns:
       ``out`` (or a new tensor) ``[M, G, N]`` in ``dtype``.
@@ -359,6 +375,8 @@ def batched_gemm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.T
     n = w.shape[1]
     block = k // x_scale.shape[2]
     cfg = config or gemm_config(m, g, n, k, block)
+    if config is None and cfg.split_k > 1 and torch.are_deterministic_algorithms_enabled():
+        cfg = dataclasses.replace(cfg, split_k=1)
     if out is None:
         out = torch.empty((m, g, n), dtype=dtype, device=x.device)
     elif tuple(out.shape) != (m, g, n) or out.stride(2) != 1:
