@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     torch_us = (time.perf_counter() - t0) / args.n * 1e6
 
     print(f"G={g} M=1, {args.n} calls; torch eager launch loop: {torch_us:.1f} us/call")
+    _device_time(g, n, k)
     print(f"{'rung':34s} {'latency us':>11s} {'throughput us':>14s}")
     for name, fn in rungs.items():
         if "callback + cmd buffer" in name:  # trace with the native route off
@@ -113,6 +114,66 @@ def main(argv: list[str] | None = None) -> int:
         thr = _per_call_us(fn, (x, w, xs, ws), n=args.n, wait_each=False)
         print(f"{name:34s} {lat:11.1f} {thr:14.1f}", flush=True)
     return 0
+
+
+def _device_time(g: int, n: int, k: int, reps: int = 20) -> None:
+    """Device time per GEMM: ``reps`` chained calls inside one jit (native route) against
+    the torch launcher's CUDA-graph replays, TMA and pointer tiles, on the same inputs."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    from benchmarks.timing import median, time_cuda
+    from torch_bridge import jax_ops
+    from torch_bridge.backends.triton import launch
+
+    for m in (1, 64, 8192):
+        gen = torch.Generator(device="cuda").manual_seed(m)
+        xt = torch.randn((m, g, k), generator=gen, device="cuda").mul(40).to(torch.float8_e4m3fn)
+        wt = torch.randn((g, n, k), generator=gen, device="cuda").mul(40).to(torch.float8_e4m3fn)
+        xst = torch.full((m, g, k // 128), 120, dtype=torch.uint8, device="cuda")
+        wst = torch.full((g, n // 128, k // 128), 120, dtype=torch.uint8, device="cuda")
+        yt = torch.empty((m, g, n), dtype=torch.bfloat16, device="cuda")
+        cfg = launch.gemm_config(m, g, n, k, 128)
+        args = (xt, wt, xst, wst)
+        row = {}
+        for label, c in (("torch", cfg), ("torch ptr", dataclasses.replace(cfg, tma=False))):
+            row[label] = median(time_cuda([lambda c=c, a=args, y=yt: launch.
+                                           batched_gemm_a8w8_mxscale(*a, out=y, config=c)],
+                                          reps=10))
+
+        def to_jax(t, dtype):
+            return jax.lax.bitcast_convert_type(jnp.asarray(t.view(torch.uint8).cpu().numpy()),
+                                                dtype)
+
+        xj, wj = (to_jax(t, jnp.float8_e4m3fn) for t in (xt, wt))
+        xsj, wsj = (to_jax(t, jnp.float8_e8m0fnu) for t in (xst, wst))
+
+        def loop(x, w, xs, ws, count):
+            def body(i, acc):
+                # Depends on the carry (and is always 0) so XLA cannot hoist the GEMM.
+                bump = (acc > jnp.float32(3e38)).astype(jnp.uint8)
+                xs_i = jax.lax.bitcast_convert_type(
+                    jax.lax.bitcast_convert_type(xs, jnp.uint8) + bump, jnp.float8_e8m0fnu)
+                y = jax_ops.batched_gemm_a8w8_mxscale(x, w, xs_i, ws)
+                return acc + y[0, 0, 0].astype(jnp.float32)
+            return jax.lax.fori_loop(0, count, body, jnp.float32(0))
+
+        f = jax.jit(loop, static_argnums=4)
+        times = {}
+        for count in (1, reps + 1):
+            f(xj, wj, xsj, wsj, count).block_until_ready()
+            best = float("inf")
+            for _ in range(5):
+                t0 = time.perf_counter()
+                f(xj, wj, xsj, wsj, count).block_until_ready()
+                best = min(best, time.perf_counter() - t0)
+            times[count] = best
+        row["jax native"] = (times[reps + 1] - times[1]) / reps * 1e6
+        print(f"device time M={m}: " + ", ".join(f"{a} {b:.1f} us" for a, b in row.items()),
+              flush=True)
 
 
 if __name__ == "__main__":

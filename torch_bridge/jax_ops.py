@@ -2,24 +2,35 @@
 
 Each op picks its backend with the same dispatcher as ``torch_bridge`` (``backend=`` argument,
 else ``WOA_BACKEND``, else the ``auto`` walk: AITER on gfx950, the Triton kernels elsewhere) and
-runs it through ``jax.experimental.buffer_callback``: XLA hands the callback its device buffers
-and its stream, the buffers are wrapped as torch tensors with DLPack (no copy) and the backend
-launches on XLA's stream, writing the outputs in place.
+launches it by one of two routes, chosen at trace time and logged once (logger ``woa``):
 
-One-byte dtypes (fp8, E8M0) cross the boundary as ``uint8`` and are re-viewed on each side, so
-the exchange does not depend on DLPack's fp8 support. On a CPU-only JAX with no backend asked
-for, the ops return the ``woa_jax`` oracle (pure JAX); pass ``backend="triton"`` with
-``TRITON_INTERPRET=1`` to run the callback path on CPU.
+* native (the Triton backend on a CUDA JAX with ``jax_triton`` importable, unless
+  ``WOA_JAX_TRITON=0``): ``jax_triton.triton_call`` lowers the same Triton kernels to XLA's
+  ``triton_kernel_call`` custom call (``backends/triton/jax_launch.py``); XLA launches them on
+  its stream with no Python at run time.
+* ``jax.experimental.buffer_callback`` (every other case: AITER, the Triton interpreter on CPU,
+  ROCm): XLA hands the callback its device buffers and its stream, the buffers are wrapped as
+  torch tensors with DLPack (no copy) and the backend launches on XLA's stream, writing the
+  outputs in place. One-byte dtypes (fp8, E8M0) cross the boundary as ``uint8`` and are
+  re-viewed on each side, so the exchange does not depend on DLPack's fp8 support.
 
-Limits: no autodiff (forward only) and no ``vmap``. Cost: on an H200 (jax 0.11.2, torch 2.11) each
-call paid 0.6-1.3 ms of host-side overhead at decode sizes and ran ~45 % slower than the torch
-launch at M = 8192 (benchmarks/RESULTS.md); use it where the zero-copy ``jax.jit`` integration
-matters more than decode latency.
+On a CPU-only JAX with no backend asked for, the ops return the ``woa_jax`` oracle (pure JAX);
+pass ``backend="triton"`` with ``TRITON_INTERPRET=1`` to run the callback route on CPU.
+
+Limits: no autodiff (forward only) and no ``vmap``. Cost, measured on an H200 (jax 0.11.2,
+triton 3.6, jax-triton 0.3.1; benchmarks/RESULTS.md): the native route adds no host work per
+call beyond XLA's own dispatch (a jitted GEMM call: 36 us, the same as a jitted ``a + 1``); inside
+one jitted program its G = 16 GEMM took 28.4 / 37.2 / 1444 us at M = 1 / 64 / 8192 against the
+torch launcher's 24.8 / 29.1 / 1318 us (its GEMM is the pointer kernel: jax-triton 0.3.1 takes no
+TMA descriptors, and it never splits K). The callback route re-enters Python on every call
+(DLPack wrapping, a torch stream object, the torch launcher: about 200 us of host time per GEMM
+call); use it where the zero-copy ``jax.jit`` integration matters more than latency.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 
 import jax
 import jax.numpy as jnp
@@ -35,10 +46,54 @@ from ._capability import env_flag
 
 __all__ = ["batched_gemm_a8w8_mxscale", "inverse_rope_group_quant", "wo_a_fp8"]
 
+log = logging.getLogger("woa")
+
+#: The routes already logged: ``(route, reason)``.
+_route_logged: set[tuple[str, str]] = set()
+
 
 def _device_type() -> str:
     """The torch device type of the buffers XLA will hand over (``cpu`` or ``cuda``)."""
     return "cpu" if jax.default_backend() == "cpu" else "cuda"
+
+
+def _jax_gpu_platform() -> str:
+    """``cpu``, ``cuda``, ``rocm`` (or another platform name) of JAX's default backend."""
+    if jax.default_backend() == "cpu":
+        return "cpu"
+    version = jax.devices()[0].client.platform_version.lower()
+    return next((p for p in ("cuda", "rocm") if p in version), jax.default_backend())
+
+
+def native_route_reason(backend_name: str) -> str | None:
+    """``None`` when an op on backend ``backend_name`` takes the native ``jax_triton`` route;
+    else why it goes through ``buffer_callback``."""
+    if backend_name != "triton":
+        return f"the dispatcher picked backend {backend_name!r}; only triton has a native route"
+    if not env_flag("WOA_JAX_TRITON", True):
+        return "disabled by WOA_JAX_TRITON=0"
+    platform = _jax_gpu_platform()
+    if platform != "cuda":
+        return f"JAX's default backend is {platform}; the native route needs cuda"
+    from .backends.triton import jax_launch
+
+    error = jax_launch.import_error()
+    if error is not None:
+        return f"jax_triton does not import ({error}); pip install 'woa[jax-triton]'"
+    return None
+
+
+def _native(op: str, backend_name: str) -> bool:
+    """Whether ``op`` takes the native route; logs each distinct decision once."""
+    reason = native_route_reason(backend_name)
+    key = ("jax_triton", "") if reason is None else ("buffer_callback", reason)
+    if key not in _route_logged:
+        _route_logged.add(key)
+        if reason is None:
+            log.info("woa: jax_ops: %s runs natively through jax_triton.triton_call", op)
+        else:
+            log.info("woa: jax_ops: %s runs through buffer_callback: %s", op, reason)
+    return reason is None
 
 
 def _use_oracle(backend: str | None) -> bool:
@@ -89,8 +144,9 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
                              command_buffer: bool | None = None):
     """``woa_jax.inverse_rope_group_quant`` (fused semantics) on a torch backend's kernel.
 
-    ``command_buffer=True`` (default: ``WOA_JAX_COMMAND_BUFFER``) lets XLA record the launch
-    into its CUDA-graph command buffers and replay it without re-entering Python.
+    ``command_buffer=True`` (default: ``WOA_JAX_COMMAND_BUFFER``) lets XLA record the callback
+    route's launch into its CUDA-graph command buffers and replay it without re-entering Python;
+    the native route (module docstring) ignores it.
 
     Args and returns as the oracle: ``(x_fp8 [S, G, D] fp8_dtype, x_scale [S, G, D / GS]
     float8_e8m0fnu)``; bit-identical to it (the backends' quant is bit-exact).
@@ -109,6 +165,13 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
         quant_group_size=quant_group_size,
         extra=(("num_groups", num_groups), ("amax_floor", amax_floor)))
     be = _dispatch.select("inverse_rope_group_quant", case, backend)
+    if _native("inverse_rope_group_quant", be.name):
+        from .backends.triton import jax_launch
+
+        q, scale = jax_launch.inverse_rope_group_quant(
+            o, positions[:s], cos_cache, sin_cache, num_groups, quant_group_size,
+            fp8_dtype=fp8_dtype, amax_floor=amax_floor)
+        return q, jax.lax.bitcast_convert_type(scale, jnp.float8_e8m0fnu)
     out_types = (jax.ShapeDtypeStruct((s, num_groups, d), jnp.uint8),
                  jax.ShapeDtypeStruct((s, num_groups, d // quant_group_size), jnp.uint8))
 
@@ -145,6 +208,10 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=jnp.bfloat16, *,
                           extra=(("num_groups", g), ("m", m), ("n", n), ("k", k),
                                  ("x_k_contiguous", True), ("w_contiguous", True)))
     be = _dispatch.select("batched_gemm_a8w8_mxscale", case, backend)
+    if _native("batched_gemm_a8w8_mxscale", be.name):
+        from .backends.triton import jax_launch
+
+        return jax_launch.batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=dtype)
     out_type = jax.ShapeDtypeStruct((m, g, n), dtype)
 
     def launch(ctx, out, x_b, w_b, xs_b, ws_b):

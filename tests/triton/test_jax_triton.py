@@ -1,0 +1,404 @@
+"""The native ``jax_triton`` route of ``torch_bridge.jax_ops``.
+
+CPU: route selection, ``WOA_JAX_TRITON``, the jax-triton import (and its ``TRITON_CACHE_DIR``
+side effect), the launch specs against the torch launcher's, and a compile of every spec to
+sm_90 PTX (a subprocess without ``TRITON_INTERPRET``). GPU (``-m gpu``, jax-triton installed):
+the native route under ``jax.jit`` against the ``woa_jax`` oracle.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import woa_jax
+from torch_bridge import jax_ops
+from torch_bridge.backends.triton import jax_launch, launch
+from woa_jax.testing import assert_bitwise_equal, assert_close
+
+HPG, DH, RD, N, P = 8, 512, 64, 1024, 65536
+
+
+@pytest.fixture
+def native_ok(monkeypatch):
+    """A CUDA JAX with jax_triton importable, as far as route selection can tell."""
+    monkeypatch.delenv("WOA_JAX_TRITON", raising=False)
+    monkeypatch.setattr(jax_ops, "_jax_gpu_platform", lambda: "cuda")
+    monkeypatch.setattr(jax_launch, "import_error", lambda: None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Route selection (CPU)
+# ---------------------------------------------------------------------------------------------
+
+def test_native_route_when_triton_on_cuda(native_ok):
+    assert jax_ops.native_route_reason("triton") is None
+
+
+def test_other_backends_keep_buffer_callback(native_ok):
+    for name in ("aiter", "torch"):
+        assert f"backend {name!r}" in jax_ops.native_route_reason(name)
+
+
+def test_env_switch(native_ok, monkeypatch):
+    monkeypatch.setenv("WOA_JAX_TRITON", "0")
+    assert jax_ops.native_route_reason("triton") == "disabled by WOA_JAX_TRITON=0"
+    monkeypatch.setenv("WOA_JAX_TRITON", "1")
+    assert jax_ops.native_route_reason("triton") is None
+    monkeypatch.setenv("WOA_JAX_TRITON", "off")
+    with pytest.raises(ValueError, match="WOA_JAX_TRITON='off' is not a valid switch"):
+        jax_ops.native_route_reason("triton")
+
+
+def test_env_var_is_registered():
+    from torch_bridge._capability import ENV_VARS
+
+    assert "WOA_JAX_TRITON" in ENV_VARS
+
+
+@pytest.mark.parametrize("platform", ["cpu", "rocm"])
+def test_non_cuda_platforms_keep_buffer_callback(native_ok, monkeypatch, platform):
+    monkeypatch.setattr(jax_ops, "_jax_gpu_platform", lambda: platform)
+    assert jax_ops.native_route_reason("triton") == (
+        f"JAX's default backend is {platform}; the native route needs cuda")
+
+
+def test_import_failure_is_the_reason(native_ok, monkeypatch):
+    monkeypatch.setattr(jax_launch, "import_error", lambda: "ImportError: no GPU jaxlib")
+    reason = jax_ops.native_route_reason("triton")
+    assert "jax_triton does not import (ImportError: no GPU jaxlib)" in reason
+    assert "woa[jax-triton]" in reason
+
+
+cpu_only = pytest.mark.skipif(jax.default_backend() != "cpu",
+                              reason="checks the route of a CPU-only JAX")
+
+
+@cpu_only
+def test_this_cpu_box_has_no_native_route():
+    assert jax_ops._jax_gpu_platform() == "cpu"
+    assert jax_ops.native_route_reason("triton") == (
+        "JAX's default backend is cpu; the native route needs cuda")
+
+
+def test_route_logged_once_per_reason(native_ok, monkeypatch, caplog):
+    monkeypatch.setattr(jax_ops, "_route_logged", set())
+    with caplog.at_level(logging.INFO, logger="woa"):
+        assert jax_ops._native("op", "triton")
+        assert jax_ops._native("op", "triton")
+        assert not jax_ops._native("op", "aiter")
+        assert not jax_ops._native("op", "aiter")
+        monkeypatch.setenv("WOA_JAX_TRITON", "0")
+        assert not jax_ops._native("op", "triton")
+    msgs = [r.getMessage() for r in caplog.records if "jax_ops" in r.getMessage()]
+    assert msgs == [
+        "woa: jax_ops: op runs natively through jax_triton.triton_call",
+        "woa: jax_ops: op runs through buffer_callback: the dispatcher picked backend 'aiter'; "
+        "only triton has a native route",
+        "woa: jax_ops: op runs through buffer_callback: disabled by WOA_JAX_TRITON=0",
+    ]
+
+
+@cpu_only
+def test_interpreter_call_logs_the_callback_route(monkeypatch, caplog, rng):
+    """On CPU an explicit triton request runs (interpreter) through buffer_callback, and says so."""
+    monkeypatch.setattr(jax_ops, "_route_logged", set())
+    o = jnp.asarray(rng.standard_normal((1, 2, 128)).astype(np.float32)).astype(jnp.bfloat16)
+    cos = jnp.ones((4, 16), jnp.bfloat16)
+    pos = jnp.zeros((1,), jnp.int32)
+    with caplog.at_level(logging.INFO, logger="woa"):
+        q, sc = jax_ops.inverse_rope_group_quant(o, pos, cos, 0 * cos, 1, 128, backend="triton")
+    rq, rs = woa_jax.inverse_rope_group_quant(o, pos, cos, 0 * cos, 1, 128)
+    assert_bitwise_equal(q, rq, name="fp8")
+    assert_bitwise_equal(sc, rs, name="scale")
+    assert any("runs through buffer_callback: JAX's default backend is cpu" in r.getMessage()
+               for r in caplog.records)
+
+
+# ---------------------------------------------------------------------------------------------
+# The jax_triton import
+# ---------------------------------------------------------------------------------------------
+
+def _fake_jax_triton(tmp_path, monkeypatch, *, fail: bool):
+    """A ``jax_triton`` that, like 0.3.1, empties TRITON_CACHE_DIR at import (then may fail)."""
+    pkg = tmp_path / "jax_triton"
+    pkg.mkdir()
+    body = 'import os\nos.environ["TRITON_CACHE_DIR"] = ""\n'
+    if fail:
+        body += 'raise ImportError("jax-triton requires JAX\\nwith GPU support")\n'
+    (pkg / "__init__.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m == "jax_triton" or m.startswith("jax_triton.")]:
+        monkeypatch.delitem(sys.modules, name)
+    jax_launch.load_jax_triton.cache_clear()
+
+
+@pytest.fixture
+def _fresh_import_cache():
+    jax_launch.load_jax_triton.cache_clear()
+    yield
+    jax_launch.load_jax_triton.cache_clear()
+
+
+@pytest.mark.parametrize("fail", [False, True])
+@pytest.mark.parametrize("before", [None, "/tmp/user-triton-cache"])
+def test_import_undoes_the_cache_dir_reset(tmp_path, monkeypatch, _fresh_import_cache, fail,
+                                           before):
+    if before is None:
+        monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    else:
+        monkeypatch.setenv("TRITON_CACHE_DIR", before)
+    _fake_jax_triton(tmp_path, monkeypatch, fail=fail)
+    err = jax_launch.import_error()
+    assert os.environ.get("TRITON_CACHE_DIR") == before
+    if fail:
+        assert err == "ImportError: jax-triton requires JAX with GPU support"
+    else:
+        assert err is None
+
+
+def test_real_import_is_clean(monkeypatch, _fresh_import_cache):
+    """Installed or not, GPU jaxlib or not: no exception, a one-line reason, a usable cache."""
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    err = jax_launch.import_error()
+    assert err is None or (err and "\n" not in err)
+    assert os.environ.get("TRITON_CACHE_DIR") is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch specs against the torch launcher (CPU)
+# ---------------------------------------------------------------------------------------------
+
+def test_quant_constants_are_the_torch_launchers(monkeypatch):
+    import torch
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the compiled CUDA kernel's values
+    c = jax_launch._quant_constants(jnp.float8_e4m3fn, woa_jax.CUDA_AMAX_FLOOR)
+    assert c == dict(INV_FP8_MAX=float(np.float32(1 / 448)), FP8_MAX=448.0,
+                     FP8_MIN_NORMAL_EXP=-6, AMAX_FLOOR=float(np.float32(1e-10)),
+                     HW_CAST=torch.version.hip is None)
+    fnuz = jax_launch._quant_constants(jnp.float8_e4m3fnuz, 1e-8)
+    assert (fnuz["FP8_MAX"], fnuz["FP8_MIN_NORMAL_EXP"], fnuz["HW_CAST"]) == (240.0, -7, False)
+
+
+def _quant_call(s, g, gs=128, dh=DH):
+    return jax_launch.quant_call(s, g * HPG, dh, RD, P, g, gs, fp8_dtype=jnp.float8_e4m3fn,
+                                 amax_floor=1e-8)
+
+
+def test_quant_spec_rows_kernel(monkeypatch):
+    monkeypatch.setattr(launch, "quant_config", lambda s: launch.QuantConfig(16, 2))
+    call = _quant_call(7, 2)
+    nq = 2 * HPG * DH // 128
+    assert call.kernel is jax_launch._quant_rows_kernel
+    assert call.scalars == (7 * nq, P) and call.grid == (-(-7 * nq // 16),)
+    assert call.num_warps == 2
+    cx = dict(call.constexprs)
+    assert (cx["NQ"], cx["BLOCK_R"], cx["STRIDE_OS"], cx["STRIDE_CP"]) == (nq, 16, 16 * DH, 32)
+    assert [(t.shape, t.dtype) for t in call.out_shape] == [
+        ((7, 2, HPG * DH), jnp.float8_e4m3fn), ((7, 2, HPG * DH // 128), jnp.uint8)]
+
+
+def test_quant_spec_head_kernel(monkeypatch):
+    monkeypatch.setattr(launch, "quant_config", lambda s: launch.QuantConfig(4, block_h=6))
+    call = _quant_call(9, 2)  # H = 16: BLOCK_H = gcd(16, 6) = 2
+    assert call.kernel is jax_launch._quant_head_kernel
+    assert call.grid == (3, 8) and call.scalars == (9, P)
+    cx = dict(call.constexprs)
+    assert (cx["H"], cx["BLOCK_T"], cx["BLOCK_H"]) == (16, 4, 2)
+    # GS not dividing Dh falls back to the rows kernel, as in the torch launcher
+    assert _quant_call(9, 1, gs=128, dh=192).kernel is jax_launch._quant_rows_kernel
+
+
+@pytest.mark.parametrize("m", [1, 16, 64, 1000])
+def test_gemm_spec_follows_gemm_config(m):
+    g, n, k = 2, 1024, 4096
+    call = jax_launch.gemm_call(m, g, n, k, 128, n // 128, dtype=jnp.bfloat16)
+    cfg = launch.gemm_config(m, g, n, k, 128)
+    cx = dict(call.constexprs)
+    strides = {name: [s // a.itemsize for s in a.strides[:-1]] for name, a in (
+        ("x", np.empty((m, g, k), np.uint8)), ("xs", np.empty((m, g, k // 128), np.uint8)),
+        ("w", np.empty((g, n, k), np.uint8)), ("ws", np.empty((g, n // 128, k // 128), np.uint8)),
+        ("y", np.empty((m, g, n), np.uint16)))}
+    assert strides == {"x": [cx["SXM"], cx["SXG"]], "xs": [cx["SXSM"], cx["SXSG"]],
+                       "w": [cx["SWG"], cx["SWN"]], "ws": [cx["SWSG"], cx["SWSN"]],
+                       "y": [cx["SYM"], cx["SYG"]]}
+    assert (cx["BLOCK_M"], cx["BLOCK_N"], cx["SWAP_AB"]) == (cfg.block_m, cfg.block_n,
+                                                              cfg.swap_ab)
+    assert cx["SPLIT_K"] == 1 and cx["OUT_BF16"] and call.scalars == (m,)
+    assert (call.num_warps, call.num_stages) == (cfg.num_warps, cfg.num_stages)
+    assert call.grid == (-(-m // cfg.block_m) * (n // cfg.block_n), g, 1)
+    fp32 = jax_launch.gemm_call(m, g, n, k, 128, n // 128, dtype=jnp.float32)
+    assert not dict(fp32.constexprs)["OUT_BF16"] and fp32.out_shape[0].dtype == jnp.float32
+
+
+_COMPILE_SCRIPT = textwrap.dedent("""
+    import re
+    import jax.numpy as jnp
+    import numpy as np
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from torch_bridge.backends.triton import jax_launch, launch
+
+    TY = {"bfloat16": "bf16", "int32": "i32", "uint8": "u8", "float8_e4m3fn": "fp8e4nv"}
+
+    def ptx(call, in_dtypes):
+        # jax-triton's signature: arrays 16-byte aligned, scalars unhinted, outputs last
+        types = ([f"*{TY[np.dtype(d).name]}" for d in in_dtypes] + ["i32"] * len(call.scalars)
+                 + [f"*{TY[np.dtype(o.dtype).name]}" for o in call.out_shape])
+        cx = dict(call.constexprs)
+        sig = {**dict(zip(call.kernel.arg_names, types)), **{k: "constexpr" for k in cx}}
+        attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(types) if t[0] == "*"}
+        src = ASTSource(call.kernel, signature=sig, constexprs=cx, attrs=attrs)
+        return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(
+            num_warps=call.num_warps, num_stages=call.num_stages or 3)).asm["ptx"]
+
+    rope = ["bfloat16", "int32", "bfloat16", "bfloat16"]
+    for cfg in (launch.QuantConfig(), launch.QuantConfig(block_r=4, block_h=8)):
+        launch.quant_config = lambda s, cfg=cfg: cfg
+        call = jax_launch.quant_call(7, 16, 512, 64, 1024, 2, 128,
+                                     fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8)
+        print(call.kernel.__name__, sorted(set(re.findall(r"ld\\.global\\.v\\d", ptx(call, rope)))))
+    call = jax_launch.gemm_call(1, 2, 256, 512, 128, 2, dtype=jnp.bfloat16)
+    print("gemm", "wgmma" in ptx(call, ["float8_e4m3fn"] * 2 + ["uint8"] * 2))
+""")
+
+
+def test_specs_compile_for_sm90(tmp_path):
+    """Every native launch compiles to sm_90 PTX with vectorized ``o`` loads (constexpr strides)
+    and wgmma in the GEMM; a subprocess, since this session's kernels are interpreted."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1",
+               JAX_PLATFORMS="cpu")
+    done = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.split("\n")
+    assert lines[0].startswith("_quant_rows_kernel") and "ld.global.v4" in lines[0], lines
+    assert lines[1].startswith("_quant_head_kernel") and "ld.global.v" in lines[1], lines
+    assert lines[2] == "gemm True", lines
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: the native route against the oracle
+# ---------------------------------------------------------------------------------------------
+
+def _inputs(s: int, g: int, seed: int):
+    rng = np.random.default_rng(seed)
+    o = jnp.asarray(rng.standard_normal((s, g * HPG, DH), np.float32)).astype(jnp.bfloat16)
+    pos = jnp.asarray(rng.integers(0, P, s).astype(np.int32))
+    ang = rng.uniform(0, 6.3, (P, RD // 2)).astype(np.float32)
+    cos, sin = (jnp.asarray(f(ang)).astype(jnp.bfloat16) for f in (np.cos, np.sin))
+    k = HPG * DH
+    w = jnp.asarray(np.clip(rng.standard_normal((g, N, k), np.float32) * 40, -448, 448)).astype(
+        jnp.float8_e4m3fn)
+    ws = jax.lax.bitcast_convert_type(
+        jnp.asarray(rng.integers(112, 122, (g, N // 128, k // 128)).astype(np.uint8)),
+        jnp.float8_e8m0fnu)
+    return (o, pos, cos, sin), w, ws
+
+
+def _assert_native(fn, *args):
+    text = jax.jit(fn).lower(*args).as_text()
+    assert "triton_kernel_call" in text and "buffer_callback" not in text
+
+
+def _oracle_quant(args, g):
+    return jax.jit(woa_jax.inverse_rope_group_quant, static_argnums=(4, 5))(*args, g, 128)
+
+
+def _oracle_gemm(x, w, xs, ws):
+    return jax.jit(woa_jax.batched_gemm_a8w8_mxscale, static_argnames="dtype")(
+        x, w, xs, ws, dtype=jnp.float32)
+
+
+def _seed() -> int:
+    return int.from_bytes(os.urandom(4), "little")
+
+
+gpu = pytest.mark.gpu
+
+
+@pytest.fixture
+def on_gpu(monkeypatch):
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    monkeypatch.delenv("WOA_JAX_TRITON", raising=False)
+    monkeypatch.delenv("WOA_BACKEND", raising=False)
+    reason = jax_ops.native_route_reason("triton")
+    assert reason is None, f"no native route on this GPU machine: {reason}"
+
+
+@gpu
+@pytest.mark.parametrize("s", [1, 7, 128, 1000])
+@pytest.mark.parametrize("g", [2, 16])
+@pytest.mark.parametrize("quant_config", [None, launch.QuantConfig(32, 4)])
+def test_gpu_quant_bit_exact(on_gpu, monkeypatch, s, g, quant_config):
+    """The tuned launch shape (per-head kernel) and the flat-rows kernel."""
+    if quant_config is not None:
+        monkeypatch.setattr(launch, "quant_config", lambda s: quant_config)
+    seed = _seed()
+    args, _, _ = _inputs(s, g, seed)
+    quant = lambda *a: jax_ops.inverse_rope_group_quant(*a, g, 128)  # noqa: E731
+    _assert_native(quant, *args)
+    q, sc = jax.jit(quant)(*args)
+    rq, rs = _oracle_quant(args, g)
+    assert q.dtype == jnp.float8_e4m3fn and sc.dtype == jnp.float8_e8m0fnu
+    assert not np.isnan(np.asarray(q.astype(jnp.float32))).any(), f"seed {seed}"
+    assert_bitwise_equal(sc, rs, name=f"scale (seed {seed})")
+    assert_bitwise_equal(q, rq, name=f"fp8 (seed {seed})")
+
+
+@gpu
+@pytest.mark.parametrize("s", [1, 7, 128, 1000])
+@pytest.mark.parametrize("g", [2, 16])
+def test_gpu_gemm_and_chain(on_gpu, s, g):
+    seed = _seed()
+    args, w, ws = _inputs(s, g, seed)
+    x, xs = _oracle_quant(args, g)
+    ref = _oracle_gemm(x, w, xs, ws)
+    for dtype in (jnp.bfloat16, jnp.float32):
+        gemm = lambda *a, d=dtype: jax_ops.batched_gemm_a8w8_mxscale(*a, dtype=d)  # noqa: E731
+        _assert_native(gemm, x, w, xs, ws)
+        y = jax.jit(gemm)(x, w, xs, ws)
+        assert y.dtype == dtype and y.shape == (s, g, N)
+        assert_close(y, ref, tolerance="gemm_bf16", name=f"gemm {dtype} (seed {seed})")
+    chain = lambda *a: jax_ops.wo_a_fp8(*a, g)  # noqa: E731
+    _assert_native(chain, *args, w, ws)
+    y = jax.jit(chain)(*args, w, ws)
+    assert y.dtype == jnp.bfloat16
+    assert_close(y, ref, tolerance="gemm_bf16", name=f"chain (seed {seed})")
+
+
+@gpu
+def test_gpu_env_switch_and_torch_launcher_agree(on_gpu, monkeypatch):
+    """WOA_JAX_TRITON=0 lowers to buffer_callback with the same bytes, and the torch launcher
+    still compiles after jax_triton was imported (its TRITON_CACHE_DIR reset is undone)."""
+    import torch
+
+    from torch_bridge import interop
+
+    g, s = 2, 128
+    args, _, _ = _inputs(s, g, _seed())
+    q, sc = jax.jit(lambda *a: jax_ops.inverse_rope_group_quant(*a, g, 128))(*args)
+    monkeypatch.setenv("WOA_JAX_TRITON", "0")
+    cb = lambda *a: jax_ops.inverse_rope_group_quant(*a, g, 128)  # noqa: E731
+    assert "triton_kernel_call" not in jax.jit(cb).lower(*args).as_text()
+    q2, sc2 = jax.jit(cb)(*args)
+    assert_bitwise_equal(q2, q, name="fp8")
+    assert_bitwise_equal(sc2, sc, name="scale")
+    # a launch shape no other test compiled, so the torch launcher needs Triton's cache dir
+    cfg = launch.QuantConfig(block_r=8, num_warps=1)
+    tq, ts = launch.inverse_rope_group_quant(*(interop.to_torch(a) for a in args), g, 128,
+                                             config=cfg)
+    torch.cuda.synchronize()
+    assert_bitwise_equal(tq, q, name="torch fp8")
+    assert_bitwise_equal(ts, sc, name="torch scale")
