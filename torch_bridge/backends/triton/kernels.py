@@ -25,6 +25,20 @@ def _e8m0_to_f32(byte):
 
 
 @triton.jit
+def _scaled_block_mma(acc, a, b, a_s, b_s, SWAP_AB: tl.constexpr):
+    """``acc + (a @ b^T) * a_s b_s^T`` for one scale block of K, promoted to fp32 here.
+
+    ``a [BM, SB]`` activations with row scales ``a_s [BM]``, ``b [BN, SB]`` weights with
+    ``b_s [BN]``; with ``SWAP_AB`` the accumulator is the transposed ``[BN, BM]`` tile.
+    """
+    if SWAP_AB:
+        acc += tl.dot(b, tl.trans(a)) * b_s[:, None] * a_s[None, :]
+    else:
+        acc += tl.dot(a, tl.trans(b)) * a_s[:, None] * b_s[None, :]
+    return acc
+
+
+@triton.jit
 def _round_fp8_rne(v, MIN_NORMAL_EXP: tl.constexpr):
     """fp32 ``v`` rounded to nearest-even on the e4m3 grid (3 mantissa bits), still fp32.
 
@@ -221,10 +235,7 @@ def bmm_fp8_block_tma_kernel(
             b = w_desc.load([g * N + n0, kb * BLOCK_K])
             a_s = _e8m0_to_f32(tl.load(xs_rows + kb, mask=m_ok, other=127))
             b_s = _e8m0_to_f32(tl.load(ws_rows + kb))
-            if SWAP_AB:
-                acc += tl.dot(b, tl.trans(a)) * b_s[:, None] * a_s[None, :]
-            else:
-                acc += tl.dot(a, tl.trans(b)) * a_s[:, None] * b_s[None, :]
+            acc = _scaled_block_mma(acc, a, b, a_s, b_s, SWAP_AB)
         if SWAP_AB:
             out = tl.trans(acc)
         else:
@@ -286,10 +297,7 @@ def bmm_fp8_block_kernel(
         b = tl.load(w_rows + kb * BLOCK_K, mask=n_ok[:, None], other=0.0)
         a_s = _e8m0_to_f32(tl.load(xs_rows + kb, mask=m_ok, other=127))
         b_s = _e8m0_to_f32(tl.load(ws_rows + kb, mask=n_ok, other=127))
-        if SWAP_AB:
-            acc += tl.dot(b, tl.trans(a)) * b_s[:, None] * a_s[None, :]
-        else:
-            acc += tl.dot(a, tl.trans(b)) * a_s[:, None] * b_s[None, :]
+        acc = _scaled_block_mma(acc, a, b, a_s, b_s, SWAP_AB)
     if SWAP_AB:
         out = tl.trans(acc)
     else:
