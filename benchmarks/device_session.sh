@@ -1,46 +1,51 @@
 #!/usr/bin/env bash
-# Device-machine runs (the lent H200); logs and JSON under $OUT (at most 8 files come back).
-#   bash benchmarks/device_session.sh tests   # pytest -m gpu tests/triton (~3-4 min)
-#   bash benchmarks/device_session.sh bench   # launch-shape sweep, sweep on it, prefill (~6 min)
-#   bash benchmarks/device_session.sh quick   # decode GEMM tests + chain providers (~2 min)
-# Set WOA_COMMIT to the commit being measured (the device copy has no .git).
+# Device-machine runs (the lent H200s); logs and JSON under $OUT (at most 8 files come back).
+#   bash benchmarks/device_session.sh tests   # the GPU suite (~4 min on one H200)
+#   bash benchmarks/device_session.sh bench   # sweep G 16/2/8 with plot, prefill, JAX cost (~6 min)
+#   bash benchmarks/device_session.sh tune    # launch-shape sweep at G = 16 (~2 min)
+#   bash benchmarks/device_session.sh tp      # 2 GPUs: NCCL TP check and TP2 vs TP1 (~1.5 min)
+# jax-triton is not in the device image: put its wheel in .whl/ (git-ignored), carry `.whl`, and
+# it is installed here first. Set WOA_COMMIT to the commit measured (the device copy has no .git).
 set -o pipefail
 mode=${1:-bench}
 export PYTHONPATH=$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:$PYTHONPATH
+fi
 OUT=${OUT:-/tmp/woa_out}
 mkdir -p "$OUT"
 BENCH="python3 -m benchmarks.bench --no-progress"
 case "$mode" in
 tests)
   { nvidia-smi --query-gpu=name,driver_version --format=csv
-    timeout 500 python3 -m pytest -m gpu tests/triton -v -p no:cacheprovider --durations=5 -rf
+    CUDA_VISIBLE_DEVICES=0 timeout 540 python3 -m pytest -m gpu tests -q -p no:cacheprovider \
+      --durations=10 -rfE
   } > "$OUT/gpu_tests.log" 2>&1
-  grep -E "FAILED|^E |passed|failed" "$OUT/gpu_tests.log" | cut -c1-300 | tail -40
+  grep -E "FAILED|ERROR|^E |passed|failed" "$OUT/gpu_tests.log" | cut -c1-300 | tail -40
   ;;
 bench)
-  timeout 75 $BENCH --tune --groups 16 --ms 1,16,64,128,1024,8192 --reps 10 \
-    --json "$OUT/tune.json" > "$OUT/tune.log" 2>&1
-  grep -A16 "best launch" "$OUT/tune.log" | cut -c1-80
-  TUNED=""
-  [ -f "$OUT/tune.json" ] && TUNED="--tuned $OUT/tune.json"
-  timeout 240 $BENCH $TUNED --groups 16,2 --reps 10 --json "$OUT/bench.json" \
-    --plot "$OUT/bench.png" > "$OUT/bench.log" 2>&1
-  grep -E "│ +(16|0) │" "$OUT/bench.log" | cut -c1-105
-  timeout 60 $BENCH $TUNED --prefill --json "$OUT/prefill.json" > "$OUT/prefill.log" 2>&1
+  export CUDA_VISIBLE_DEVICES=0  # one GPU: JAX and torch on the same device
+  timeout 330 $BENCH --groups 16,2,8 --reps 10 --json "$OUT/bench.json" --plot "$OUT/bench.png" \
+    > "$OUT/bench.log" 2>&1
+  grep -E "│ +(16|0) │" "$OUT/bench.log" | cut -c1-110
+  timeout 120 $BENCH --prefill --json "$OUT/prefill.json" > "$OUT/prefill.log" 2>&1
   tail -9 "$OUT/prefill.log"
+  timeout 90 python3 -m benchmarks.jax_overhead > "$OUT/jax_overhead.log" 2>&1
+  tail -14 "$OUT/jax_overhead.log"
   ;;
-quick)
-  timeout 55 python3 -m pytest -m gpu tests/triton -v -p no:cacheprovider -rf -k \
-    "gemm_against_oracle and (1- or 7- or 64-) or whole_chain or jax_jit or cuda_graph" \
-    > "$OUT/verify_tests.log" 2>&1
-  grep -E "PASSED|FAILED|^E " "$OUT/verify_tests.log" | cut -c1-200 | tail -30
-  timeout 50 $BENCH --groups 16 --ms 1,64,128,8192 --reps 10 \
-    --providers gemm_triton,chain_bf16,chain_fp8_triton,chain_fp8_jax,chain_fp8_jax_cb \
-    --json "$OUT/verify_bench.json" > "$OUT/verify_bench.log" 2>&1
-  grep -E "│" "$OUT/verify_bench.log" | cut -c1-130
+tune)
+  CUDA_VISIBLE_DEVICES=0 timeout 300 $BENCH --tune --groups 16 --ms 1,16,64,128,1024,8192 \
+    --reps 10 --json "$OUT/tune.json" > "$OUT/tune.log" 2>&1
+  grep -E "^tune" "$OUT/tune.log" | cut -c1-100
+  ;;
+tp)
+  timeout 190 python3 -m torch.distributed.run --nproc-per-node 2 benchmarks/tp_bench.py \
+    --out "$OUT" > "$OUT/tp_bench.log" 2>&1
+  tail -24 "$OUT/tp_bench.log"
   ;;
 *)
-  echo "usage: $0 tests|bench|quick" >&2
+  echo "usage: $0 tests|bench|tune|tp" >&2
   exit 2
   ;;
 esac
