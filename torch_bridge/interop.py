@@ -9,6 +9,7 @@ arrays only: DLPack cannot see into ``jax.jit`` tracers.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -90,13 +91,17 @@ def to_jax(t, *, via_bytes: bool = False):
         raise TypeError(f"to_jax expects a torch tensor or a JAX array, got {type(t).__name__}")
     t = t.detach()
     name = str(t.dtype).removeprefix("torch.")
-    if not via_bytes:
-        try:
-            return jax.dlpack.from_dlpack(t)
-        except (BufferError, RuntimeError, TypeError, ValueError):
-            if name not in _VIEW_DTYPES:
-                raise
-    return _to_jax_bytes(t, name)
+    # torch exports a CUDA tensor only from its current device; on two H200s, with JAX started,
+    # device 1 was current ("Can't export tensors on a different CUDA device index").
+    guard = torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
+    with guard:
+        if not via_bytes:
+            try:
+                return jax.dlpack.from_dlpack(t)
+            except (BufferError, RuntimeError, TypeError, ValueError):
+                if name not in _VIEW_DTYPES:
+                    raise
+        return _to_jax_bytes(t, name)
 
 
 def _to_jax_bytes(t: torch.Tensor, name: str):
