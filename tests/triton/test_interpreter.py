@@ -281,6 +281,44 @@ def test_custom_ops_opcheck(rng):
                           test_utils=("test_faketensor",))
 
 
+def test_launchers_bump_version_counters_of_what_they_write(rng):
+    """The launchers skip the ADInplaceOrView dispatch step for speed; they must still bump the
+    version counters of the tensors they write, so autograd's in-place checks keep working."""
+    o, pos, cos, sin = _rope_case(rng, s=2, h=2)
+    xq = torch.empty((2, 2, 512), dtype=torch.float8_e4m3fn, device=DEVICE)
+    xs = torch.empty((2, 2, 4), dtype=torch.uint8, device=DEVICE)
+    before = (xq._version, xs._version)
+    launch.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, x_fp8=xq, x_scale=xs)
+    assert (xq._version, xs._version) == (before[0] + 1, before[1] + 1)
+    x, w, xsc, wsc = _gemm_case(rng, 2, 2, 128, 256)
+    y = torch.empty((2, 2, 128), dtype=torch.bfloat16, device=DEVICE)
+    v = y._version
+    launch.batched_gemm_a8w8_mxscale(x, w, xsc, wsc, out=y, config=launch.GemmConfig(16, 64))
+    assert y._version == v + 1
+    t = o.clone()
+    scale = torch.ones((), dtype=torch.bfloat16, requires_grad=True)
+    total = (t * scale).sum()  # the product saves t for scale's gradient
+    launch.inverse_rope_(t, pos, cos, sin)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        total.backward()
+
+
+def test_launchers_trace_under_torch_compile_without_graph_breaks(rng):
+    """``fullgraph=True`` fails on any graph break: the launchers' eager fast path must not be
+    traced (``torch.compiler.is_compiling()`` routes to the plain op call)."""
+    o, pos, cos, sin = _rope_case(rng, s=2, h=2)
+    x, w, xsc, wsc = _gemm_case(rng, 2, 2, 128, 256)
+
+    def chain(o, x):
+        q, sc = launch.inverse_rope_group_quant(o, pos, cos, sin, 2, 128)
+        y = launch.batched_gemm_a8w8_mxscale(x, w, xsc, wsc, config=launch.GemmConfig(16, 64))
+        return q.view(torch.uint8), sc, y
+
+    compiled = torch.compile(chain, backend="aot_eager", fullgraph=True)
+    for got, want in zip(compiled(o, x), chain(o, x), strict=True):
+        assert torch.equal(got, want)
+
+
 def test_jax_entry_points_oracle_and_callback(rng, monkeypatch):
     """On CPU the JAX ops return the oracle unless a backend is named; ``backend="triton"`` runs
     the same kernels through ``buffer_callback`` under ``jax.jit``, bit-exact for the quant."""
