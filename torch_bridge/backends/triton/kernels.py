@@ -1,13 +1,19 @@
 """Triton kernel bodies for the ``wo_a`` chain (no torch import: JAX launches them too).
 
-Three kernels:
+Kernels:
 
-* ``inv_rope_group_quant_kernel``: inverse GPT-J RoPE of each head's rope tail in fp32, then
-  1 x GS E8M0 (round-up) FP8 group quantization; one pass over ``o`` (NUMERICS.md sections 2-5).
+* ``inv_rope_group_quant_head_kernel``: inverse GPT-J RoPE of each head's rope tail in fp32, then
+  1 x GS E8M0 (round-up) FP8 group quantization; one pass over ``o``, a (token block, head) per
+  program (NUMERICS.md sections 2-5). ``inv_rope_group_quant_kernel`` is the same over flat
+  groups, for head dims that GS does not divide.
 * ``bmm_fp8_block_kernel``: block-scaled FP8 batched GEMM, fp32 promotion once per scale block
-  along K (NUMERICS.md section 6).
+  along K (NUMERICS.md section 6), pointer loads, optional split-K;
+  ``bmm_fp8_block_tma_kernel``: the same with tensor-descriptor (TMA) tiles, optionally
+  persistent.
 * ``inv_rope_inplace_kernel``: the BF16 chain's inverse RoPE, in place on the rope tail only.
 
+Parameters come as array inputs, runtime scalars, outputs, then constexprs: the order
+``jax_triton.triton_call`` passes them in.
 E8M0 scales travel as uint8 (Triton rejects ``float8_e8m0fnu`` arguments) and are decoded here
 by placing the byte in the fp32 exponent field.
 """
