@@ -2,8 +2,9 @@
 
 The ops mutate preallocated outputs and return nothing, so ``torch.compile`` sees opaque calls
 (no stride baking, vllm issue #41106) and CUDA-graph capture sees fixed buffers: the launchers
-allocate nothing when outputs are given, never synchronise, and read int32 or int64 positions
-directly (no ``.to(int64)`` copy).
+allocate nothing when outputs are given (except split-K's fp32 accumulator for a bf16 output,
+which a capture takes from its private pool), never synchronise, and read int32 or int64
+positions directly (no ``.to(int64)`` copy).
 """
 
 from __future__ import annotations
