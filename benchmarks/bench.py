@@ -17,7 +17,9 @@ Providers (rows of the table):
 * ``gemm_bf16``: cuBLAS bf16 ``einsum`` of the same problem (the BF16 chain's GEMM alone).
 * ``chain_bf16``: Triton in-place inverse RoPE of the rope tail + cuBLAS bf16 ``einsum``.
 * ``chain_fp8_triton`` / ``chain_fp8_jax``: quant + GEMM, from torch / under ``jax.jit``;
-  ``chain_fp8_jax_cb`` lets XLA record the launches in its command buffers (CUDA graphs).
+  ``chain_fp8_jax_cb``: the ``buffer_callback`` route with its launches recorded in XLA's
+  command buffers (CUDA graphs); skipped where the native ``jax_triton`` route runs (it has no
+  callback to record; ``WOA_JAX_TRITON=0`` turns it off).
 
 GPU times are medians of CUDA-graph replays over enough input sets to keep inputs out of L2
 (JAX rows: wall clock of one jitted call over the same sets). CPU runs use the Triton
@@ -322,8 +324,13 @@ def prov_chain_fp8_jax(sets, g, on_gpu, command_buffer=False):
 
 
 def prov_chain_fp8_jax_cb(sets, g, on_gpu):
+    from torch_bridge import jax_ops
+
     if not on_gpu:
         raise Skip("command buffers exist on GPUs only")
+    if jax_ops.native_route_reason("triton") is None:
+        raise Skip("the native jax_triton route ignores command_buffer (same as chain_fp8_jax); "
+                   "WOA_JAX_TRITON=0 measures the callback route")
     return prov_chain_fp8_jax(sets, g, on_gpu, command_buffer=True)
 
 

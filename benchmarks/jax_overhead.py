@@ -31,8 +31,8 @@ def _per_call_us(fn, args, *, n: int, wait_each: bool) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--g", type=int, default=16)
-    p.add_argument("--n", type=int, default=100)
+    p.add_argument("--g", type=int, default=16, help="groups G (default 16)")
+    p.add_argument("--n", type=int, default=100, help="calls per timing (default 100)")
     args = p.parse_args(argv)
 
     import jax
@@ -107,9 +107,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'rung':34s} {'latency us':>11s} {'throughput us':>14s}")
     for name, fn in rungs.items():
         if "callback + cmd buffer" in name:  # trace with the native route off
+            before = os.environ.get("WOA_JAX_TRITON")
             os.environ["WOA_JAX_TRITON"] = "0"
-            fn(x, w, xs, ws).block_until_ready()
-            os.environ.pop("WOA_JAX_TRITON")
+            try:
+                fn(x, w, xs, ws).block_until_ready()
+            finally:
+                if before is None:
+                    os.environ.pop("WOA_JAX_TRITON")
+                else:
+                    os.environ["WOA_JAX_TRITON"] = before
         lat = _per_call_us(fn, (x, w, xs, ws), n=args.n, wait_each=True)
         thr = _per_call_us(fn, (x, w, xs, ws), n=args.n, wait_each=False)
         print(f"{name:34s} {lat:11.1f} {thr:14.1f}", flush=True)

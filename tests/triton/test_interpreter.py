@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from torch_bridge import _dispatch  # noqa: E402
-from torch_bridge.backends.triton import BACKEND, launch  # noqa: E402
+from torch_bridge.backends.triton import BACKEND, kernels, launch  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -187,6 +187,62 @@ def test_gemm_rejects_bad_out_and_split(rng):
             (2, 2, 64), dtype=torch.bfloat16, device=DEVICE))
     with pytest.raises(ValueError, match="split_k=3"):
         launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, config=launch.GemmConfig(16, 64, 3))
+
+
+@pytest.mark.parametrize("fields,match", [
+    (dict(block_m=48, block_n=64), "block_m must be a power of two >= 16, got 48"),
+    (dict(block_m=8, block_n=64), "block_m must be a power of two >= 16, got 8"),
+    (dict(block_m=16, block_n=96), "block_n must be a power of two >= 16, got 96"),
+    (dict(block_m=16, block_n=64, num_warps=3), "num_warps must be a power of two"),
+    (dict(block_m=16, block_n=64, split_k=0), "split_k >= 1"),
+    (dict(block_m=16, block_n=64, num_stages=0), "num_stages >= 1"),
+    (dict(block_m=16, block_n=64, tma=True, programs_per_sm=-1), "programs_per_sm >= 0"),
+    (dict(block_m=16, block_n=64, programs_per_sm=2), "programs_per_sm applies to the TMA"),
+    (dict(block_m=16, block_n=64, tma=True, split_k=2), "TMA kernel does not split K"),
+])
+def test_gemm_config_rejects_bad_fields(fields, match):
+    with pytest.raises(ValueError, match=match):
+        launch.GemmConfig(**fields)
+
+
+@pytest.mark.parametrize("fields,match", [
+    (dict(block_r=3), "block_r must be a power of two >= 1, got 3"),
+    (dict(block_r=0), "block_r must be a power of two >= 1, got 0"),
+    (dict(num_warps=6), "num_warps must be a power of two"),
+    (dict(block_h=-1), "block_h must be >= 0"),
+])
+def test_quant_config_rejects_bad_fields(fields, match):
+    with pytest.raises(ValueError, match=match):
+        launch.QuantConfig(**fields)
+
+
+def test_tma_kernel_runs_only_when_the_operands_allow(rng, monkeypatch):
+    """A ``tma=True`` config launches the TMA kernel (persistent: 12 tiles on 1 x 4 interpreter
+    "SMs") when the operands view as 2D tiles, and falls back to pointer loads otherwise."""
+    grids = []
+    real = kernels.bmm_fp8_block_tma_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(kernels, "bmm_fp8_block_tma_kernel", Spy())
+    cfg = launch.GemmConfig(16, 64, tma=True, programs_per_sm=1)
+    x, w, xs, ws = _gemm_case(rng, 33, 2, 128, 256)
+    y = launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, config=cfg)
+    assert grids == [(4,)]  # min(3 x 2 x 2 tiles, 1 x 4 SMs)
+    assert_close(y, woa_jax.batched_gemm_a8w8_mxscale(*_jx(x, w, xs, ws), dtype=jnp.float32),
+                 tolerance="gemm_bf16")
+    assert launch._tma_ok(x, w, y, 64)
+    xt = x.transpose(0, 1).contiguous().transpose(0, 1)  # [M, G, K] view of [G, M, K]
+    assert not launch._tma_ok(xt, w, y, 64)
+    assert not launch._tma_ok(x, w, y, 256)  # N = 128 is not a multiple of BLOCK_N
+    shifted = torch.empty(y.numel() + 8, dtype=y.dtype, device=DEVICE)[1:1 + y.numel()]
+    assert not launch._tma_ok(x, w, shifted.view(y.shape), 64)  # base not 16-byte aligned
+    y2 = launch.batched_gemm_a8w8_mxscale(xt, w, xs, ws, config=cfg)
+    assert grids == [(4,)]
+    assert_close(y2, y, tolerance="gemm_bf16")
 
 
 def test_inplace_inverse_rope_bf16_chain(rng):

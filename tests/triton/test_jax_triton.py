@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -18,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _sm90 import run_compile_script
 
 import woa_jax
 from torch_bridge import jax_ops
@@ -276,13 +276,8 @@ _COMPILE_SCRIPT = textwrap.dedent("""
 def test_specs_compile_for_sm90(tmp_path):
     """Every native launch compiles to sm_90 PTX with vectorized ``o`` loads (constexpr strides)
     and wgmma in the GEMM; a subprocess, since this session's kernels are interpreted."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1",
-               JAX_PLATFORMS="cpu")
-    done = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = done.stdout.split("\n")
+    lines = run_compile_script(_COMPILE_SCRIPT, tmp_path)
+    assert len(lines) == 3, lines
     assert lines[0].startswith("_quant_rows_kernel") and "ld.global.v4" in lines[0], lines
     assert lines[1].startswith("_quant_head_kernel") and "ld.global.v" in lines[1], lines
     assert lines[2] == "gemm True", lines

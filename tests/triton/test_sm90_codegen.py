@@ -8,12 +8,10 @@ the instructions the design relies on.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from _sm90 import run_compile_script
 
 pytest.importorskip("triton")
 pytest.importorskip("torch")
@@ -79,13 +77,7 @@ def test_gpu_only_paths_compile_for_sm90(tmp_path):
     """TMA GEMM tiles (large M and decode) use wgmma and the bulk tensor copy; split-K uses
     wgmma and global atomics; the per-head quant kernel uses the hardware RNE fp8 cast and
     16-byte loads."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1",
-               JAX_PLATFORMS="cpu")
-    done = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = done.stdout.strip().split("\n")
+    lines = run_compile_script(_SCRIPT, tmp_path)
     assert len(lines) == 4, lines
     assert lines[0].startswith("tma ") and lines[0].endswith("True True"), lines
     assert lines[1].startswith("tma ") and lines[1].endswith("True True"), lines

@@ -12,8 +12,10 @@ Kernels:
   persistent.
 * ``inv_rope_inplace_kernel``: the BF16 chain's inverse RoPE, in place on the rope tail only.
 
-Parameters come as array inputs, runtime scalars, outputs, then constexprs: the order
-``jax_triton.triton_call`` passes them in.
+The kernels JAX launches (the two quant kernels and ``bmm_fp8_block_kernel``) take array
+inputs, runtime scalars, outputs, then constexprs: the order ``jax_triton.triton_call`` passes
+them in.
+
 E8M0 scales travel as uint8 (Triton rejects ``float8_e8m0fnu`` arguments) and are decoded here
 by placing the byte in the fp32 exponent field.
 """
@@ -209,7 +211,7 @@ def bmm_fp8_block_tma_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr,
     OUT_BF16: tl.constexpr,
 ):
-    """``bmm_fp8_block_kernel``'s math with tensor-descriptor (TMA) tiles and a persistent grid.
+    """``bmm_fp8_block_kernel``'s math with tensor-descriptor (TMA) tiles, optionally persistent.
 
     ``x_desc`` views x as ``[M, G*K]``, ``w_desc`` w as ``[G*N, K]`` and ``y_desc`` y as
     ``[M, G*N]`` (N % BLOCK_N == 0, so a tile never straddles two groups). The copy engine

@@ -40,8 +40,22 @@ class QuantConfig:
     num_warps: int = 4
     block_h: int = 0
 
+    def __post_init__(self):
+        _check_power_of_two(self, "block_r", self.block_r, 1)
+        _check_power_of_two(self, "num_warps", self.num_warps, 1)
+        if self.block_h < 0:
+            raise ValueError(f"QuantConfig.block_h must be >= 0 (0: the flat-rows kernel), got "
+                             f"{self.block_h}")
+
     def label(self) -> str:
         return f"r{self.block_r}w{self.num_warps}" + (f"h{self.block_h}" if self.block_h else "")
+
+
+def _check_power_of_two(cfg, field: str, value: int, least: int) -> None:
+    """Triton tile sizes (``tl.arange`` extents, warp counts) must be powers of two."""
+    if value < least or value & (value - 1):
+        raise ValueError(f"{type(cfg).__name__}.{field} must be a power of two >= {least}, got "
+                         f"{value}")
 
 
 def quant_config(s: int) -> QuantConfig:
@@ -267,6 +281,21 @@ class GemmConfig:
     #: TMA kernel only: resident programs per SM looping over tiles (0: one program per tile).
     programs_per_sm: int = 0
 
+    def __post_init__(self):
+        # tl.dot needs every tile dim >= 16.
+        _check_power_of_two(self, "block_m", self.block_m, 16)
+        _check_power_of_two(self, "block_n", self.block_n, 16)
+        _check_power_of_two(self, "num_warps", self.num_warps, 1)
+        if self.split_k < 1 or self.num_stages < 1 or self.programs_per_sm < 0:
+            raise ValueError(f"GemmConfig needs split_k >= 1, num_stages >= 1 and "
+                             f"programs_per_sm >= 0, got {self}")
+        if self.tma and self.split_k > 1:
+            raise ValueError("GemmConfig: the TMA kernel does not split K; use tma=False with "
+                             f"split_k={self.split_k}")
+        if self.programs_per_sm and not self.tma:
+            raise ValueError("GemmConfig.programs_per_sm applies to the TMA kernel only; set "
+                             "tma=True or programs_per_sm=0")
+
     def label(self) -> str:
         tma = ""
         if self.tma:
@@ -279,11 +308,12 @@ def gemm_config(m: int, g: int, n: int, k: int, block: int) -> GemmConfig:
     """The launch shape for one problem, by M and G (tuned on an H200; benchmarks/RESULTS.md).
 
     Small M is weight-bandwidth-bound: the tokens become the MMA's N side (``swap_ab``; wgmma
-    needs 64 rows on its M side) and each program streams 64 weight rows. From 128 tokens on,
-    64 x 128 tiles fetched by the copy engine (TMA) with 4 warps and 4 stages were fastest (6-14 %
-    ahead of pointer loads; 128 x 128 / 8 warps, persistent grids and warp specialization tied or
-    lost). With 64 programs or fewer (G = 2, TP8) the SMs starve: K is split so that about 256
-    programs stream the weight (G = 2: 9.2 -> 7.3 us at M = 1, 15.7 -> 11.1 us at M = 128).
+    needs 64 rows on its M side) and each program streams 64 weight rows, by pointer loads up to
+    16 tokens and by the copy engine (TMA) with 6 stages from 17 to 64. Above 64 tokens, 64 x 128
+    TMA tiles with 4 warps and 4 stages were fastest (6-14 % ahead of pointer loads at M = 1024
+    and 8192; 128 x 128 / 8 warps, persistent grids and warp specialization tied or lost). With
+    64 programs or fewer (G = 2, TP8) the SMs starve: K is split so that about 256 programs
+    stream the weight (G = 2: 9.2 -> 7.3 us at M = 1, 15.7 -> 11.1 us at M = 128).
     Split-K adds fp32 partials atomically, so its bits depend on the order of arrival; it is not
     used under ``torch.use_deterministic_algorithms(True)`` (see ``batched_gemm_a8w8_mxscale``).
     """
@@ -309,6 +339,7 @@ def _programs(cfg: GemmConfig, m: int, g: int, n: int) -> int:
 
 @functools.cache
 def _sm_count(device_index: int | None) -> int:
+    """The device's SM count; 4 under the interpreter, so persistent grids loop in CPU tests."""
     from . import interpreter_on
 
     if interpreter_on():
