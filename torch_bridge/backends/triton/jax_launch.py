@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import os
 from typing import Any
 
@@ -137,9 +136,8 @@ def quant_call(s: int, h: int, dh: int, rd: int, n_pos: int, num_groups: int,
                quant_group_size: int, *, fp8_dtype, amax_floor: float) -> KernelCall:
     """The quant launch for ``o [S, H, Dh]``, cos/sin ``[n_pos, rd / 2]``, positions ``[S]``.
 
-    Mirrors ``launch._inverse_rope_group_quant_op`` with ``launch.quant_config(S)``: the
-    per-head kernel when its ``block_h`` is set and GS divides Dh, else the flat-rows kernel.
-    Outputs:
+    The kernel and grid are ``launch.quant_launch`` of ``launch.quant_config(S)``, as for the
+    torch launcher. Outputs:
     ``x_fp8 [S, G, D]`` in ``fp8_dtype`` and ``x_scale [S, G, D / GS]`` uint8.
     """
     from . import launch
@@ -149,18 +147,12 @@ def quant_call(s: int, h: int, dh: int, rd: int, n_pos: int, num_groups: int,
     d = h * dh // num_groups
     out_shape = (jax.ShapeDtypeStruct((s, num_groups, d), fp8_dtype),
                  jax.ShapeDtypeStruct((s, num_groups, d // gs), jnp.uint8))
-    common = dict(STRIDE_OS=h * dh, STRIDE_CP=rd // 2, STRIDE_SP=rd // 2, DH=dh, RD=rd, GS=gs,
-                  **_quant_constants(fp8_dtype, amax_floor))
-    if cfg.block_h and dh % gs == 0:
-        block_h = math.gcd(h, cfg.block_h)
-        return KernelCall(_quant_head_kernel, (s, n_pos), out_shape,
-                          (triton.cdiv(s, cfg.block_r), h // block_h), cfg.num_warps, None,
-                          tuple({**common, "H": h, "BLOCK_T": cfg.block_r,
-                                 "BLOCK_H": block_h}.items()))
-    nq = h * dh // gs
-    return KernelCall(_quant_rows_kernel, (s * nq, n_pos), out_shape,
-                      (triton.cdiv(s * nq, cfg.block_r),), cfg.num_warps, None,
-                      tuple({**common, "NQ": nq, "BLOCK_R": cfg.block_r}.items()))
+    plan = launch.quant_launch(s, h, dh, gs, cfg)
+    constexprs = dict(STRIDE_OS=h * dh, STRIDE_CP=rd // 2, STRIDE_SP=rd // 2, DH=dh, RD=rd, GS=gs,
+                      **_quant_constants(fp8_dtype, amax_floor), **plan.shape)
+    kernel = _quant_head_kernel if plan.per_head else _quant_rows_kernel
+    return KernelCall(kernel, (plan.n_work, n_pos), out_shape, plan.grid, cfg.num_warps, None,
+                      tuple(constexprs.items()))
 
 
 def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int,

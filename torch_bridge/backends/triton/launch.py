@@ -87,6 +87,29 @@ def _min_normal_exp(fp8_dtype: torch.dtype) -> int:
     return int(math.log2(torch.finfo(fp8_dtype).smallest_normal))
 
 
+@dataclasses.dataclass(frozen=True)
+class QuantLaunch:
+    """Which quant kernel runs for a problem (shared by the torch and JAX launchers)."""
+
+    per_head: bool  # inv_rope_group_quant_head_kernel, else inv_rope_group_quant_kernel
+    grid: tuple[int, ...]
+    n_work: int  # the kernel's first scalar: tokens (per head) or quant groups (flat)
+    shape: dict[str, int]  # its launch-shape constexprs
+
+
+def quant_launch(s: int, h: int, dh: int, quant_group_size: int,
+                 cfg: QuantConfig) -> QuantLaunch:
+    """The per-head kernel when ``cfg.block_h`` is set and GS divides Dh (``block_h`` cut to a
+    divisor of H), else the flat-rows kernel."""
+    if cfg.block_h and dh % quant_group_size == 0:
+        block_h = math.gcd(h, cfg.block_h)
+        return QuantLaunch(True, (triton.cdiv(s, cfg.block_r), h // block_h), s,
+                           dict(H=h, BLOCK_T=cfg.block_r, BLOCK_H=block_h))
+    nq = h * dh // quant_group_size
+    return QuantLaunch(False, (triton.cdiv(s * nq, cfg.block_r),), s * nq,
+                       dict(NQ=nq, BLOCK_R=cfg.block_r))
+
+
 def _hw_fp8_cast(fp8_dtype: torch.dtype) -> bool:
     """Whether the compiled fp32 -> fp8 cast is already RNE on the e4m3 grid (CUDA e4m3fn).
 
@@ -135,20 +158,14 @@ def _inverse_rope_group_quant_op(o: torch.Tensor, positions: torch.Tensor, cos_c
     s, h, dh = o.shape
     if s == 0:
         return
-    common = dict(GS=quant_group_size, DH=dh, RD=2 * cos_cache.shape[1], num_warps=num_warps,
-                  **_quant_constants(x_fp8.dtype, amax_floor))
-    if block_h and dh % quant_group_size == 0:
-        block_h = math.gcd(h, block_h)
-        kernels.inv_rope_group_quant_head_kernel[(triton.cdiv(s, block_r), h // block_h)](
-            o, positions, cos_cache, sin_cache, s, cos_cache.shape[0], o.stride(0),
-            cos_cache.stride(0), sin_cache.stride(0), x_fp8, x_scale, H=h, BLOCK_T=block_r,
-            BLOCK_H=block_h, **common)
-        return
-    n_rows = s * (h * dh // quant_group_size)
-    kernels.inv_rope_group_quant_kernel[(triton.cdiv(n_rows, block_r),)](
-        o, positions, cos_cache, sin_cache, n_rows, cos_cache.shape[0], o.stride(0),
-        cos_cache.stride(0), sin_cache.stride(0), x_fp8, x_scale,
-        NQ=h * dh // quant_group_size, BLOCK_R=block_r, **common)
+    plan = quant_launch(s, h, dh, quant_group_size, QuantConfig(block_r, num_warps, block_h))
+    kernel = (kernels.inv_rope_group_quant_head_kernel if plan.per_head
+              else kernels.inv_rope_group_quant_kernel)
+    kernel[plan.grid](
+        o, positions, cos_cache, sin_cache, plan.n_work, cos_cache.shape[0], o.stride(0),
+        cos_cache.stride(0), sin_cache.stride(0), x_fp8, x_scale, GS=quant_group_size, DH=dh,
+        RD=2 * cos_cache.shape[1], num_warps=num_warps, **plan.shape,
+        **_quant_constants(x_fp8.dtype, amax_floor))
 
 
 @_inverse_rope_group_quant_op.register_fake
