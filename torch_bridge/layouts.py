@@ -9,16 +9,21 @@ AITER: never compare them.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
 from woa_jax import ScaleLayout, scale_shape
-from woa_jax._checks import _SCALE_BYTES, check_dtype
 from woa_jax._spec import as_enum
-from woa_jax.layouts import _addresses
+from woa_jax.layouts import _addresses, _check_layout_buffer, _check_row_scales
 
 
-def _index(s: int, g: int, ks: int, layout: ScaleLayout, gs: int, device) -> torch.Tensor:
+@functools.lru_cache(maxsize=8)
+def _index(s: int, g: int, ks: int, layout: ScaleLayout, gs: int,
+           device: torch.device) -> torch.Tensor:
+    """The address table on ``device``, built and copied once per shape: a per-call numpy build
+    and host-to-device copy would cost host time and break CUDA-graph capture."""
     addr = _addresses(s, g, ks, layout, gs)
     return torch.from_numpy(np.ascontiguousarray(addr, dtype=np.int64)).reshape(-1).to(device)
 
@@ -39,19 +44,12 @@ def to_scale_layout(x_scale: torch.Tensor, scale_layout: ScaleLayout | str, *,
       The buffer, ``woa_jax.scale_shape(S, G, Ks, scale_layout, GS)``, in ``x_scale``'s dtype.
     """
     layout = as_enum(ScaleLayout, scale_layout, "scale_layout")
-    if x_scale.dim() != 3:
-        raise ValueError(f"x_scale must be 3-D [S, G, Ks], got shape {tuple(x_scale.shape)}")
-    check_dtype(x_scale, _SCALE_BYTES, "x_scale")
-    if out is not None:
-        check_dtype(out, _SCALE_BYTES, "out")
-    s, g, ks = (int(d) for d in x_scale.shape)
-    shape = scale_shape(s, g, ks, layout, quant_group_size)
+    s, g, ks = _check_row_scales(x_scale)
     if out is None:
-        out = torch.full(shape, pad_value, dtype=torch.uint8, device=x_scale.device)
-        out = out.view(x_scale.dtype)
-    elif tuple(out.shape) != shape:
-        raise ValueError(f"a {layout.value} scale buffer must have shape {shape}, got "
-                         f"{tuple(out.shape)}")
+        out = torch.full(scale_shape(s, g, ks, layout, quant_group_size), pad_value,
+                         dtype=torch.uint8, device=x_scale.device).view(x_scale.dtype)
+    else:
+        _check_layout_buffer(out, layout, s, g, ks, quant_group_size, "out")
     flat = out.view(torch.uint8).view(-1)
     flat[_index(s, g, ks, layout, quant_group_size, out.device)] = (
         x_scale.view(torch.uint8).reshape(-1))
@@ -63,13 +61,7 @@ def from_scale_layout(buffer: torch.Tensor, scale_layout: ScaleLayout | str, s: 
                       quant_group_size: int = 128) -> torch.Tensor:
     """Read the logical ``[S, G, Ks]`` scale bytes out of a ``scale_layout`` buffer."""
     layout = as_enum(ScaleLayout, scale_layout, "scale_layout")
-    shape = scale_shape(s, num_groups, scale_groups, layout, quant_group_size)
-    if tuple(buffer.shape) != shape:
-        raise ValueError(
-            f"a {layout.value} scale buffer for S={s}, G={num_groups}, Ks={scale_groups} has "
-            f"shape {shape}, got {tuple(buffer.shape)}"
-        )
-    check_dtype(buffer, _SCALE_BYTES, "buffer")
+    _check_layout_buffer(buffer, layout, s, num_groups, scale_groups, quant_group_size)
     idx = _index(s, num_groups, scale_groups, layout, quant_group_size, buffer.device)
     raw = buffer.contiguous().view(torch.uint8).reshape(-1)[idx]
     return raw.reshape(s, num_groups, scale_groups).view(buffer.dtype)

@@ -64,14 +64,29 @@ def _addresses(s: int, g: int, ks: int, layout: ScaleLayout, gs: int) -> np.ndar
             + ((ki % 4) * 16 + si % 16) * 4 + (si // 16) % 2 + ((ki // 4) % 2) * 2)
 
 
+def _check_row_scales(x_scale) -> tuple[int, int, int]:
+    """``(S, G, Ks)`` of row-layout scale bytes (any array with ``shape``/``dtype``, torch too)."""
+    if len(x_scale.shape) != 3:
+        raise ValueError(f"x_scale must be 3-D [S, G, Ks], got shape {tuple(x_scale.shape)}")
+    check_dtype(x_scale, _SCALE_BYTES, "x_scale")
+    return tuple(int(d) for d in x_scale.shape)
+
+
+def _check_layout_buffer(buffer, layout: ScaleLayout, s: int, g: int, ks: int, gs: int,
+                         name: str = "buffer") -> None:
+    """A ``layout`` buffer for ``[S, G, Ks]`` scales: ``scale_shape``'s shape, E8M0 bytes."""
+    shape = scale_shape(s, g, ks, layout, gs)
+    if tuple(buffer.shape) != shape:
+        raise ValueError(f"{name}: a {layout.value} scale buffer for S={s}, G={g}, Ks={ks} has "
+                         f"shape {shape}, got {tuple(buffer.shape)}")
+    check_dtype(buffer, _SCALE_BYTES, name)
+
+
 def to_scale_layout(x_scale, scale_layout: ScaleLayout | str, *, quant_group_size: int = 128,
                     pad_value: int = 0x7F):
     """Row-layout ``[S, G, Ks]`` scales into ``scale_layout``'s buffer (padding = ``pad_value``)."""
     layout = as_enum(ScaleLayout, scale_layout, "scale_layout")
-    if x_scale.ndim != 3:
-        raise ValueError(f"x_scale must be 3-D [S, G, Ks], got shape {tuple(x_scale.shape)}")
-    check_dtype(x_scale, _SCALE_BYTES, "x_scale")
-    s, g, ks = x_scale.shape
+    s, g, ks = _check_row_scales(x_scale)
     shape = scale_shape(s, g, ks, layout, quant_group_size)
     addr = _addresses(s, g, ks, layout, quant_group_size)
     dtype = x_scale.dtype
@@ -84,13 +99,7 @@ def from_scale_layout(buffer, scale_layout: ScaleLayout | str, s: int, num_group
                       scale_groups: int, *, quant_group_size: int = 128):
     """Read the logical ``[S, G, Ks]`` scales back out of a ``scale_layout`` buffer."""
     layout = as_enum(ScaleLayout, scale_layout, "scale_layout")
-    shape = scale_shape(s, num_groups, scale_groups, layout, quant_group_size)
-    if tuple(buffer.shape) != shape:
-        raise ValueError(
-            f"a {layout.value} scale buffer for S={s}, G={num_groups}, Ks={scale_groups} has shape "
-            f"{shape}, got {tuple(buffer.shape)}"
-        )
-    check_dtype(buffer, _SCALE_BYTES, "buffer")
+    _check_layout_buffer(buffer, layout, s, num_groups, scale_groups, quant_group_size)
     addr = _addresses(s, num_groups, scale_groups, layout, quant_group_size)
     dtype = buffer.dtype
     raw = jax.lax.bitcast_convert_type(jnp.asarray(buffer), jnp.uint8).ravel()
