@@ -537,7 +537,7 @@ def run_prefill(sweep: shapes.Sweep, cfg: shapes.Prefill, *, on_gpu: bool, progr
 
 def gemm_candidates(m: int) -> list:
     """Launch shapes worth timing for one M (``label()``: m, n, split-K, s=swap, warps, stages,
-    T = TMA tiles [programs per SM])."""
+    T = TMA tiles [programs per SM], W = the Gluon wgmma kernel, Hopper only)."""
     from torch_bridge.backends.triton.launch import GemmConfig as C
 
     if m <= 64:
@@ -548,12 +548,13 @@ def gemm_candidates(m: int) -> list:
         if t == 16:
             out += [C(16, 64, 1, False, 4, 4), C(16, 64, 1, False, 4, 4, tma=True)]
         return out
-    return [C(64, 128, 1, False, 4, 4), C(64, 128, 1, False, 4, 4, tma=True),
+    wgmma = [C(bm, 128, num_warps=bm // 16, num_stages=st, wgmma=True, programs_per_sm=pps)
+             for bm, st, pps in ((128, 4, 0), (128, 4, 1), (128, 5, 1), (64, 3, 2),
+                                 (64, 4, 0), (64, 4, 2))]
+    return wgmma + [C(64, 128, 1, False, 4, 4), C(64, 128, 1, False, 4, 4, tma=True),
             C(64, 128, 1, False, 4, 4, tma=True, programs_per_sm=2),
-            C(128, 128, 1, False, 8, 3, tma=True), C(128, 128, 1, False, 8, 4, tma=True),
-            C(128, 128, 1, False, 8, 4, tma=True, programs_per_sm=1),
-            C(128, 256, 1, False, 8, 3, tma=True), C(64, 256, 1, False, 4, 3, tma=True),
-            C(64, 128, 2, False, 4, 4), C(64, 128, 4, False, 4, 4), C(64, 64, 4, False, 4, 4)]
+            C(128, 128, 1, False, 8, 4, tma=True),
+            C(128, 128, 1, False, 8, 4, tma=True, programs_per_sm=1)]
 
 
 def quant_candidates() -> list:

@@ -199,6 +199,33 @@ def test_gemm_against_oracle(m, g):
     assert err <= TOLERANCES["gemm_bf16"].rel, f"seed {seed}: relerr {err:.3g}"
 
 
+@pytest.mark.parametrize("cfg", ((128, 4, 1), (128, 5, 0), (64, 4, 2)),
+                         ids=lambda c: f"m{c[0]}st{c[1]}p{c[2]}")
+@pytest.mark.parametrize("m,g,dtype", ((65, 16, torch.bfloat16), (1000, 2, torch.float32),
+                                       (8192, 16, torch.bfloat16)))
+def test_gemm_wgmma_kernel(m, g, dtype, cfg):
+    """The Gluon kernel itself (explicit config; ragged M tiles clip on the TMA store;
+    persistent programs carry the K pipeline across tiles)."""
+    import jax.numpy as jnp
+
+    from torch_bridge.backends.triton import launch
+    from woa_jax.testing import TOLERANCES
+
+    ok, why = launch.wgmma_available(torch.cuda.current_device())
+    if not ok:
+        pytest.skip(why)
+    seed = _seed()
+    x, w, xs, ws = _gemm_inputs(m, g, N, HPG * DH, seed)
+    y = torch.full((m, g, N), float("nan"), dtype=dtype, device="cuda")
+    config = launch.GemmConfig(cfg[0], 128, num_warps=cfg[0] // 16, num_stages=cfg[1],
+                               wgmma=True, programs_per_sm=cfg[2])
+    launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, dtype=dtype, out=y, config=config)
+    ref = _oracle("batched_gemm_a8w8_mxscale")(_j(x), _j(w), _j(xs), _j(ws), dtype=jnp.float32)
+    err = _relerr(y, ref)
+    tol = TOLERANCES["gemm_bf16"].rel if dtype == torch.bfloat16 else FP32_OUT_ON_GPU
+    assert err <= tol, f"seed {seed}: relerr {err:.3g}"
+
+
 #: fp32 output on Hopper: Triton's fp8 wgmma accumulates each 128-K block in reduced precision
 #: (the fp32 promotion happens per block), so the fp32 result is not fp32-exact. 1e-3 is below
 #: the bf16 output rounding (1.7e-3) and far below one wrong E8M0 step (a 2x error). The

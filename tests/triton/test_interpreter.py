@@ -199,6 +199,10 @@ def test_gemm_rejects_bad_out_and_split(rng):
     (dict(block_m=16, block_n=64, tma=True, programs_per_sm=-1), "programs_per_sm >= 0"),
     (dict(block_m=16, block_n=64, programs_per_sm=2), "programs_per_sm applies to the TMA"),
     (dict(block_m=16, block_n=64, tma=True, split_k=2), "TMA kernel does not split K"),
+    (dict(block_m=128, block_n=128, num_warps=4, wgmma=True), "block_m = 16 \\* num_warps"),
+    (dict(block_m=32, block_n=128, num_warps=2, wgmma=True), "in \\(64, 128\\)"),
+    (dict(block_m=64, block_n=128, swap_ab=True, wgmma=True), "swap_ab=False"),
+    (dict(block_m=64, block_n=128, tma=True, wgmma=True), "wgmma is its own kernel"),
 ])
 def test_gemm_config_rejects_bad_fields(fields, match):
     with pytest.raises(ValueError, match=match):
@@ -214,6 +218,24 @@ def test_gemm_config_rejects_bad_fields(fields, match):
 def test_quant_config_rejects_bad_fields(fields, match):
     with pytest.raises(ValueError, match=match):
         launch.QuantConfig(**fields)
+
+
+def test_wgmma_kernel_is_hopper_only(rng):
+    """The Gluon kernel never runs under the interpreter: the default shape avoids it and an
+    explicit ``wgmma=True`` says why it cannot run."""
+    ok, why = launch.wgmma_available(None)
+    assert not ok and why == "TRITON_INTERPRET=1 runs no Gluon kernels"
+    assert not launch.wgmma_chosen(8192, 16, 1024, 4096, 128)
+    assert not launch.gemm_config(8192, 16, 1024, 4096, 128).wgmma
+    cfg = launch.gemm_config(8192, 16, 1024, 4096, 128, wgmma=True)
+    assert cfg.wgmma and cfg.block_m == 16 * cfg.num_warps
+    # few tiles (G = 2, one M tile) and 32 x 32 scale blocks keep the Triton kernels
+    assert not launch.gemm_config(128, 2, 1024, 4096, 128, wgmma=True).wgmma
+    assert not launch.gemm_config(8192, 16, 1024, 4096, 32, wgmma=True).wgmma
+    x, w, xs, ws = _gemm_case(rng, 65, 2, 128, 256)
+    with pytest.raises(RuntimeError, match="wgmma=True. cannot run here: TRITON_INTERPRET=1"):
+        launch.batched_gemm_a8w8_mxscale(
+            x, w, xs, ws, config=launch.GemmConfig(64, 128, num_warps=4, wgmma=True))
 
 
 def test_tma_kernel_runs_only_when_the_operands_allow(rng, monkeypatch):
@@ -333,7 +355,7 @@ def test_custom_ops_opcheck(rng):
     x, w, xsc, wsc = _gemm_case(rng, 2, 2, 64, 128)
     y = torch.empty((2, 2, 64), dtype=torch.bfloat16, device=DEVICE)
     torch.library.opcheck(torch.ops.woa_triton.bmm_fp8_block_.default,
-                          (x, w, xsc, wsc, y, 16, 64, 1, False, 4, 3, True, 1),
+                          (x, w, xsc, wsc, y, 16, 64, 1, False, 4, 3, True, 1, False),
                           test_utils=("test_faketensor",))
 
 

@@ -295,8 +295,13 @@ class GemmConfig:
     num_stages: int = 4
     #: Tensor-descriptor (TMA) tiles; used when the operands allow it (see ``_tma_ok``).
     tma: bool = False
-    #: TMA kernel only: resident programs per SM looping over tiles (0: one program per tile).
+    #: TMA and wgmma kernels: resident programs per SM looping over tiles (0: one program per
+    #: tile).
     programs_per_sm: int = 0
+    #: The Gluon kernel (``gluon_kernels``; Hopper only): async MMAs, each K block's fp32
+    #: promotion overlapped with the next block's MMA. Needs ``block_m == 16 * num_warps``
+    #: (64 or 128) and ``block_n`` dividing the scale block.
+    wgmma: bool = False
 
     def __post_init__(self):
         # tl.dot needs every tile dim >= 16.
@@ -309,19 +314,26 @@ class GemmConfig:
         if self.tma and self.split_k > 1:
             raise ValueError("GemmConfig: the TMA kernel does not split K; use tma=False with "
                              f"split_k={self.split_k}")
-        if self.programs_per_sm and not self.tma:
-            raise ValueError("GemmConfig.programs_per_sm applies to the TMA kernel only; set "
-                             "tma=True or programs_per_sm=0")
+        if self.programs_per_sm and not (self.tma or self.wgmma):
+            raise ValueError("GemmConfig.programs_per_sm applies to the TMA and wgmma kernels "
+                             "only; set tma=True, wgmma=True or programs_per_sm=0")
+        if self.wgmma and (self.tma or self.swap_ab or self.split_k > 1
+                           or self.block_m not in (64, 128)
+                           or self.block_m != 16 * self.num_warps):
+            raise ValueError(f"GemmConfig.wgmma is its own kernel: it needs tma=False, "
+                             f"swap_ab=False, split_k=1 and block_m = 16 * num_warps in "
+                             f"(64, 128), got {self}")
 
     def label(self) -> str:
-        tma = ""
+        tma = "W" if self.wgmma else ""
         if self.tma:
             tma = f"T{self.programs_per_sm or ''}"
         return (f"m{self.block_m}n{self.block_n}k{self.split_k}{'s' if self.swap_ab else ''}"
                 f"w{self.num_warps}st{self.num_stages}{tma}")
 
 
-def gemm_config(m: int, g: int, n: int, k: int, block: int) -> GemmConfig:
+def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
+                wgmma: bool = False) -> GemmConfig:
     """The launch shape for one problem, by M and G (tuned on an H200; benchmarks/RESULTS.md).
 
     Small M is weight-bandwidth-bound: the tokens become the MMA's N side (``swap_ab``; wgmma
@@ -333,7 +345,16 @@ def gemm_config(m: int, g: int, n: int, k: int, block: int) -> GemmConfig:
     stream the weight (G = 2: 9.2 -> 7.3 us at M = 1, 15.7 -> 11.1 us at M = 128).
     Split-K adds fp32 partials atomically, so its bits depend on the order of arrival; it is not
     used under ``torch.use_deterministic_algorithms(True)`` (see ``batched_gemm_a8w8_mxscale``).
+
+    ``wgmma``: the Gluon kernel can run (``wgmma_available``). Then it takes M > 64 when more
+    than 64 tiles of 128 x 128 fill the GPU, with 8 warps, 4 stages and one persistent program
+    per SM: at M = 8192, G = 16 it ran in 942 us against 1334 us for the 64 x 128 TMA kernel,
+    and it was the fastest shape at M = 128, 512 and 8192 for G = 16 and G = 2 too.
     """
+    if wgmma and m > 64 and block == 128 and n % 128 == 0:
+        cfg = GemmConfig(128, 128, num_warps=8, num_stages=4, wgmma=True, programs_per_sm=1)
+        if _programs(cfg, m, g, n) > 64:
+            return cfg
     if m <= 16:
         cfg = GemmConfig(16, 64, swap_ab=True, num_warps=4, num_stages=5)
     elif m <= 64:
@@ -364,6 +385,33 @@ def _sm_count(device_index: int | None) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+@functools.cache
+def wgmma_available(device_index: int | None) -> tuple[bool, str]:
+    """Whether the Gluon wgmma GEMM can run on this CUDA device: ``(ok, reason)``."""
+    from . import interpreter_on
+
+    if interpreter_on():
+        return False, "TRITON_INTERPRET=1 runs no Gluon kernels"
+    if torch.version.hip is not None:
+        return False, "the Gluon GEMM is written for NVIDIA Hopper (wgmma), not ROCm"
+    if not torch.cuda.is_available():
+        return False, "torch sees no CUDA device"
+    major, minor = torch.cuda.get_device_capability(device_index)
+    if major != 9:
+        return False, f"wgmma needs compute capability 9.x (Hopper), this GPU is {major}.{minor}"
+    try:
+        from . import gluon_kernels  # noqa: F401
+    except ImportError as e:
+        return False, f"this Triton has no Gluon Hopper dialect ({e})"
+    return True, "ok"
+
+
+def wgmma_chosen(m: int, g: int, n: int, k: int, block: int) -> bool:
+    """Whether ``batched_gemm_a8w8_mxscale`` runs this problem on the Gluon kernel by default
+    (on the current CUDA device)."""
+    return wgmma_available(None)[0] and gemm_config(m, g, n, k, block, wgmma=True).wgmma
+
+
 def _tma_ok(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, block_n: int) -> bool:
     """Whether x, w, out can be viewed as the TMA kernel's 2D ``[M, G*K]``, ``[G*N, K]`` and
     ``[M, G*N]`` (packed inner dims, 16-byte aligned bases and row strides, N % BLOCK_N == 0)."""
@@ -378,12 +426,17 @@ def _tma_ok(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, block_n: int) -
 @torch.library.custom_op(f"{_LIB}::bmm_fp8_block_", mutates_args=("out",))
 def _bmm_op(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
             out: torch.Tensor, block_m: int, block_n: int, split_k: int, swap_ab: bool,
-            num_warps: int, num_stages: int, tma: bool, programs_per_sm: int) -> None:
+            num_warps: int, num_stages: int, tma: bool, programs_per_sm: int,
+            wgmma: bool) -> None:
     m, g, k = x.shape
     n = w.shape[1]
     if m == 0:
         return
     block = k // x_scale.shape[2]
+    if wgmma and block % block_n == 0 and _tma_ok(x, w, out, block_n):
+        _launch_wgmma(x, w, x_scale, w_scale, out, block_m, block_n, block, num_warps,
+                      num_stages, programs_per_sm)
+        return
     if tma and split_k == 1 and _tma_ok(x, w, out, block_n):
         from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -415,8 +468,48 @@ def _bmm_op(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: to
 
 @_bmm_op.register_fake
 def _(x, w, x_scale, w_scale, out, block_m, block_n, split_k, swap_ab, num_warps,
-      num_stages, tma, programs_per_sm) -> None:
+      num_stages, tma, programs_per_sm, wgmma) -> None:
     return None
+
+
+_GL_DTYPES = {torch.float8_e4m3fn: "float8e4nv", torch.bfloat16: "bfloat16",
+              torch.float32: "float32"}
+
+
+#: Hopper's shared memory per block (227 KiB), less what the kernel's barriers take.
+_SMEM_BYTES = 227 * 1024 - 256
+
+
+def _launch_wgmma(x, w, x_scale, w_scale, out, block_m, block_n, block, num_warps,
+                  num_stages, programs_per_sm) -> None:
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from . import gluon_kernels
+
+    m, g, k = x.shape
+    n = w.shape[1]
+
+    def desc(t, shape, row_stride, tile):
+        dtype = getattr(gl, _GL_DTYPES[t.dtype])
+        layout = gl.NVMMASharedLayout.get_default_for(tile, dtype)
+        return TensorDescriptor(t, shape, [row_stride, 1], tile, layout)
+
+    tiles = triton.cdiv(m, block_m) * (n // block_n) * g
+    programs = tiles
+    if programs_per_sm:
+        programs = min(tiles, programs_per_sm * _sm_count(x.device.index))
+    # The output tile is staged in shared memory too: fewer stages for an fp32 output.
+    stage_bytes = (block_m + block_n) * block * x.element_size()
+    stages = min(num_stages, k // block,
+                 (_SMEM_BYTES - block_m * block_n * out.element_size()) // stage_bytes)
+    gluon_kernels.bmm_fp8_block_wgmma_kernel[(programs,)](
+        desc(x, [m, g * k], x.stride(0), [block_m, block]),
+        desc(w, [g * n, k], k, [block_n, block]),
+        desc(out, [m, g * n], out.stride(0), [block_m, block_n]),
+        x_scale, w_scale, m, programs, SXSM=x_scale.stride(0), SXSG=x_scale.stride(1),
+        SWSG=w_scale.stride(0), SWSN=w_scale.stride(1), G=g, N=n, K=k,
+        STAGES=stages, num_warps=num_warps)
 
 
 def batched_gemm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor,
@@ -441,7 +534,14 @@ def batched_gemm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.T
     m, g, k = x.shape
     n = w.shape[1]
     block = k // x_scale.shape[2]
-    cfg = config or gemm_config(m, g, n, k, block)
+    if config is not None and config.wgmma:
+        ok, why = wgmma_available(x.device.index if x.is_cuda else None)
+        if ok and not x.is_cuda:
+            ok, why = False, f"x is on {x.device}, not on a CUDA device"
+        if not ok:
+            raise RuntimeError(f"GemmConfig(wgmma=True) cannot run here: {why}")
+    cfg = config or gemm_config(
+        m, g, n, k, block, wgmma=x.is_cuda and wgmma_available(x.device.index)[0])
     if config is None and cfg.split_k > 1 and torch.are_deterministic_algorithms_enabled():
         cfg = dataclasses.replace(cfg, split_k=1)
     if out is None:
@@ -455,7 +555,7 @@ def batched_gemm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.T
     if (k // block) % cfg.split_k != 0:
         raise ValueError(f"split_k={cfg.split_k} does not divide K / B = {k // block}")
     args = (cfg.block_m, cfg.block_n, cfg.split_k, cfg.swap_ab, cfg.num_warps, cfg.num_stages,
-            cfg.tma, cfg.programs_per_sm)
+            cfg.tma, cfg.programs_per_sm, cfg.wgmma)
     if cfg.split_k == 1:
         _run_mutating(_bmm_op, (out,), x, w, xs, ws, out, *args)
         return out

@@ -1,0 +1,194 @@
+"""Gluon (explicit-layout Triton) kernel for the large-M block-scaled FP8 GEMM on Hopper.
+
+``tl.dot`` cannot overlap the per-scale-block fp32 promotion with the tensor cores: the product
+of one K block must be waited for before it is scaled, so the warpgroups idle while they
+promote. Here each K block's product goes to a fresh accumulator asynchronously, and the
+previous block's product is promoted while the next MMA runs (two products in flight).
+
+Like ``kernels``, this module imports no torch: the operands arrive as tensor descriptors and
+raw pointers. Importing it needs a Triton with Gluon's Hopper dialect (3.5 or newer).
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+# Triton 3.6 (the H200 image) names the TMA copies async_copy_*; 3.7+ renamed them async_load /
+# async_store and later removed the old names.
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+
+
+@gluon.jit
+def _e8m0_to_f32(byte):
+    return (byte.to(gl.int32) << 23).to(gl.float32, bitcast=True)
+
+
+@gluon.jit
+def _block_scale(x_bytes, w_byte):
+    """Row scales of one K block, ``2**(xs - 127) * 2**(ws - 127)``: exact in fp32 unless the
+    product falls below 2**-126, far below any real activation and weight scale pair (it saves
+    a multiply per accumulator element)."""
+    return _e8m0_to_f32(x_bytes) * _e8m0_to_f32(w_byte)
+
+
+@gluon.jit
+def _tile_origin(tile, tiles_per_group, NUM_N: gl.constexpr, BLOCK_M: gl.constexpr,
+                 BLOCK_N: gl.constexpr):
+    """(group, first row, first column) of a tile; tiles run group by group, N fastest."""
+    r = tile % tiles_per_group
+    return tile // tiles_per_group, (r // NUM_N) * BLOCK_M, (r % NUM_N) * BLOCK_N
+
+
+@gluon.jit
+def _issue_load(x_desc, w_desc, a_bufs, b_bufs, ready, j, first_tile, num_programs,
+                tiles_per_group, K: gl.constexpr, N: gl.constexpr, KB: gl.constexpr,
+                NUM_N: gl.constexpr, STAGES: gl.constexpr):
+    """TMA-load this program's ``j``-th K block (over all its tiles) into stage ``j % STAGES``."""
+    BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
+    g, m0, n0 = _tile_origin(first_tile + (j // KB) * num_programs, tiles_per_group, NUM_N,
+                             BLOCK_M, BLOCK_N)
+    k0 = (j % KB) * BLOCK_K
+    s = j % STAGES
+    mbarrier.expect(ready.index(s), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+    _tma_load(x_desc, [m0, g * K + k0], ready.index(s), a_bufs.index(s))
+    _tma_load(w_desc, [g * N + n0, k0], ready.index(s), b_bufs.index(s))
+
+
+@gluon.jit
+def bmm_fp8_block_wgmma_kernel(
+    x_desc, w_desc, y_desc, xs_ptr, ws_ptr, M, num_programs,
+    SXSM: gl.constexpr, SXSG: gl.constexpr,  # x_scale [M, G, K/SB] strides (last contiguous)
+    SWSG: gl.constexpr, SWSN: gl.constexpr,  # w_scale [G, N/SB, K/SB] strides
+    G: gl.constexpr, N: gl.constexpr, K: gl.constexpr,
+    STAGES: gl.constexpr, num_warps: gl.constexpr,
+):
+    """``y [M, G, N] = dq(x) @ dq(w)^T`` per group in ``BLOCK_M x BLOCK_N`` tiles.
+
+    ``x_desc`` views x as ``[M, G*K]`` with ``[BLOCK_M, SB]`` tiles, ``w_desc`` w as
+    ``[G*N, K]`` with ``[BLOCK_N, SB]`` tiles and ``y_desc`` y as ``[M, G*N]``; BLOCK_K is the
+    scale block SB and BLOCK_N divides SB, so one weight scale covers a tile's K block.
+    ``num_programs`` programs take every ``num_programs``-th tile; the copy engine keeps
+    ``STAGES`` K blocks in flight across tile boundaries, so the next tile's first blocks load
+    while this one finishes, and each tile's store drains while the next one computes.
+    """
+    BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
+    KB: gl.constexpr = K // BLOCK_K
+    NUM_N: gl.constexpr = N // BLOCK_N
+    gl.static_assert(BLOCK_K % BLOCK_N == 0, "a tile's weight rows share one scale block")
+    gl.static_assert(BLOCK_M == 16 * num_warps, "each warp owns 16 rows of the tile")
+
+    pid = gl.program_id(0)
+    tiles_per_group = gl.cdiv(M, BLOCK_M) * NUM_N
+    my_tiles = gl.cdiv(tiles_per_group * G - pid, num_programs)
+    total = my_tiles * KB
+
+    a_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
+    b_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
+    y_smem = gl.allocate_shared_memory(y_desc.dtype, [BLOCK_M, BLOCK_N], y_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for st in gl.static_range(STAGES):
+        mbarrier.init(ready.index(st), count=1)
+    for j in gl.static_range(STAGES):
+        if j < total:
+            _issue_load(x_desc, w_desc, a_bufs, b_bufs, ready, j, pid, num_programs,
+                        tiles_per_group, K, N, KB, NUM_N, STAGES)
+
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 32])
+    for t in range(my_tiles):
+        g, m0, n0 = _tile_origin(pid + t * num_programs, tiles_per_group, NUM_N, BLOCK_M,
+                                 BLOCK_N)
+        rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_layout))
+        xs_rows = xs_ptr + g * SXSG + rows.to(gl.int64) * SXSM
+        rows_ok = rows < M
+        ws_row = ws_ptr + g * SWSG + (n0 // BLOCK_K) * SWSN
+        base = t * KB
+        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
+        # Two register sets, A and B, take the K blocks' products in turn. A step issues the
+        # MMA of block kb into its set (overwriting the product it promoted one step earlier),
+        # waits for the other set's block kb - 1, refills that block's stage and promotes it
+        # while block kb runs. Scale bytes are loaded two steps before their use. The K loop is
+        # unrolled at compile time: in a runtime loop ptxas cannot tell which wgmma group a
+        # wait retires and serializes every wgmma of the kernel (its warning C7514).
+        spent = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
+        xs_a = gl.load(xs_rows, mask=rows_ok, other=127)
+        ws_a = gl.load(ws_row)
+        xs_b = gl.load(xs_rows + 1, mask=rows_ok & (KB > 1), other=127)
+        ws_b = gl.load(ws_row + 1, mask=KB > 1, other=127)
+        mbarrier.wait(ready.index(base % STAGES), (base // STAGES) & 1)
+        pending = warpgroup_mma(a_bufs.index(base % STAGES),
+                                b_bufs.index(base % STAGES).permute((1, 0)), acc,
+                                use_acc=False, is_async=True)
+        for kb in gl.static_range(1, KB - 1, 2):
+            i = base + kb
+            mbarrier.wait(ready.index(i % STAGES), (i // STAGES) & 1)
+            in_b = warpgroup_mma(a_bufs.index(i % STAGES),
+                                 b_bufs.index(i % STAGES).permute((1, 0)), spent,
+                                 use_acc=False, is_async=True)
+            xs_far = gl.load(xs_rows + (kb + 1), mask=rows_ok, other=127)
+            ws_far = gl.load(ws_row + (kb + 1))
+            prod_a = warpgroup_mma_wait(num_outstanding=1, deps=(pending,))
+            if i - 1 + STAGES < total:
+                _issue_load(x_desc, w_desc, a_bufs, b_bufs, ready, i - 1 + STAGES, pid,
+                            num_programs, tiles_per_group, K, N, KB, NUM_N, STAGES)
+            acc += prod_a * _block_scale(xs_a, ws_a)[:, None]
+            xs_a, ws_a = xs_far, ws_far
+
+            mbarrier.wait(ready.index((i + 1) % STAGES), ((i + 1) // STAGES) & 1)
+            pending = warpgroup_mma(a_bufs.index((i + 1) % STAGES),
+                                    b_bufs.index((i + 1) % STAGES).permute((1, 0)), prod_a,
+                                    use_acc=False, is_async=True)
+            ahead = kb + 2 < KB
+            xs_far = gl.load(xs_rows + (kb + 2), mask=rows_ok & ahead, other=127)
+            ws_far = gl.load(ws_row + (kb + 2), mask=ahead, other=127)
+            spent = warpgroup_mma_wait(num_outstanding=1, deps=(in_b,))
+            if i + STAGES < total:
+                _issue_load(x_desc, w_desc, a_bufs, b_bufs, ready, i + STAGES, pid,
+                            num_programs, tiles_per_group, K, N, KB, NUM_N, STAGES)
+            acc += spent * _block_scale(xs_b, ws_b)[:, None]
+            xs_b, ws_b = xs_far, ws_far
+        if KB % 2 == 0:  # one block left for set B
+            i = base + KB - 1
+            mbarrier.wait(ready.index(i % STAGES), (i // STAGES) & 1)
+            in_b = warpgroup_mma(a_bufs.index(i % STAGES),
+                                 b_bufs.index(i % STAGES).permute((1, 0)), spent,
+                                 use_acc=False, is_async=True)
+            prod_a = warpgroup_mma_wait(num_outstanding=1, deps=(pending,))
+            if i - 1 + STAGES < total:
+                _issue_load(x_desc, w_desc, a_bufs, b_bufs, ready, i - 1 + STAGES, pid,
+                            num_programs, tiles_per_group, K, N, KB, NUM_N, STAGES)
+            acc += prod_a * _block_scale(xs_a, ws_a)[:, None]
+            prod_b = warpgroup_mma_wait(num_outstanding=0, deps=(in_b,))
+            if i + STAGES < total:
+                _issue_load(x_desc, w_desc, a_bufs, b_bufs, ready, i + STAGES, pid,
+                            num_programs, tiles_per_group, K, N, KB, NUM_N, STAGES)
+            acc += prod_b * _block_scale(xs_b, ws_b)[:, None]
+        else:
+            i = base + KB - 1
+            prod_a = warpgroup_mma_wait(num_outstanding=0, deps=(pending,))
+            if i + STAGES < total:
+                _issue_load(x_desc, w_desc, a_bufs, b_bufs, ready, i + STAGES, pid,
+                            num_programs, tiles_per_group, K, N, KB, NUM_N, STAGES)
+            acc += prod_a * _block_scale(xs_a, ws_a)[:, None]
+        # The previous tile's store must have read y_smem before it is overwritten; the copy
+        # engine clips rows past M.
+        tma.store_wait(pendings=0)
+        y_smem.store(acc.to(y_desc.dtype))
+        fence_async_shared()
+        _tma_store(y_desc, [m0, g * N + n0], y_smem)
+    tma.store_wait(pendings=0)
+    for st in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(st))
