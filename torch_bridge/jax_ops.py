@@ -20,11 +20,14 @@ pass ``backend="triton"`` with ``TRITON_INTERPRET=1`` to run the callback route 
 Limits: no autodiff (forward only) and no ``vmap``. Cost, measured on an H200 (jax 0.11.2,
 triton 3.6, jax-triton 0.3.1; benchmarks/RESULTS.md): the native route adds no host work per
 call beyond XLA's own dispatch (a jitted GEMM call: 36 us, the same as a jitted ``a + 1``); inside
-one jitted program its G = 16 GEMM took 28.4 / 37.2 / 1444 us at M = 1 / 64 / 8192 against the
-torch launcher's 24.8 / 29.1 / 1318 us (its GEMM is the pointer kernel: jax-triton 0.3.1 takes no
-TMA descriptors, and it never splits K). The callback route re-enters Python on every call
+one jitted program its G = 16 GEMM took 28.4 / 37.2 us at M = 1 / 64 against the torch
+launcher's 24.8 / 29.1 us (its GEMM is the pointer kernel: jax-triton 0.3.1 takes no TMA
+descriptors, and it never splits K). The callback route re-enters Python on every call
 (DLPack wrapping, a torch stream object, the torch launcher: about 200 us of host time per GEMM
-call); use it where the zero-copy ``jax.jit`` integration matters more than latency.
+call); use it where the zero-copy ``jax.jit`` integration matters more than latency. The GEMMs
+that the torch launcher runs on the Gluon wgmma kernel (Hopper, M > 64, benchmarks/RESULTS.md)
+take the callback route too, because only there the GPU time (about 0.9 ms at M = 8192,
+G = 16, against 1.9 ms for the pointer kernel) outweighs that host cost.
 """
 
 from __future__ import annotations
@@ -65,9 +68,9 @@ def _jax_gpu_platform() -> str:
     return next((p for p in ("cuda", "rocm") if p in version), jax.default_backend())
 
 
-def native_route_reason(backend_name: str) -> str | None:
+def native_route_reason(backend_name: str, gemm: tuple[int, ...] | None = None) -> str | None:
     """``None`` when an op on backend ``backend_name`` takes the native ``jax_triton`` route;
-    else why it goes through ``buffer_callback``."""
+    else why it goes through ``buffer_callback``. ``gemm``: the GEMM's ``(M, G, N, K, B)``."""
     if backend_name != "triton":
         return f"the dispatcher picked backend {backend_name!r}; only triton has a native route"
     if not env_flag("WOA_JAX_TRITON", True):
@@ -80,12 +83,18 @@ def native_route_reason(backend_name: str) -> str | None:
     error = jax_launch.import_error()
     if error is not None:
         return f"jax_triton does not import ({error}); pip install 'woa[jax-triton]'"
+    if gemm is not None:
+        from .backends.triton import launch
+
+        if launch.wgmma_chosen(*gemm):
+            return ("the torch launcher runs this GEMM on the Gluon wgmma kernel (Hopper, "
+                    "M > 64), which jax_triton cannot launch (it takes no TMA descriptors)")
     return None
 
 
-def _native(op: str, backend_name: str) -> bool:
+def _native(op: str, backend_name: str, gemm: tuple[int, ...] | None = None) -> bool:
     """Whether ``op`` takes the native route; logs each distinct decision once."""
-    reason = native_route_reason(backend_name)
+    reason = native_route_reason(backend_name, gemm)
     key = ("jax_triton", "") if reason is None else ("buffer_callback", reason)
     if key not in _route_logged:
         _route_logged.add(key)
@@ -208,7 +217,7 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=jnp.bfloat16, *,
                           extra=(("num_groups", g), ("m", m), ("n", n), ("k", k),
                                  ("x_k_contiguous", True), ("w_contiguous", True)))
     be = _dispatch.select("batched_gemm_a8w8_mxscale", case, backend)
-    if _native("batched_gemm_a8w8_mxscale", be.name):
+    if _native("batched_gemm_a8w8_mxscale", be.name, (m, g, n, k, block)):
         from .backends.triton import jax_launch
 
         return jax_launch.batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=dtype)
