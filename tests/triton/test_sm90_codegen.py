@@ -83,3 +83,51 @@ def test_gpu_only_paths_compile_for_sm90(tmp_path):
     assert lines[1].startswith("tma ") and lines[1].endswith("True True"), lines
     assert lines[2].startswith("split ") and lines[2].endswith("True True"), lines
     assert lines[3] == "quant True True", lines
+
+
+_GLUON_SCRIPT = textwrap.dedent("""
+    import subprocess, tempfile
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from torch_bridge.backends.triton import gluon_kernels, launch
+
+    g, n, k, sb = 16, 1024, 4096, 128
+    cfg = launch.gemm_config(8192, g, n, k, sb, wgmma=True)
+    assert cfg.wgmma, cfg
+    for bm, warps, stages, out in ((cfg.block_m, cfg.num_warps, cfg.num_stages, "bf16"),
+                                   (64, 4, 4, "fp32")):
+        def desc(dtype, tile):
+            layout = gl.NVMMASharedLayout.get_default_for(tile, getattr(gl, dtype))
+            short = {"float8e4nv": "fp8e4nv", "bfloat16": "bf16", "float32": "fp32"}[dtype]
+            return f"tensordesc<{short}{tile},{layout!r}>"
+        sig = {"x_desc": desc("float8e4nv", [bm, sb]), "w_desc": desc("float8e4nv", [128, sb]),
+               "y_desc": desc({"bf16": "bfloat16", "fp32": "float32"}[out], [bm, 128]),
+               "xs_ptr": "*u8", "ws_ptr": "*u8", "M": "i32", "num_programs": "i32"}
+        cx = dict(SXSM=g * k // sb, SXSG=k // sb, SWSG=n // sb * k // sb, SWSN=k // sb, G=g,
+                  N=n, K=k, STAGES=stages, num_warps=warps)
+        src = GluonASTSource(gluon_kernels.bmm_fp8_block_wgmma_kernel,
+                             {**sig, **{c: "constexpr" for c in cx}}, cx,
+                             {(3,): [["tt.divisibility", 16]], (4,): [["tt.divisibility", 16]]})
+        ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                             options=dict(num_warps=warps)).asm["ptx"]
+        with tempfile.TemporaryDirectory() as d:
+            open(f"{d}/k.ptx", "w").write(ptx)
+            info = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", f"{d}/k.ptx",
+                                   "-o", f"{d}/k.cubin"], capture_output=True, text=True,
+                                  check=True).stderr
+        print(f"m{bm} {out}", "wgmma.mma_async" in ptx, "cp.async.bulk.tensor" in ptx,
+              "C7514" not in info, " 0 bytes spill stores" in info)
+""")
+
+
+def test_gluon_gemm_compiles_for_sm90_without_serialized_wgmma(tmp_path):
+    """The Gluon GEMM (default Hopper shape, and the 4-warp fp32-output shape) compiles to sm_90a
+    with async wgmma and TMA copies, no register spills, and no ptxas C7514 warning: with it,
+    ptxas serializes every wgmma of the kernel and the promotion overlap is lost (measured:
+    1.6-1.8 ms instead of 0.94 ms at M = 8192, G = 16)."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    lines = run_compile_script(_GLUON_SCRIPT, tmp_path)
+    assert lines == ["m128 bf16 True True True True", "m64 fp32 True True True True"], lines
