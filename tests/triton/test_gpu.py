@@ -201,11 +201,15 @@ def test_gemm_against_oracle(m, g):
 
 @pytest.mark.parametrize("cfg", ((128, 4, 1), (128, 5, 0), (64, 4, 2)),
                          ids=lambda c: f"m{c[0]}st{c[1]}p{c[2]}")
-@pytest.mark.parametrize("m,g,dtype", ((65, 16, torch.bfloat16), (1000, 2, torch.float32),
-                                       (8192, 16, torch.bfloat16)))
-def test_gemm_wgmma_kernel(m, g, dtype, cfg):
+@pytest.mark.parametrize("m,g,dtype,k", ((65, 16, torch.bfloat16, HPG * DH),
+                                         (1000, 2, torch.float32, HPG * DH),
+                                         (8192, 16, torch.bfloat16, HPG * DH),
+                                         (300, 3, torch.bfloat16, 31 * 128),
+                                         (200, 4, torch.bfloat16, 128)))
+def test_gemm_wgmma_kernel(m, g, dtype, k, cfg):
     """The Gluon kernel itself (explicit config; ragged M tiles clip on the TMA store;
-    persistent programs carry the K pipeline across tiles)."""
+    persistent programs carry the K pipeline across tiles; an odd number of K blocks ends on
+    the other register set, and one K block leaves the unrolled loop empty)."""
     import jax.numpy as jnp
 
     from torch_bridge.backends.triton import launch
@@ -215,7 +219,7 @@ def test_gemm_wgmma_kernel(m, g, dtype, cfg):
     if not ok:
         pytest.skip(why)
     seed = _seed()
-    x, w, xs, ws = _gemm_inputs(m, g, N, HPG * DH, seed)
+    x, w, xs, ws = _gemm_inputs(m, g, N, k, seed)
     y = torch.full((m, g, N), float("nan"), dtype=dtype, device="cuda")
     config = launch.GemmConfig(cfg[0], 128, num_warps=cfg[0] // 16, num_stages=cfg[1],
                                wgmma=True, programs_per_sm=cfg[2])
