@@ -333,10 +333,11 @@ def test_jax_jit_path(s):
         assert _relerr(y2, ref2) <= TOLERANCES["gemm_bf16"].rel, f"seed {seed}, replay cb={cb}"
 
 
-def test_cuda_graph_and_torch_compile():
+@pytest.mark.parametrize("s", (64, 256))  # 256: the Gluon GEMM on Hopper
+def test_cuda_graph_and_torch_compile(s):
     from torch_bridge.backends.triton import launch
 
-    s, g = 64, 16
+    g = 16
     o, pos, cos, sin = _rope_inputs(s, g, _seed(), pos_dtype=torch.int32)
     weight, scale = _checkpoint(g, _seed())
     w, ws = weight.view(g, N, -1), scale.view(g, N // 128, -1)
