@@ -480,9 +480,16 @@ _GL_DTYPES = {torch.float8_e4m3fn: "float8e4nv", torch.bfloat16: "bfloat16",
 _SMEM_BYTES = 227 * 1024 - 256
 
 
+@functools.cache
+def _smem_layout(tile: tuple[int, int], dtype: torch.dtype):
+    """The swizzled shared-memory layout of a TMA tile (~5 us to build, so built once)."""
+    from triton.experimental.gluon import language as gl
+
+    return gl.NVMMASharedLayout.get_default_for(list(tile), getattr(gl, _GL_DTYPES[dtype]))
+
+
 def _launch_wgmma(x, w, x_scale, w_scale, out, block_m, block_n, block, num_warps,
                   num_stages, programs_per_sm) -> None:
-    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from . import gluon_kernels
@@ -491,9 +498,8 @@ def _launch_wgmma(x, w, x_scale, w_scale, out, block_m, block_n, block, num_warp
     n = w.shape[1]
 
     def desc(t, shape, row_stride, tile):
-        dtype = getattr(gl, _GL_DTYPES[t.dtype])
-        layout = gl.NVMMASharedLayout.get_default_for(tile, dtype)
-        return TensorDescriptor(t, shape, [row_stride, 1], tile, layout)
+        return TensorDescriptor(t, shape, [row_stride, 1], list(tile),
+                                _smem_layout(tile, t.dtype))
 
     tiles = triton.cdiv(m, block_m) * (n // block_n) * g
     programs = tiles
@@ -504,9 +510,9 @@ def _launch_wgmma(x, w, x_scale, w_scale, out, block_m, block_n, block, num_warp
     stages = min(num_stages, k // block,
                  (_SMEM_BYTES - block_m * block_n * out.element_size()) // stage_bytes)
     gluon_kernels.bmm_fp8_block_wgmma_kernel[(programs,)](
-        desc(x, [m, g * k], x.stride(0), [block_m, block]),
-        desc(w, [g * n, k], k, [block_n, block]),
-        desc(out, [m, g * n], out.stride(0), [block_m, block_n]),
+        desc(x, [m, g * k], x.stride(0), (block_m, block)),
+        desc(w, [g * n, k], k, (block_n, block)),
+        desc(out, [m, g * n], out.stride(0), (block_m, block_n)),
         x_scale, w_scale, m, programs, SXSM=x_scale.stride(0), SXSG=x_scale.stride(1),
         SWSG=w_scale.stride(0), SWSN=w_scale.stride(1), G=g, N=n, K=k,
         STAGES=stages, num_warps=num_warps)
