@@ -4,6 +4,8 @@
 #   bash benchmarks/device_session.sh bench   # sweep G 16/2/8 with plot, prefill, JAX cost (~6 min)
 #   bash benchmarks/device_session.sh tune    # launch-shape sweep at G = 16 (~2 min)
 #   bash benchmarks/device_session.sh tp      # 2 GPUs: NCCL TP check and TP2 vs TP1 (~1.5 min)
+#   bash benchmarks/device_session.sh gluon   # Gluon GEMM follow-ups: its GPU tests, the JAX
+#                                             # routes, in-jit device time, G 2/8 sweep (~8 min)
 # jax-triton is not in the device image: put its wheel in .whl/ (git-ignored), carry `.whl`, and
 # it is installed here first. Set WOA_COMMIT to the commit measured (the device copy has no .git).
 set -o pipefail
@@ -39,13 +41,23 @@ tune)
     --reps 10 --json "$OUT/tune.json" > "$OUT/tune.log" 2>&1
   grep -E "^tune" "$OUT/tune.log" | cut -c1-100
   ;;
+gluon)
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 200 python3 -m pytest -m gpu tests/triton -q -p no:cacheprovider -rfEs \
+    -k "wgmma or cuda_graph or gemm_and_chain or env_switch" > "$OUT/gluon_tests.log" 2>&1
+  grep -E "FAILED|ERROR|SKIPPED|^E |passed|failed" "$OUT/gluon_tests.log" | cut -c1-300 | tail -20
+  timeout 100 python3 -m benchmarks.jax_overhead > "$OUT/jax_overhead.log" 2>&1
+  tail -4 "$OUT/jax_overhead.log"
+  timeout 200 $BENCH --groups 2,8 --reps 10 --json "$OUT/bench_g2_g8.json" > "$OUT/bench.log" 2>&1
+  grep -E "│ +(2|8) │" "$OUT/bench.log" | grep -E "gemm_triton|chain" | cut -c1-110
+  ;;
 tp)
   timeout 190 python3 -m torch.distributed.run --nproc-per-node 2 benchmarks/tp_bench.py \
     --out "$OUT" > "$OUT/tp_bench.log" 2>&1
   tail -24 "$OUT/tp_bench.log"
   ;;
 *)
-  echo "usage: $0 tests|bench|tune|tp" >&2
+  echo "usage: $0 tests|bench|tune|tp|gluon" >&2
   exit 2
   ;;
 esac
