@@ -488,6 +488,15 @@ def _smem_layout(tile: tuple[int, int], dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for(list(tile), getattr(gl, _GL_DTYPES[dtype]))
 
 
+def wgmma_stages(requested: int, k_blocks: int, block_m: int, block_n: int, block: int,
+                 out_bytes: int) -> int:
+    """The Gluon kernel's pipeline depth: ``requested``, at most one stage per K block and as
+    many fp8 ``x``/``w`` tile pairs as fit in shared memory beside the output tile (so an fp32
+    output gets fewer stages than a bf16 one)."""
+    stage_bytes = (block_m + block_n) * block
+    return min(requested, k_blocks, (_SMEM_BYTES - block_m * block_n * out_bytes) // stage_bytes)
+
+
 def _launch_wgmma(x, w, x_scale, w_scale, out, block_m, block_n, block, num_warps,
                   num_stages, programs_per_sm) -> None:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -505,10 +514,7 @@ def _launch_wgmma(x, w, x_scale, w_scale, out, block_m, block_n, block, num_warp
     programs = tiles
     if programs_per_sm:
         programs = min(tiles, programs_per_sm * _sm_count(x.device.index))
-    # The output tile is staged in shared memory too: fewer stages for an fp32 output.
-    stage_bytes = (block_m + block_n) * block * x.element_size()
-    stages = min(num_stages, k // block,
-                 (_SMEM_BYTES - block_m * block_n * out.element_size()) // stage_bytes)
+    stages = wgmma_stages(num_stages, k // block, block_m, block_n, block, out.element_size())
     gluon_kernels.bmm_fp8_block_wgmma_kernel[(programs,)](
         desc(x, [m, g * k], x.stride(0), (block_m, block)),
         desc(w, [g * n, k], k, (block_n, block)),
