@@ -211,11 +211,11 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=jnp.bfloat16, *,
     if _use_oracle(backend):
         return woa_jax.batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=dtype)
     fp8_name = _checks.dtype_name(x)
-    # JAX arrays are dense row-major, so x is K-contiguous and w contiguous.
+    # JAX arrays are dense row-major, so x is K-contiguous.
     case = _dispatch.Case(device_type=_device_type(), fp8_dtype=fp8_name,
                           out_dtype=np.dtype(dtype).name, quant_group_size=block,
                           extra=(("num_groups", g), ("m", m), ("n", n), ("k", k),
-                                 ("x_k_contiguous", True), ("w_contiguous", True)))
+                                 ("x_k_contiguous", True)))
     be = _dispatch.select("batched_gemm_a8w8_mxscale", case, backend)
     if _native("batched_gemm_a8w8_mxscale", be.name, (m, g, n, k, block)):
         from .backends.triton import jax_launch

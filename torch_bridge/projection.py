@@ -220,8 +220,7 @@ class WoAProjection:
 
     def _case(self, device, act_dtype, head_dim) -> Case:
         extra = [("num_groups", self.num_groups), ("n", self.n), ("k", self.k),
-                 ("amax_floor", self.amax_floor), ("x_k_contiguous", True),
-                 ("w_contiguous", True)]
+                 ("amax_floor", self.amax_floor), ("x_k_contiguous", True)]
         if self._fp8_unavailable:
             extra.append(("fp8_unavailable", self._fp8_unavailable))
         return Case(

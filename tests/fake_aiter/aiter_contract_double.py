@@ -70,5 +70,10 @@ def gemm(x, wo_a, x_scale, w_scale, dtype):
         raise RuntimeError("fp8 inputs required")
     if dtype not in (torch.bfloat16, torch.float32):
         raise RuntimeError("Y must be fp32 or bf16")
-    return REF.batched_gemm_a8w8_mxscale(x, wo_a, x_scale.view(torch.uint8),
-                                         w_scale.view(torch.uint8), dtype=dtype)
+    # Read the operands the way the kernel does (UPSTREAM_APIS.md section 2): wo_a as a packed
+    # row-major buffer and the scales' last dim as unit stride, whatever their strides say, so a
+    # strided operand the adapter forgets to pack gives wrong output here too.
+    w_read = wo_a.as_strided(wo_a.shape, torch.empty(wo_a.shape, device="meta").stride())
+    xs_read, ws_read = (t.view(torch.uint8).as_strided(t.shape, (*t.stride()[:2], 1))
+                        for t in (x_scale, w_scale))
+    return REF.batched_gemm_a8w8_mxscale(x, w_read, xs_read, ws_read, dtype=dtype)

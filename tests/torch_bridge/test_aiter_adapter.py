@@ -141,6 +141,24 @@ def test_gemm_through_aiter_and_fallback_for_32_blocks(fake_aiter):
     assert len(calls) == n_calls and y32.shape == (5, 2, 128)  # ran on torch instead
 
 
+def test_gemm_packs_strided_weight_and_scales_for_aiter(fake_aiter):
+    """AITER reads w as packed row-major and the scales' last dim as unit stride; the adapter
+    packs strided views first (the contract double reads them the kernel's way)."""
+    fake_aiter("main")
+    rng = np.random.default_rng(5)
+    w, sc = wo_a_checkpoint(rng, g=2, n=256, k=256, block=128)
+    wt = np_to_torch(w).view(2, 256, 256)
+    w_strided = wt[:, ::2]  # [2, 128, 256], K-contiguous, row stride 512
+    ws_strided = np_to_torch(sc).view(2, 2, 2).transpose(1, 2).contiguous().transpose(1, 2)[:, :1]
+    x = wt[:, :5].transpose(0, 1)
+    xs = torch.full((5, 2, 2), 126, dtype=torch.uint8).transpose(1, 2).contiguous().transpose(1, 2)
+    assert not (w_strided.is_contiguous() or ws_strided.stride(2) == 1 or xs.stride(2) == 1)
+    y = tb.batched_gemm_a8w8_mxscale(x, w_strided, xs, ws_strided, backend="aiter")
+    ref = woa_jax.batched_gemm_a8w8_mxscale(*(tb.to_jax(t.contiguous()) for t in (
+        x, w_strided, xs, ws_strided)))
+    assert_close(y, ref, tolerance="gemm_bf16")
+
+
 def _projection(seed=4, fp8="float8_e4m3fn", **kw):
     rng = np.random.default_rng(seed)
     c = _case(seed)

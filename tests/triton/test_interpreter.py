@@ -63,6 +63,21 @@ def test_quant_bit_exact(rng, gs, g, pos_dtype, config):
     _assert_quant_equal(q, sc, *woa_jax.inverse_rope_group_quant(*_jx(o, pos, cos, sin), g, gs))
 
 
+def test_strided_positions_are_read_as_values_not_memory(rng):
+    """The kernels read positions with unit stride; a strided view (here every other entry of
+    a longer vector) must give the bytes of its values, not of its neighbours in memory."""
+    o, pos, cos, sin = _rope_case(rng, s=3)
+    longer = torch.stack([pos, (pos + 17) % 64], dim=1).reshape(-1)  # [p0, x, p1, x, p2, x]
+    strided = longer[::2]
+    assert strided.stride(0) == 2 and torch.equal(strided, pos)
+    q, sc = launch.inverse_rope_group_quant(o, strided, cos, sin, 2, 128)
+    _assert_quant_equal(q, sc, *woa_jax.inverse_rope_group_quant(*_jx(o, pos, cos, sin), 2, 128))
+    x = o.clone()
+    launch.inverse_rope_(x, strided, cos, sin)
+    np.testing.assert_array_equal(to_numpy(x).view(np.uint16), np.asarray(
+        woa_jax.inverse_rope(*_jx(o, pos, cos.float(), sin.float()))).view(np.uint16))
+
+
 def test_quant_fp32_rope_and_fp32_o(rng):
     """fp32 cos/sin and fp32 ``o``: the interpreter does not contract to FMA, so bytes match."""
     o, pos, cos, sin = _rope_case(rng, rope_dtype=torch.float32, o_dtype=torch.float32)

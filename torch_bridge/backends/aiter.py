@@ -126,8 +126,7 @@ class AiterBackend:
                                  x_fp8=None, x_scale=None):
         s, h, dh = o.shape
         d = h * dh // num_groups
-        if positions.dtype != torch.int64:
-            positions = positions.to(torch.int64)
+        positions = positions.to(torch.int64).contiguous()  # no-ops when already so
         cos_cache = cos_cache.to(o.dtype).contiguous()
         sin_cache = sin_cache.to(o.dtype).contiguous()
         if x_fp8 is None:
@@ -148,7 +147,9 @@ class AiterBackend:
         n = w.shape[1]
         _expect(x_scale, torch.uint8, (m, g, k // 128), "x_scale")
         _expect(w_scale, torch.uint8, (g, n // 128, k // 128), "w_scale")
-        y = self._gemm(x, w, x_scale, w_scale, dtype=dtype)
+        # AITER reads w and the scales as packed row-major buffers (UPSTREAM_APIS.md).
+        y = self._gemm(x, w.contiguous(), x_scale.contiguous(), w_scale.contiguous(),
+                       dtype=dtype)
         if out is not None:
             # The public AITER entry has no out=; copy into the caller's buffer.
             return out.copy_(y)

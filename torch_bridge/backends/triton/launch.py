@@ -185,7 +185,8 @@ def inverse_rope_group_quant(o: torch.Tensor, positions: torch.Tensor, cos_cache
 
     Args:
       o: ``[S, H, Dh]`` bf16/fp16/fp32; the token stride may be padded.
-      positions: ``[>= S]`` int32 or int64; clamped to ``[0, P - 1]`` in the kernel.
+      positions: ``[>= S]`` int32 or int64 (a strided view is packed first: the kernels read
+        them with unit stride); clamped to ``[0, P - 1]`` in the kernel.
       cos_cache, sin_cache: ``[P, rd / 2]`` bf16 or fp32.
       num_groups: G; D = H * Dh / G.
       quant_group_size: GS in {32, 64, 128}.
@@ -211,8 +212,9 @@ def inverse_rope_group_quant(o: torch.Tensor, positions: torch.Tensor, cos_cache
     cfg = config or quant_config(s)
     scale_bytes = _as_bytes(x_scale)
     _run_mutating(_inverse_rope_group_quant_op, (x_fp8, scale_bytes),
-                  _last_dims_contiguous(o), positions, _rows_contiguous(cos_cache),
-                  _rows_contiguous(sin_cache), x_fp8, scale_bytes, quant_group_size,
+                  _last_dims_contiguous(o), _rows_contiguous(positions),
+                  _rows_contiguous(cos_cache), _rows_contiguous(sin_cache), x_fp8, scale_bytes,
+                  quant_group_size,
                   float(amax_floor), cfg.block_r, cfg.num_warps, cfg.block_h)
     return x_fp8, x_scale
 
@@ -255,8 +257,8 @@ def inverse_rope_(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Ten
     if o.stride(2) != 1 or o.stride(1) != o.shape[2]:
         raise ValueError(f"in-place inverse RoPE needs o with packed [H, Dh] dims, got strides "
                          f"{list(o.stride())}")
-    _run_mutating(_inverse_rope_op, (o,), o, positions, _rows_contiguous(cos_cache),
-                  _rows_contiguous(sin_cache))
+    _run_mutating(_inverse_rope_op, (o,), o, _rows_contiguous(positions),
+                  _rows_contiguous(cos_cache), _rows_contiguous(sin_cache))
     return o
 
 
