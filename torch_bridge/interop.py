@@ -3,8 +3,9 @@
 torch >= 2.10 and jax >= 0.5.3 exchange ``float8_e4m3fn``, ``float8_e4m3fnuz`` and
 ``float8_e8m0fnu`` natively (``jax.dlpack.is_supported_dtype`` still says False for them, so it is
 never consulted). Older pairs reject those codes; then the bytes travel as an integer array of the
-same width (uint8 for 1-byte types, int16 for bf16) and are re-viewed on the other side. Eager
-arrays only: DLPack cannot see into ``jax.jit`` tracers.
+same width (uint8 for 1-byte types, int16 for bf16) and are re-viewed on the other side. That
+fallback copies once: JAX's ``bitcast_convert_type`` makes a new buffer (and ``to_jax`` packs a
+strided tensor first). Eager arrays only: DLPack cannot see into ``jax.jit`` tracers.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def _check_concrete(x) -> None:
 
 
 def to_torch(x, *, via_bytes: bool = False) -> torch.Tensor:
-    """A torch tensor sharing ``x``'s memory (torch tensors pass through unchanged).
+    """A torch tensor sharing ``x``'s memory (torch tensors pass through unchanged; the byte
+    fallback below returns a copy).
 
     Args:
       x: a concrete JAX array or a torch tensor.
@@ -73,7 +75,8 @@ def _to_torch_bytes(x, name: str) -> torch.Tensor:
 
 
 def to_jax(t, *, via_bytes: bool = False):
-    """A JAX array sharing ``t``'s memory (JAX arrays pass through unchanged).
+    """A JAX array sharing ``t``'s memory (JAX arrays pass through unchanged; the byte fallback
+    returns a copy).
 
     Args:
       t: a torch tensor (``requires_grad`` tensors are detached) or a JAX array.

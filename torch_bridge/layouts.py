@@ -19,11 +19,13 @@ from woa_jax._spec import as_enum
 from woa_jax.layouts import _addresses, _check_layout_buffer, _check_row_scales
 
 
-@functools.lru_cache(maxsize=8)
+@functools.cache
 def _index(s: int, g: int, ks: int, layout: ScaleLayout, gs: int,
            device: torch.device) -> torch.Tensor:
     """The address table on ``device``, built and copied once per shape: a per-call numpy build
-    and host-to-device copy would cost host time and break CUDA-graph capture."""
+    and host-to-device copy would cost host time and break CUDA-graph capture. Tables are kept
+    for the process (8 bytes per scale byte of each shape seen): a captured graph reads its
+    table by address, so evicting one would let its memory be reused under the graph."""
     addr = _addresses(s, g, ks, layout, gs)
     return torch.from_numpy(np.ascontiguousarray(addr, dtype=np.int64)).reshape(-1).to(device)
 

@@ -24,7 +24,8 @@ def fp8_max(fp8_dtype: torch.dtype) -> float:
     return float(torch.finfo(fp8_dtype).max)
 
 
-def _fp8_max_reciprocal(fp8_dtype: torch.dtype) -> float:
+def fp8_max_reciprocal(fp8_dtype: torch.dtype) -> float:
+    """fp32(1 / fp8_max), exactly as the kernels multiply by it."""
     # fp32(1 / fp8_max): 0x3B124925 for e4m3fn, 0x3B888889 for e4m3fnuz (as woa_jax._spec).
     return float(np.float32(1.0) / np.float32(fp8_max(fp8_dtype)))
 
@@ -65,7 +66,7 @@ def e8m0_scale_bytes(amax: torch.Tensor, fp8_dtype: torch.dtype,
     amax = amax.to(torch.float32)
     # fmax(amax, floor) without a host-built tensor (CUDA-graph safe): NaN >= floor is False.
     amax = torch.where(amax >= amax_floor, amax, amax_floor)
-    x = amax * _fp8_max_reciprocal(fp8_dtype)
+    x = amax * fp8_max_reciprocal(fp8_dtype)
     u = x.view(torch.int32)
     exp = (u >> 23) & 0xFF
     bump = (exp < 0xFF) & ((u & 0x7FFFFF) != 0)

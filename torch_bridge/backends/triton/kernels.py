@@ -12,9 +12,11 @@ Kernels:
   persistent.
 * ``inv_rope_inplace_kernel``: the BF16 chain's inverse RoPE, in place on the rope tail only.
 
-The kernels JAX launches (the two quant kernels and ``bmm_fp8_block_kernel``) take array
-inputs, runtime scalars, outputs, then constexprs: the order ``jax_triton.triton_call`` passes
-them in.
+``bmm_fp8_block_kernel``, which ``jax_triton.triton_call`` launches directly, takes array
+inputs, runtime scalars, outputs, then constexprs: the order triton_call passes them in. The
+quant kernels are reached from JAX through thin wrappers in ``jax_launch`` that make their
+strides constexpr; their parameters follow the same order. The large-M Hopper GEMM is in
+``gluon_kernels``.
 
 E8M0 scales travel as uint8 (Triton rejects ``float8_e8m0fnu`` arguments) and are decoded here
 by placing the byte in the fp32 exponent field.
@@ -74,7 +76,7 @@ def _round_bf16_rne(x):
 @triton.jit
 def inv_rope_group_quant_kernel(
     o_ptr, pos_ptr, cos_ptr, sin_ptr, n_rows, n_pos_rows, stride_os, stride_cp, stride_sp,
-    q_ptr, s_ptr,  # outputs after inputs and scalars: jax_triton.triton_call's order
+    q_ptr, s_ptr,  # outputs after inputs and scalars (the order jax_launch passes them in)
     NQ: tl.constexpr,  # quant groups per token, H * Dh / GS
     GS: tl.constexpr,
     DH: tl.constexpr,
@@ -149,7 +151,7 @@ def _quantize_group(v, INV_FP8_MAX: tl.constexpr, FP8_MAX: tl.constexpr,
 @triton.jit
 def inv_rope_group_quant_head_kernel(
     o_ptr, pos_ptr, cos_ptr, sin_ptr, n_tokens, n_pos_rows, stride_os, stride_cp, stride_sp,
-    q_ptr, s_ptr,  # outputs after inputs and scalars: jax_triton.triton_call's order
+    q_ptr, s_ptr,  # outputs after inputs and scalars (the order jax_launch passes them in)
     H: tl.constexpr, DH: tl.constexpr, RD: tl.constexpr, GS: tl.constexpr,
     INV_FP8_MAX: tl.constexpr,  # fp32(1 / fp8_max), exactly representable
     FP8_MAX: tl.constexpr,

@@ -19,6 +19,7 @@ import triton
 
 from woa_jax import AITER_AMAX_FLOOR
 
+from ..torch_ref import fp8_max, fp8_max_reciprocal
 from . import kernels
 
 _LIB = "woa_triton"
@@ -58,6 +59,7 @@ def _check_power_of_two(cfg, field: str, value: int, least: int) -> None:
                          f"{value}")
 
 
+@functools.cache
 def quant_config(s: int) -> QuantConfig:
     """The quant launch shape for ``s`` tokens (tuned on an H200; see benchmarks/RESULTS.md).
 
@@ -143,10 +145,16 @@ def _as_bytes(scale: torch.Tensor) -> torch.Tensor:
 
 
 def _quant_constants(fp8_dtype: torch.dtype, amax_floor: float) -> dict:
-    fmax = float(torch.finfo(fp8_dtype).max)
-    return dict(INV_FP8_MAX=float(np.float32(1.0) / np.float32(fmax)), FP8_MAX=fmax,
-                FP8_MIN_NORMAL_EXP=_min_normal_exp(fp8_dtype),
-                AMAX_FLOOR=float(np.float32(amax_floor)), HW_CAST=_hw_fp8_cast(fp8_dtype))
+    return dict(_quant_constants_cached(fp8_dtype, amax_floor, _hw_fp8_cast(fp8_dtype)))
+
+
+@functools.cache
+def _quant_constants_cached(fp8_dtype: torch.dtype, amax_floor: float,
+                            hw_cast: bool) -> tuple[tuple[str, object], ...]:
+    # ~4 us of finfo/numpy work per call otherwise (measured on a CPU), on every quant launch.
+    return (("INV_FP8_MAX", fp8_max_reciprocal(fp8_dtype)), ("FP8_MAX", fp8_max(fp8_dtype)),
+            ("FP8_MIN_NORMAL_EXP", _min_normal_exp(fp8_dtype)),
+            ("AMAX_FLOOR", float(np.float32(amax_floor))), ("HW_CAST", hw_cast))
 
 
 @torch.library.custom_op(f"{_LIB}::inverse_rope_group_quant_", mutates_args=("x_fp8", "x_scale"))
@@ -187,7 +195,7 @@ def inverse_rope_group_quant(o: torch.Tensor, positions: torch.Tensor, cos_cache
       o: ``[S, H, Dh]`` bf16/fp16/fp32; the token stride may be padded.
       positions: ``[>= S]`` int32 or int64 (a strided view is packed first: the kernels read
         them with unit stride); clamped to ``[0, P - 1]`` in the kernel.
-      cos_cache, sin_cache: ``[P, rd / 2]`` bf16 or fp32.
+      cos_cache, sin_cache: ``[P, rd / 2]`` bf16, fp16 or fp32.
       num_groups: G; D = H * Dh / G.
       quant_group_size: GS in {32, 64, 128}.
       amax_floor: 1e-8 (AITER) or 1e-10 (vLLM CUDA).
@@ -251,6 +259,10 @@ def inverse_rope_(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Ten
     ``o`` must have packed (H, Dh) dims; ``rd = 2 * cos_cache.shape[1]`` must be a power of two.
     Returns ``o``.
     """
+    rd = 2 * cos_cache.shape[1]
+    if rd & (rd - 1) or rd > o.shape[2]:
+        raise ValueError(f"in-place inverse RoPE: rd = 2 * cos_cache.shape[1] = {rd} must be a "
+                         f"power of two (a Triton tile) no larger than head_dim {o.shape[2]}")
     if o.dtype != torch.bfloat16:
         raise TypeError(f"in-place inverse RoPE is the BF16 chain's: o must be bfloat16, got "
                         f"{o.dtype}")
@@ -287,7 +299,8 @@ def wo_a_bf16(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
 
 @dataclasses.dataclass(frozen=True)
 class GemmConfig:
-    """One launch shape of ``bmm_fp8_block_kernel``."""
+    """One launch shape of the block-scaled GEMM: the pointer kernel (``bmm_fp8_block_kernel``),
+    its TMA variant (``tma``) or the Gluon kernel (``wgmma``)."""
 
     block_m: int
     block_n: int
@@ -334,6 +347,7 @@ class GemmConfig:
                 f"w{self.num_warps}st{self.num_stages}{tma}")
 
 
+@functools.cache
 def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
                 wgmma: bool = False) -> GemmConfig:
     """The launch shape for one problem, by M and G (tuned on an H200; benchmarks/RESULTS.md).
@@ -526,6 +540,22 @@ def _launch_wgmma(x, w, x_scale, w_scale, out, block_m, block_n, block, num_warp
         STAGES=stages, num_warps=num_warps)
 
 
+def _check_explicit_wgmma(config: GemmConfig, x, w, out, block: int) -> None:
+    """An explicit Gluon config must run the Gluon kernel: the default shape falls back to the
+    Triton kernels, but an explicit one must not measure another kernel silently."""
+    if block % config.block_n or not _tma_ok(x, w, out, config.block_n):
+        raise ValueError(f"GemmConfig(wgmma=True) needs block_n dividing the scale block "
+                         f"({block}) and TMA-viewable operands (x [M, G, K] with packed "
+                         f"(G, K), contiguous w, out with packed (G, N), 16-byte aligned); got "
+                         f"block_n={config.block_n}, x strides {list(x.stride())}, out strides "
+                         f"{list(out.stride())}")
+    ok, why = wgmma_available(x.device.index if x.is_cuda else None)
+    if ok and not x.is_cuda:
+        ok, why = False, f"x is on {x.device}, not on a CUDA device"
+    if not ok:
+        raise RuntimeError(f"GemmConfig(wgmma=True) cannot run here: {why}")
+
+
 def batched_gemm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor,
                               w_scale: torch.Tensor, *, dtype: torch.dtype = torch.bfloat16,
                               out: torch.Tensor | None = None,
@@ -548,12 +578,6 @@ def batched_gemm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.T
     m, g, k = x.shape
     n = w.shape[1]
     block = k // x_scale.shape[2]
-    if config is not None and config.wgmma:
-        ok, why = wgmma_available(x.device.index if x.is_cuda else None)
-        if ok and not x.is_cuda:
-            ok, why = False, f"x is on {x.device}, not on a CUDA device"
-        if not ok:
-            raise RuntimeError(f"GemmConfig(wgmma=True) cannot run here: {why}")
     cfg = config or gemm_config(
         m, g, n, k, block, wgmma=x.is_cuda and wgmma_available(x.device.index)[0])
     if config is None and cfg.split_k > 1 and torch.are_deterministic_algorithms_enabled():
@@ -566,6 +590,8 @@ def batched_gemm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.T
     x = _rows_contiguous(x)
     w = _rows_contiguous(w)
     xs, ws = _rows_contiguous(_as_bytes(x_scale)), _rows_contiguous(_as_bytes(w_scale))
+    if config is not None and config.wgmma:
+        _check_explicit_wgmma(config, x, w, out, block)
     if (k // block) % cfg.split_k != 0:
         raise ValueError(f"split_k={cfg.split_k} does not divide K / B = {k // block}")
     args = (cfg.block_m, cfg.block_n, cfg.split_k, cfg.swap_ab, cfg.num_warps, cfg.num_stages,
