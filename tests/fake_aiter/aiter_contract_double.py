@@ -61,6 +61,20 @@ def quant(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, layo
     return q, (x_scale if x_scale is not None else buf)
 
 
+def scale_shuffle_quant(o, positions, cos_cache, sin_cache, num_groups: int,
+                        quant_group_size: int = 128, scale_shuffle: bool = False,
+                        x_fp8=None, x_scale=None):
+    """The quant op of AITER 0.1.19.post1 and 0.1.20 (``scale_shuffle: bool`` spelling).
+
+    The adapter reads this signature's parameter names, so ``old/`` and ``released/`` export
+    this function itself as ``aiter.inverse_rope_group_quant``.
+    """
+    return quant(o, positions, cos_cache, sin_cache, num_groups, quant_group_size,
+                 "scale_shuffle" if scale_shuffle else "row", x_fp8, x_scale,
+                 {"scale_shuffle": scale_shuffle, "positions_dtype": positions.dtype,
+                  "cos_dtype": cos_cache.dtype, "sin_dtype": sin_cache.dtype})
+
+
 def gemm(x, wo_a, x_scale, w_scale, dtype):
     CALLS.append(("batched_gemm_a8w8_mxscale", {"x_scale_dtype": x_scale.dtype,
                                                 "w_scale_dtype": w_scale.dtype, "dtype": dtype}))

@@ -22,6 +22,7 @@ from _tp_cases import CONFIGS, FLASH_TINY, PRO_TINY, ROPE_ROWS, make_case
 
 from woa_jax import (
     batched_gemm_float64,
+    dequant_weight,
     e8m0_decode,
     group_quant_e8m0,
     rope_cos_sin,
@@ -160,8 +161,7 @@ def test_wo_b_paths_agree_and_float_scales_are_lossless():
     z, w, s = _wo_b_inputs()
     y8 = wtp.wo_b_fp8(z, w, s)
     y16 = wtp.wo_b_bf16(z, w, s)
-    wd = np.asarray(w.astype(jnp.float32), np.float64) * np.repeat(np.repeat(
-        np.asarray(e8m0_decode(s), np.float64), 128, 0), 128, 1)
+    wd = np.asarray(dequant_weight(w[None], s[None])[0], np.float64)  # exact in fp32
     truth = np.asarray(z.astype(jnp.float32), np.float64) @ wd.T
     assert_close(y16, truth, tolerance="gemm_fp32", name="wo_b_bf16 vs truth")
     assert_close(y8, truth, tolerance="fp8_chain_vs_bf16", name="wo_b_fp8 vs truth")

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import woa_jax
-from woa_jax.testing import assert_close, to_numpy
+from woa_jax.testing import assert_bitwise_equal, assert_close, to_numpy
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
@@ -41,10 +41,10 @@ def _jx(*ts):
 
 
 def _assert_quant_equal(q, sc, rq, rs):
-    np.testing.assert_array_equal(to_numpy(sc).view(np.uint8), np.asarray(rs).view(np.uint8),
-                                  err_msg="scale bytes")
-    np.testing.assert_array_equal(to_numpy(q).view(np.uint8), np.asarray(rq).view(np.uint8),
-                                  err_msg="fp8 bytes")
+    assert_bitwise_equal(to_numpy(sc).view(np.uint8), np.asarray(rs).view(np.uint8),
+                         name="scale bytes")
+    assert_bitwise_equal(to_numpy(q).view(np.uint8), np.asarray(rq).view(np.uint8),
+                         name="fp8 bytes")
 
 
 @pytest.mark.parametrize("gs,g,pos_dtype", [(128, 2, torch.int64), (128, 1, torch.int32),

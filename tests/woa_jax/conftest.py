@@ -1,6 +1,6 @@
 """Fixtures for the oracle tests: cached RoPE tables and FP8 checkpoint-like weights.
 
-Helpers are fixtures (not an importable module) so the suite runs under any pytest import mode.
+Helpers are fixtures; other dirs import helper modules, so the suite needs the default import mode.
 """
 
 from __future__ import annotations
