@@ -16,7 +16,8 @@ Per config (V4-Flash, V4-Pro at full size) and M (tokens):
 * check: rank 0 draws the full checkpoint tensors and ``o`` and broadcasts them. TP1 runs the
   whole layer on each GPU (a one-rank group); TP2 runs each rank's half and all-reduces. Gates:
   TP2 vs TP1 relative error within ``gemm_bf16`` on the bf16 output, both ranks bitwise equal,
-  and TP1 (``auto``: Triton on Hopper) vs TP1 on the pure-torch reference within ``gemm_bf16``.
+  and TP1 (``auto``: Triton on Hopper) vs TP1 on the pure-torch reference within
+  ``fp8_wo_a_wo_b_impls`` (two FP8 GEMMs with a re-quantized intermediate).
   The fp32 TP2 vs TP1 error is recorded (ideally within ``gemm_fp32``: summation order only).
   At the smallest M the BF16 chain is checked the same way.
 * timing: medians of CUDA-event timed calls (``benchmarks.timing.time_cuda``), eager launches, and
@@ -196,7 +197,8 @@ class _Rank:
             checks["fp32_within_gemm_fp32"] = checks["tp2_vs_tp1_fp32"] <= tol_fp32
             checks["pass"] = bool(
                 checks["tp2_vs_tp1_bf16"] <= tol_bf16 and checks["ranks_bitwise_equal"]
-                and checks["tp1_vs_torch_reference_bf16"] <= tol_bf16
+                and checks["tp1_vs_torch_reference_bf16"]
+                <= TOLERANCES["fp8_wo_a_wo_b_impls"].rel
                 and checks["tp2_bf16_is_cast_of_fp32"]
                 and checks.get("bf16_chain_tp2_vs_tp1_bf16", 0.0) <= tol_bf16)
             rec["check"] = checks

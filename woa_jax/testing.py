@@ -33,6 +33,11 @@ TOLERANCES: dict[str, Tolerance] = {
     "fp8_chain_vs_bf16": Tolerance(6e-2, "e4m3 activation quantization"),
     # The BF16 chain against the float64 truth: measured 1.75e-3 on the same data; ~2x gate.
     "bf16_chain_vs_truth": Tolerance(4e-3, "bf16 rounding of activations and output"),
+    # wo_a then wo_b, both FP8, against another implementation of the same pair: the first
+    # GEMM's bf16 rounding may differ by summation order, which can move an e4m3 rounding of
+    # the re-quantized intermediate. Measured 3.39e-3 .. 3.47e-3 (Triton vs pure torch, V4-Flash
+    # and V4-Pro, benchmarks/tp_bench.py on an H200); ~3x gate.
+    "fp8_wo_a_wo_b_impls": Tolerance(1e-2, "order-dependent bf16 rounding re-quantized to fp8"),
 }
 
 
