@@ -428,6 +428,16 @@ def wgmma_chosen(m: int, g: int, n: int, k: int, block: int) -> bool:
     return wgmma_available(None)[0] and gemm_config(m, g, n, k, block, wgmma=True).wgmma
 
 
+def _tile_programs(m: int, g: int, n: int, block_m: int, block_n: int, programs_per_sm: int,
+                   device_index: int | None) -> int:
+    """Grid of the tile-walking kernels (TMA, Gluon): one program per output tile, or at most
+    ``programs_per_sm`` resident programs per SM that loop over the tiles."""
+    tiles = triton.cdiv(m, block_m) * (n // block_n) * g
+    if programs_per_sm:
+        return min(tiles, programs_per_sm * _sm_count(device_index))
+    return tiles
+
+
 def _tma_ok(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, block_n: int) -> bool:
     """Whether x, w, out can be viewed as the TMA kernel's 2D ``[M, G*K]``, ``[G*N, K]`` and
     ``[M, G*N]`` (packed inner dims, 16-byte aligned bases and row strides, N % BLOCK_N == 0)."""
@@ -459,10 +469,7 @@ def _bmm_op(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: to
         x_desc = TensorDescriptor(x, [m, g * k], [x.stride(0), 1], [block_m, block])
         w_desc = TensorDescriptor(w, [g * n, k], [k, 1], [block_n, block])
         y_desc = TensorDescriptor(out, [m, g * n], [out.stride(0), 1], [block_m, block_n])
-        tiles = triton.cdiv(m, block_m) * (n // block_n) * g
-        programs = tiles
-        if programs_per_sm:
-            programs = min(tiles, programs_per_sm * _sm_count(x.device.index))
+        programs = _tile_programs(m, g, n, block_m, block_n, programs_per_sm, x.device.index)
         kernels.bmm_fp8_block_tma_kernel[(programs,)](
             x_desc, w_desc, y_desc, x_scale, w_scale, m, programs,
             SXSM=x_scale.stride(0), SXSG=x_scale.stride(1), SWSG=w_scale.stride(0),
@@ -526,10 +533,7 @@ def _launch_wgmma(x, w, x_scale, w_scale, out, block_m, block_n, block, num_warp
         return TensorDescriptor(t, shape, [row_stride, 1], list(tile),
                                 _smem_layout(tile, t.dtype))
 
-    tiles = triton.cdiv(m, block_m) * (n // block_n) * g
-    programs = tiles
-    if programs_per_sm:
-        programs = min(tiles, programs_per_sm * _sm_count(x.device.index))
+    programs = _tile_programs(m, g, n, block_m, block_n, programs_per_sm, x.device.index)
     stages = wgmma_stages(num_stages, k // block, block_m, block_n, block, out.element_size())
     gluon_kernels.bmm_fp8_block_wgmma_kernel[(programs,)](
         desc(x, [m, g * k], x.stride(0), (block_m, block)),
