@@ -178,7 +178,8 @@ def select(op: str, case: Case, backend: str | None = None):
 
 
 def explain(op: str, case: Case) -> dict[str, tuple[bool, str]]:
-    """``{backend: (ok, reason)}`` for every backend that implements ``op``."""
+    """``{backend: (ok, reason)}`` for every registered backend (``ok`` is False, with the
+    reason, for one that is unavailable or does not implement ``op``)."""
     return {name: check(name, op, case) for name in BACKENDS}
 
 

@@ -183,12 +183,13 @@ def read_wo_a(path: str | pathlib.Path, layer: int, *, tp_rank: int = 0, tp_size
             if len(sshape) != 2 or sshape[1] < 1 or k % sshape[1] != 0:
                 raise ValueError(f"{sname} of shape {sshape} does not tile {wname} {shape}")
             block = k // sshape[1]
-            if r0 % block or (r1 - r0) % block:
+            # A rank must own whole scale blocks; TP1 keeps a ragged last block as it is.
+            if tp_size > 1 and (r0 % block or (r1 - r0) % block):
                 raise ValueError(
                     f"a tp_size={tp_size} rank holds {r1 - r0} weight rows, not whole "
                     f"{block}-row scale blocks"
                 )
-            scale = sslice[r0 // block:r1 // block]
+            scale = sslice[r0 // block:-(-r1 // block)]
     return WoATensors(weight=weight, scale=scale, num_groups=g, local_groups=g_l,
                       weight_name=wname, scale_name=sname)
 

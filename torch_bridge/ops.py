@@ -63,9 +63,9 @@ def check_contiguous(t: torch.Tensor, what: str) -> None:
 
 
 def rope_case(o: torch.Tensor, cos_cache: torch.Tensor, quant_group_size: int,
-              fp8_dtype: torch.dtype, *, num_groups: int, amax_floor: float,
-              scale_layout: str = "row", extra: tuple = ()) -> Case:
-    """The dispatch ``Case`` of an ``inverse_rope_group_quant`` call (also used by the chain)."""
+              fp8_dtype: torch.dtype, *, num_groups: int, amax_floor: float) -> Case:
+    """The dispatch ``Case`` of an ``inverse_rope_group_quant`` call (backends always write the
+    row scale layout, ``Case``'s default)."""
     return Case(
         device_type=o.device.type,
         fp8_dtype=_checks.dtype_name(fp8_dtype),
@@ -74,8 +74,7 @@ def rope_case(o: torch.Tensor, cos_cache: torch.Tensor, quant_group_size: int,
         head_dim=int(o.shape[2]),
         rope_dim=2 * int(cos_cache.shape[1]),
         quant_group_size=quant_group_size,
-        scale_layout=scale_layout,
-        extra=(("num_groups", num_groups), ("amax_floor", amax_floor), *extra),
+        extra=(("num_groups", num_groups), ("amax_floor", amax_floor)),
     )
 
 

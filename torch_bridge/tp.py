@@ -76,6 +76,16 @@ def _world(group, tp_rank: int | None, tp_size: int | None) -> tuple[int, int]:
     return 0, 1
 
 
+def _check_full_weights(cfg: woa_jax.DSV4Config, wo_a_weight, wo_b_weight) -> None:
+    """Require the full (TP1) weights to have the shapes ``cfg`` implies (scales not needed)."""
+    gn = cfg.o_groups * cfg.o_lora_rank
+    for what, t, shape in (("wo_a weight", wo_a_weight, (gn, cfg.group_in_features)),
+                           ("wo_b weight", wo_b_weight, (cfg.hidden_size, gn))):
+        got = tuple(int(d) for d in t.shape)
+        if got != shape:
+            raise ValueError(f"{cfg.name}: {what} has shape {got}, expected {shape}")
+
+
 class TPOutputProjection:
     """``wo_a -> wo_b`` of one layer on one tensor-parallel rank, reduced over ``group``.
 
@@ -123,8 +133,10 @@ class TPOutputProjection:
         """Slice the full (TP1) checkpoint tensors for this rank and build the projection.
 
         Args:
-          wo_a_weight, wo_a_scale: ``[G * N, K]`` fp8 and ``[G * N / B, K / B]`` scales.
-          wo_b_weight, wo_b_scale: ``[hidden, G * N]`` fp8 and ``[hidden / B, G * N / B]``.
+          wo_a_weight, wo_a_scale: ``[G * N, K]`` fp8 and ``[G * N / B, K / B]`` scales, or an
+            unquantized bf16/fp16/fp32 weight and ``None`` (BF16 chain only).
+          wo_b_weight, wo_b_scale: ``[hidden, G * N]`` fp8 and ``[hidden / B, G * N / B]``, or an
+            unquantized weight and ``None``.
           config: the model config (``o_groups``, shapes, block); the tensors must match it.
           cos_cache, sin_cache: ``[P, rd / 2]`` RoPE tables of this layer.
           tp_rank, tp_size: default from the initialised process ``group``; without
@@ -135,14 +147,25 @@ class TPOutputProjection:
         cfg = woa_jax.get_config(config)
         rank, size = _world(group, tp_rank, tp_size)
         shard = woa_tp.tp_shard(cfg, size, rank)
-        tensors = [interop.to_torch(t) for t in (wo_a_weight, wo_a_scale, wo_b_weight,
-                                                  wo_b_scale)]
-        woa_tp.check_tp_weights(cfg, *tensors)
+        if wo_a_weight is None or wo_b_weight is None:
+            raise ValueError("wo_a_weight and wo_b_weight are required tensors, got None")
+        wa, sa, wb, sb = (None if t is None else interop.to_torch(t)
+                          for t in (wo_a_weight, wo_a_scale, wo_b_weight, wo_b_scale))
+        if sa is not None and sb is not None:
+            woa_tp.check_tp_weights(cfg, wa, sa, wb, sb)
+            parts = woa_tp.shard_wo_a_wo_b(wa, sa, wb, sb, shard)
+        else:
+            # An unquantized weight has no scale (as in from_checkpoint): check the weights here;
+            # a scale that is given is checked against its weight slice by the projection.
+            _check_full_weights(cfg, wa, wb)
+            parts = (wa[shard.wo_a_rows], None if sa is None else sa[shard.wo_a_scale_rows],
+                     wb[:, shard.wo_b_cols], None if sb is None else sb[:, shard.wo_b_scale_cols])
         # Copies when tp > 1, so a rank does not keep the full tensors alive through views.
-        wa, sa, wb, sb = (t.clone(memory_format=torch.contiguous_format) if size > 1
-                          else t.contiguous() for t in woa_tp.shard_wo_a_wo_b(*tensors, shard))
+        wa, sa, wb, sb = (None if t is None
+                          else (t.clone(memory_format=torch.contiguous_format) if size > 1
+                                else t.contiguous()) for t in parts)
         if device is not None:
-            wa, sa, wb, sb = (t.to(device) for t in (wa, sa, wb, sb))
+            wa, sa, wb, sb = (None if t is None else t.to(device) for t in (wa, sa, wb, sb))
             cos_cache = interop.to_torch(cos_cache).to(device)
             sin_cache = interop.to_torch(sin_cache).to(device)
         wo_a = WoAProjection.from_tensors(wa, sa, shard.local.num_groups, cos_cache, sin_cache,

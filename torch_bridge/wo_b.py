@@ -89,14 +89,25 @@ def _zero_positions(t: int, device: torch.device) -> torch.Tensor:
     return have
 
 
+#: Per device type: whether ``torch.mm(..., out_dtype=torch.float32)`` runs there (probed once).
+#: torch 2.13 has no CPU kernel for it.
+_MM_OUT_DTYPE: dict[str, bool] = {"cpu": False}
+
+
 def _mm_fp32(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
     """``a [T, K] @ b_t.T`` for bf16 operands with fp32 accumulation and an fp32 result."""
-    if a.device.type != "cpu":
+    kind = a.device.type
+    if _MM_OUT_DTYPE.get(kind, True):
         try:
-            return torch.mm(a, b_t.t(), out_dtype=torch.float32)
-        except (RuntimeError, TypeError, NotImplementedError):
-            pass  # builds without the out_dtype overload: upcast (exact) below
-    return torch.mm(a.to(torch.float32), b_t.to(torch.float32).t())
+            y = torch.mm(a, b_t.t(), out_dtype=torch.float32)
+        except (TypeError, NotImplementedError):
+            # No out_dtype overload (TypeError) or no kernel for this device (NotImplementedError);
+            # anything else (out of memory included) propagates.
+            _MM_OUT_DTYPE[kind] = False
+        else:
+            _MM_OUT_DTYPE[kind] = True
+            return y
+    return torch.mm(a.to(torch.float32), b_t.to(torch.float32).t())  # exact upcast
 
 
 class WoBProjection:
@@ -163,16 +174,6 @@ class WoBProjection:
                 self._w_bf16 = torch_ref.dequant_blocks(self._weight2d, s, self.block,
                                                         torch.bfloat16)
         return self._w_bf16
-
-    def to(self, device: torch.device | str) -> WoBProjection:
-        """Move the weights (and any cached BF16 weight) to ``device``; returns ``self``."""
-        self._weight2d = self._weight2d.to(device)
-        self._scale = self._scale.to(device) if self._scale is not None else None
-        for name in ("weight_fp8", "weight_scale_e8m0", "_w_bf16"):
-            t = getattr(self, name)
-            if t is not None:
-                setattr(self, name, t.to(device))
-        return self
 
     def __call__(self, z, *, path: ProjectionPath | str = ProjectionPath.FP8,
                  backend: ops.BackendArg = "auto", dtype: torch.dtype = torch.float32):

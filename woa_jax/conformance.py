@@ -429,22 +429,19 @@ def _check_quant_case(impl, case: _Case, rng, floors, fp8_dtype) -> CaseResult:
 
 
 def _floor_problems(results: Sequence[CaseResult], floors) -> tuple[float | None, tuple[str, ...]]:
-    """The floor that explains every matching case, or a problem naming two that disagree."""
-    common = set(floors)
-    first: dict[float, str] = {}
-    for r in results:
-        if r.floors:
-            common &= set(r.floors)
-            if len(r.floors) == 1:
-                first.setdefault(r.floors[0], r.name)
+    """The floor that explains every matching case, or a problem naming cases that rule out each
+    accepted floor (any number of floors; no two cases need to disagree outright)."""
+    matching = [r for r in results if r.floors]
+    common = set(floors).intersection(*(r.floors for r in matching))
     if common:
         floor = next(f for f in floors if f in common)
         return (floor if len(common) == 1 else None), ()
-    (f1, c1), (f2, c2) = list(first.items())[:2]
-    return None, (
-        f"inconsistent amax floor: {c1} matches only floor {f1:g}, {c2} only floor {f2:g}; an "
-        "implementation must use one floor",
-    )
+    # Each floor fails some matching case; name the first such case per floor, once each.
+    witnesses = dict.fromkeys(next(r for r in matching if f not in r.floors) for f in floors)
+    why = "; ".join(f"{r.name} matches only floor{'s' if len(r.floors) > 1 else ''} "
+                    + ", ".join(f"{f:g}" for f in r.floors) for r in witnesses)
+    return None, (f"inconsistent amax floor: no accepted floor matches every case ({why}); an "
+                  "implementation must use one floor",)
 
 
 def _gemm_inputs(case: _Case, rng: np.random.Generator, fp8_dtype):

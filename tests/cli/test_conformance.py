@@ -67,6 +67,33 @@ def test_broken_implementations_fail_and_name_the_case(woa, tmp_path):
     assert all("exceeds" in c["detail"] for c in swapped["cases"])
 
 
+def _floored(name, *floors):
+    return conformance.CaseResult("inverse_rope_group_quant", name, True, floors=floors)
+
+
+@pytest.mark.parametrize("matches, named", [
+    # Two floors, two cases that each match only one.
+    ([("a", 1e-8), ("b", 1e-10)], {"a": "floor 1e-08", "b": "floor 1e-10"}),
+    # Three floors: a two-floor case against a one-floor case.
+    ([("a", 1e-8, 1e-9), ("b", 1e-10)], {"a": "floors 1e-08, 1e-09", "b": "floor 1e-10"}),
+    # Three floors: every pair of cases agrees on a floor, no floor fits all three.
+    ([("a", 1e-8, 1e-9), ("b", 1e-9, 1e-10), ("c", 1e-8, 1e-10)],
+     {"a": "floors 1e-08, 1e-09", "b": "floors 1e-09, 1e-10", "c": "floors 1e-08, 1e-10"}),
+])
+def test_inconsistent_floors_are_reported_for_any_number_of_floors(matches, named):
+    floors = (1e-8, 1e-9, 1e-10)
+    results = [_floored(n, *f) for n, *f in matches] + [_floored("floor-free")]
+    floor, problems = conformance._floor_problems(results, floors)
+    assert floor is None and len(problems) == 1
+    assert problems[0].startswith("inconsistent amax floor: no accepted floor matches every case")
+    for name, text in named.items():
+        assert f"{name} matches only {text}" in problems[0]
+    assert "floor-free" not in problems[0]
+    # Consistent cases still yield their one floor.
+    assert conformance._floor_problems([_floored("a", 1e-8, 1e-9), _floored("b", 1e-9)],
+                                       floors) == (1e-9, ())
+
+
 @pytest.mark.parametrize("target, fragments", [
     ("no_such_module_xyz:fn", ["no module named 'no_such_module_xyz'"]),
     ("torch_bridge:no_such_fn", ["has no attribute 'no_such_fn'"]),

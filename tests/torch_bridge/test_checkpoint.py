@@ -110,6 +110,23 @@ def test_tensor_parallel_errors(tmp_path, layer):
         tb.read_wo_a(tmp_path, 3, num_groups=16, tp_size=16)
 
 
+def test_tp1_keeps_a_ragged_last_scale_block(tmp_path, rope):
+    """2 groups of N=96: 192 rows in two 128-row scale blocks, the last one ragged. TP1 reads it
+    (as ``woa_jax.check_wo_a_weight`` accepts); TP2 ranks would split a block."""
+    w_np, sc_np = wo_a_checkpoint(np.random.default_rng(2), g=2, n=96, k=K)
+    w, sc = np_to_torch(w_np), np_to_torch(sc_np)
+    assert sc.shape == (2, 2)
+    checkpoint.save_wo_a_layer(tmp_path, 3, w, sc)
+    t = tb.read_wo_a(tmp_path, 3, num_groups=2)
+    assert_bitwise_equal(t.scale, sc, name="ragged scale")
+    cos, sin = rope.torch()[2:]
+    proj = WoAProjection.from_tensors(t.weight, t.scale, 2, cos, sin)
+    ref = woa_jax.dequant_wo_a_weight(jnp.asarray(w_np), jnp.asarray(sc_np), 2)
+    assert_bitwise_equal(proj.weight_bf16, ref, name="dequantized weight")
+    with pytest.raises(ValueError, match="tp_size=2 rank holds 96 weight rows, not whole 128-row"):
+        tb.read_wo_a(tmp_path, 3, num_groups=2, tp_size=2)
+
+
 def test_missing_layer_and_missing_rope_kind(tmp_path, layer):
     checkpoint.save_wo_a_layer(tmp_path, 3, *layer)
     with pytest.raises(KeyError, match="no wo_a weight for layer 5"):

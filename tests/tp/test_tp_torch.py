@@ -176,6 +176,32 @@ def test_tp_needs_a_process_group_and_divisible_groups():
         proj(t["o"][:, 0], t["positions"])
 
 
+def test_from_tensors_takes_unquantized_weights_without_scales():
+    """``None`` scales mean unquantized weights, as in ``from_checkpoint``: the exact BF16
+    dequantized weights give the FP8 checkpoint's BF16 chain bit for bit."""
+    t = _tensors(FLASH_TINY)
+    cos, sin = (interop.to_torch(a) for a in rope_cos_sin(FLASH_TINY, "window", ROPE_ROWS))
+    fp8 = TPOutputProjection.from_tensors(t["wo_a.weight"], t["wo_a.scale"], t["wo_b.weight"],
+                                          t["wo_b.scale"], FLASH_TINY, cos, sin, backend="bf16")
+    wa = fp8.wo_a.weight_bf16.reshape(-1, fp8.wo_a.k)
+    wb = fp8.wo_b.weight_bf16
+    ref = fp8(t["o"], t["positions"], dtype=torch.float32)
+    plain = TPOutputProjection.from_tensors(wa, None, wb, None, FLASH_TINY, cos, sin)
+    assert plain.wo_a.path == "bf16"
+    assert_bitwise_equal(plain(t["o"], t["positions"], dtype=torch.float32), ref,
+                         name="unquantized weights")
+    mixed = TPOutputProjection.from_tensors(t["wo_a.weight"], t["wo_a.scale"], wb, None,
+                                            FLASH_TINY, cos, sin, backend="bf16")
+    assert_bitwise_equal(mixed(t["o"], t["positions"], dtype=torch.float32), ref,
+                         name="unquantized wo_b only")
+    with pytest.raises(ValueError, match="FP8 .* wo_a weight needs its block scale"):
+        TPOutputProjection.from_tensors(t["wo_a.weight"], None, wb, None, FLASH_TINY, cos, sin)
+    with pytest.raises(ValueError, match=r"wo_a weight has shape \(512, 256\), expected"):
+        TPOutputProjection.from_tensors(wa[:512], None, wb, None, FLASH_TINY, cos, sin)
+    with pytest.raises(ValueError, match="wo_a_weight and wo_b_weight are required"):
+        TPOutputProjection.from_tensors(None, None, wb, None, FLASH_TINY, cos, sin)
+
+
 def test_wo_b_quant_bytes_equal_the_oracle():
     rng = np.random.default_rng(3)
     z = rng.standard_normal((9, 512), dtype=np.float32) * 0.05
@@ -223,6 +249,32 @@ def test_wo_b_projection_errors():
     with pytest.raises(ValueError, match="the FP8 wo_b path cannot run"):
         proj(torch.zeros(3, 1024, dtype=torch.bfloat16), backend="torch")
     assert proj(torch.zeros(3, 1024, dtype=torch.bfloat16), path="bf16").shape == (3, 512)
+
+
+def test_bf16_mm_probes_out_dtype_once_and_lets_other_errors_through(monkeypatch):
+    """``out_dtype`` is tried once per device type: a missing kernel (NotImplementedError) falls
+    back to the exact fp32 upcast from then on; other errors (out of memory) propagate."""
+    from torch_bridge import wo_b
+
+    real, calls = torch.mm, []
+
+    def fake_mm(a, b, **kw):
+        calls.append(kw)
+        if kw:
+            raise fail
+        return real(a, b)
+
+    monkeypatch.setattr(torch, "mm", fake_mm)
+    monkeypatch.setattr(wo_b, "_MM_OUT_DTYPE", {})
+    a, b = (torch.empty(4, 8, dtype=torch.bfloat16, device="meta") for _ in range(2))
+    fail = NotImplementedError("Could not run 'aten::mm.dtype' with arguments from 'Meta'")
+    for _ in range(3):
+        assert wo_b._mm_fp32(a, b).dtype == torch.float32
+    assert calls == [{"out_dtype": torch.float32}, {}, {}, {}]
+    monkeypatch.setattr(wo_b, "_MM_OUT_DTYPE", {})
+    fail = torch.OutOfMemoryError("out of memory")
+    with pytest.raises(torch.OutOfMemoryError):
+        wo_b._mm_fp32(a, b)
 
 
 def test_from_checkpoint_reads_vllm_names(tmp_path):
