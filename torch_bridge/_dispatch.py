@@ -159,22 +159,28 @@ def _log_once(op: str, name: str, reason: str) -> None:
         log.info("woa: %s: backend %s not used: %s", op, name, reason)
 
 
-def select(op: str, case: Case, backend: str | None = None):
-    """Pick the backend object for ``op``; see the module docstring for the rules."""
+def resolve(op: str, case: Case, backend: str | None = None) -> tuple[str, list[str]]:
+    """The backend name for ``op`` and the ``"name: reason"`` of each ``auto`` candidate passed
+    over before it (empty for an explicit backend); see the module docstring for the rules."""
     name = requested_backend(backend)
     if name != "auto":
         ok, reason = check(name, op, case)
         if not ok:
             raise BackendUnavailableError(f"backend {name!r} cannot run {op}: {reason}")
-        return get_backend(name)
+        return name, []
     reasons = []
     for cand in AUTO_ORDER[op]:
         ok, reason = check(cand, op, case)
         if ok:
-            return get_backend(cand)
+            return cand, reasons
         _log_once(op, cand, reason)
         reasons.append(f"{cand}: {reason}")
     raise BackendUnavailableError(f"no backend can run {op}: " + "; ".join(reasons))
+
+
+def select(op: str, case: Case, backend: str | None = None):
+    """Pick the backend object for ``op``; see the module docstring for the rules."""
+    return get_backend(resolve(op, case, backend)[0])
 
 
 def explain(op: str, case: Case) -> dict[str, tuple[bool, str]]:

@@ -19,7 +19,7 @@ import woa_jax
 from woa_jax import AITER_AMAX_FLOOR, _checks
 
 from . import _dispatch, interop, ops
-from ._dispatch import BackendUnavailableError, Case
+from ._dispatch import Case
 from .backends import torch_ref
 
 log = logging.getLogger("woa")
@@ -208,8 +208,7 @@ class WoAProjection:
 
     def explain(self, o=None) -> dict[str, tuple[bool, str]]:
         """``{backend: (ok, reason)}`` for this layer's chain (on ``o``'s case, if given)."""
-        case = self._case(*self._case_args(o))
-        return {name: _dispatch.check(name, "wo_a", case) for name in _dispatch.BACKENDS}
+        return _dispatch.explain("wo_a", self._case(*self._case_args(o)))
 
     # -- dispatch ------------------------------------------------------------------------------
 
@@ -242,21 +241,7 @@ class WoAProjection:
         return self._paths[key]
 
     def _decide(self, case: Case) -> tuple[str, str | None]:
-        name = _dispatch.requested_backend(self._backend)
-        if name != "auto":
-            ok, reason = _dispatch.check(name, "wo_a", case)
-            if not ok:
-                raise BackendUnavailableError(f"backend {name!r} cannot run wo_a: {reason}")
-            return name, None
-        reasons = []
-        for cand in _dispatch.AUTO_ORDER["wo_a"]:
-            ok, reason = _dispatch.check(cand, "wo_a", case)
-            if ok:
-                break
-            _dispatch._log_once("wo_a", cand, reason)
-            reasons.append(f"{cand}: {reason}")
-        else:
-            raise BackendUnavailableError("no backend can run wo_a: " + "; ".join(reasons))
+        cand, reasons = _dispatch.resolve("wo_a", case, self._backend)
         why = None
         if reasons:
             why = self._fp8_unavailable if (cand == "bf16" and self._fp8_unavailable) \
