@@ -44,7 +44,7 @@ import woa_jax
 from woa_jax import AITER_AMAX_FLOOR, _checks
 from woa_jax._spec import _check_fp8_dtype
 
-from . import _dispatch
+from . import _dispatch, ops
 from ._capability import env_flag
 
 __all__ = ["batched_gemm_a8w8_mxscale", "inverse_rope_group_quant", "wo_a_fp8"]
@@ -167,12 +167,9 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
         return woa_jax.inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups,
                                                 quant_group_size, fp8_dtype=fp8_dtype,
                                                 amax_floor=amax_floor)
-    fp8_name = np.dtype(fp8_dtype).name
-    case = _dispatch.Case(
-        device_type=_device_type(), fp8_dtype=fp8_name, act_dtype=_checks.dtype_name(o),
-        rope_dtype=_checks.dtype_name(cos_cache), head_dim=dh, rope_dim=rd,
-        quant_group_size=quant_group_size,
-        extra=(("num_groups", num_groups), ("amax_floor", amax_floor)))
+    case = ops.rope_case(o, cos_cache, quant_group_size, np.dtype(fp8_dtype),
+                         num_groups=num_groups, amax_floor=amax_floor,
+                         device_type=_device_type())
     be = _dispatch.select("inverse_rope_group_quant", case, backend)
     if _native("inverse_rope_group_quant", be.name):
         from .backends.triton import jax_launch
@@ -184,14 +181,14 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
     out_types = (jax.ShapeDtypeStruct((s, num_groups, d), jnp.uint8),
                  jax.ShapeDtypeStruct((s, num_groups, d // quant_group_size), jnp.uint8))
 
-    def launch(ctx, outs, o_b, pos_b, cos_b, sin_b):
-        import torch
+    f8 = _torch_dtype(fp8_dtype)
 
+    def launch(ctx, outs, o_b, pos_b, cos_b, sin_b):
         with _on_xla_stream(ctx):
             be.inverse_rope_group_quant(
                 _to_torch(o_b), _to_torch(pos_b), _to_torch(cos_b), _to_torch(sin_b),
                 num_groups, quant_group_size, amax_floor=amax_floor,
-                x_fp8=_to_torch(outs[0], getattr(torch, fp8_name)), x_scale=_to_torch(outs[1]))
+                x_fp8=_to_torch(outs[0], f8), x_scale=_to_torch(outs[1]))
 
     q, scale = _callback(launch, out_types, _command_buffer(command_buffer), o, positions[:s],
                          cos_cache, sin_cache)
@@ -210,12 +207,9 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=jnp.bfloat16, *,
         raise TypeError(f"dtype must be bfloat16 or float32, got {np.dtype(dtype).name}")
     if _use_oracle(backend):
         return woa_jax.batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=dtype)
-    fp8_name = _checks.dtype_name(x)
     # JAX arrays are dense row-major, so x is K-contiguous.
-    case = _dispatch.Case(device_type=_device_type(), fp8_dtype=fp8_name,
-                          out_dtype=np.dtype(dtype).name, quant_group_size=block,
-                          extra=(("num_groups", g), ("m", m), ("n", n), ("k", k),
-                                 ("x_k_contiguous", True)))
+    case = ops.gemm_case(x, w, block, np.dtype(dtype), device_type=_device_type(),
+                         x_k_contiguous=True)
     be = _dispatch.select("batched_gemm_a8w8_mxscale", case, backend)
     if _native("batched_gemm_a8w8_mxscale", be.name, (m, g, n, k, block)):
         from .backends.triton import jax_launch
@@ -223,10 +217,9 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=jnp.bfloat16, *,
         return jax_launch.batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=dtype)
     out_type = jax.ShapeDtypeStruct((m, g, n), dtype)
 
-    def launch(ctx, out, x_b, w_b, xs_b, ws_b):
-        import torch
+    f8 = _torch_dtype(x.dtype)
 
-        f8 = getattr(torch, fp8_name)
+    def launch(ctx, out, x_b, w_b, xs_b, ws_b):
         with _on_xla_stream(ctx):
             be.batched_gemm_a8w8_mxscale(
                 _to_torch(x_b, f8), _to_torch(w_b, f8), _to_torch(xs_b), _to_torch(ws_b),

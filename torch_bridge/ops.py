@@ -62,12 +62,13 @@ def check_contiguous(t: torch.Tensor, what: str) -> None:
         )
 
 
-def rope_case(o: torch.Tensor, cos_cache: torch.Tensor, quant_group_size: int,
-              fp8_dtype: torch.dtype, *, num_groups: int, amax_floor: float) -> Case:
+def rope_case(o, cos_cache, quant_group_size: int, fp8_dtype, *, num_groups: int,
+              amax_floor: float, device_type: str | None = None) -> Case:
     """The dispatch ``Case`` of an ``inverse_rope_group_quant`` call (backends always write the
-    row scale layout, ``Case``'s default)."""
+    row scale layout, ``Case``'s default). Reads shapes and dtype names only, so ``jax_ops``
+    builds its cases here too, passing ``device_type`` (default: ``o.device.type``)."""
     return Case(
-        device_type=o.device.type,
+        device_type=device_type or o.device.type,
         fp8_dtype=_checks.dtype_name(fp8_dtype),
         act_dtype=_checks.dtype_name(o),
         rope_dtype=_checks.dtype_name(cos_cache),
@@ -180,16 +181,20 @@ def _resolve_fp8(x_fp8, fp8_dtype, shape: tuple[int, int, int]) -> torch.dtype:
     return x_fp8.dtype
 
 
-def gemm_case(x: torch.Tensor, w: torch.Tensor, block: int, dtype: torch.dtype) -> Case:
-    """The dispatch ``Case`` of a ``batched_gemm_a8w8_mxscale`` call."""
+def gemm_case(x, w, block: int, dtype, *, device_type: str | None = None,
+              x_k_contiguous: bool | None = None) -> Case:
+    """The dispatch ``Case`` of a ``batched_gemm_a8w8_mxscale`` call (shapes and dtype names;
+    ``device_type`` and ``x_k_contiguous`` default to what the torch tensor ``x`` says)."""
     m, g, k = (int(d) for d in x.shape)
+    if x_k_contiguous is None:
+        x_k_contiguous = x.stride(2) == 1 or k == 1
     return Case(
-        device_type=x.device.type,
+        device_type=device_type or x.device.type,
         fp8_dtype=_checks.dtype_name(x),
         quant_group_size=block,
         out_dtype=_checks.dtype_name(dtype),
         extra=(("num_groups", g), ("m", m), ("n", int(w.shape[1])), ("k", k),
-               ("x_k_contiguous", x.stride(2) == 1 or k == 1)),
+               ("x_k_contiguous", x_k_contiguous)),
     )
 
 
