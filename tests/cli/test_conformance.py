@@ -112,22 +112,35 @@ def test_more_bad_targets_in_process(main_error, args, fragments):
     main_error(["conformance", *args], *fragments)
 
 
-# The importable sweep (what another project's pytest suite calls), on numpy implementations.
+# The importable sweep (what another project's pytest suite calls).
 
 
-def _numpy_quant(o, positions, cos, sin, num_groups, quant_group_size):
+def _oracle_quant(o, positions, cos, sin, num_groups, quant_group_size):
     return woa_jax.inverse_rope_group_quant(o, positions, cos, sin, num_groups, quant_group_size)
 
 
-def test_sweep_is_importable_from_testing_and_passes_the_oracle():
-    report = run_conformance(_numpy_quant, quick=True, select="large")
+def _torch_quant(o, positions, cos, sin, num_groups, quant_group_size):
+    import jax.numpy as jnp
+
+    import torch_bridge
+
+    # The sweep hands numpy arrays; torch_bridge takes torch tensors or JAX arrays.
+    o, positions, cos, sin = (jnp.asarray(a) for a in (o, positions, cos, sin))
+    return torch_bridge.inverse_rope_group_quant(o, positions, cos, sin, num_groups,
+                                                 quant_group_size, backend="torch")
+
+
+def test_sweep_is_importable_from_testing_and_passes_an_exact_implementation():
+    """The pure-torch reference is an implementation of its own (not the oracle the sweep
+    compares with), exact by design: it must pass."""
+    report = run_conformance(_torch_quant, quick=True, select="large")
     assert report.passed and report.op == "inverse_rope_group_quant" and report.cases
     assert report.summary().startswith("PASS")
 
 
 def test_assert_conformance_names_the_failing_case():
     def fp8_off(o, positions, cos, sin, num_groups, quant_group_size):
-        x, s = _numpy_quant(o, positions, cos, sin, num_groups, quant_group_size)
+        x, s = _oracle_quant(o, positions, cos, sin, num_groups, quant_group_size)
         x = np.asarray(x).view(np.uint8).copy()
         x[0, 0, 5] ^= 1  # one payload bit
         return x.view(ml_dtypes.float8_e4m3fn), s
@@ -143,9 +156,9 @@ def test_sweep_contents_and_argument_errors():
     full = conformance.list_cases("batched_gemm_a8w8_mxscale")
     assert len(full) == 3 * 3 * 2 and any("-G8-M33-" in c for c in full)
     with pytest.raises(ValueError, match="no inverse_rope_group_quant case id contains"):
-        run_conformance(_numpy_quant, select="nothing-like-this")
+        run_conformance(_oracle_quant, select="nothing-like-this")
     with pytest.raises(ValueError, match="group_sizes"):
-        run_conformance(_numpy_quant, group_sizes=(96,))
+        run_conformance(_oracle_quant, group_sizes=(96,))
     with pytest.raises(ValueError, match="cannot tell which op"):
         run_conformance(lambda a, b: a)
 

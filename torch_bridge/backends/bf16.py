@@ -3,7 +3,9 @@
 Inverse RoPE in fp32 rounded to bf16, the exact BF16 dequantized weight (built and cached by the
 caller, ``WoAProjection``), bf16 GEMM with fp32 accumulation, bf16 out (NUMERICS.md section 7).
 On CPU the bf16 operands are upcast to fp32 (exact) so the product is an fp32 contraction with one
-final rounding, like ``woa_jax.wo_a_bf16``; on GPUs the BLAS bf16 batched GEMM accumulates in fp32.
+final rounding, like ``woa_jax.wo_a_bf16``; on GPUs it is torch's BLAS bf16 batched GEMM, which
+accumulates in fp32 except where torch allows reduced-precision split-K reductions
+(``torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction``, on by default).
 """
 
 from __future__ import annotations
