@@ -361,6 +361,7 @@ def run_verify(args) -> dict[str, Any]:
     import torch
 
     import woa_jax
+    from woa_jax.conformance import raised_summary
     from woa_jax.testing import TOLERANCES, bytes_equal_fraction, relative_error, to_numpy
 
     from . import _dispatch, checkpoint, ops
@@ -513,7 +514,7 @@ def run_verify(args) -> dict[str, Any]:
                 row(name, framework, dev, "fp8", status=why)
                 continue
             except Exception as e:  # noqa: BLE001 - an available backend that fails breaks
-                row(name, framework, dev, "fp8", status=f"BREAK: raised {_short(e)}")
+                row(name, framework, dev, "fp8", status=f"BREAK: {raised_summary(e)}")
                 continue
             y = to_numpy(y)
             scale_eq = bytes_equal_fraction(to_numpy(xs), ref[2])
@@ -573,14 +574,6 @@ def run_verify(args) -> dict[str, Any]:
         "backends_known": list(_dispatch.BACKENDS),
         "seconds_total": time.perf_counter() - t_start,
     }
-
-
-def _short(e: BaseException) -> str:
-    """``Type: message`` on one line; a multi-line message (a compiler's) keeps its first and last
-    lines."""
-    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
-    msg = lines[0] if len(lines) < 2 else f"{lines[0]} ... {lines[-1]}"
-    return f"{type(e).__name__}: {msg[:300]}"
 
 
 def _config_name(proj) -> str | None:

@@ -372,8 +372,9 @@ def _u8(x, what: str, fp8_dtype) -> np.ndarray:
     return np.ascontiguousarray(a).view(np.uint8)
 
 
-def _raised(e: BaseException) -> str:
-    """One line for an exception; a multi-line message (a compiler's) keeps its first and last."""
+def raised_summary(e: BaseException) -> str:
+    """``raised Type: message`` on one line; a multi-line message (a compiler's) keeps its first
+    and last lines (also the CLI's ``verify`` table)."""
     lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
     msg = lines[0] if len(lines) < 2 else f"{lines[0]} ... {lines[-1]}"
     return f"raised {type(e).__name__}: {msg[:300]}"
@@ -401,7 +402,7 @@ def _check_quant_case(impl, case: _Case, rng, floors, fp8_dtype) -> CaseResult:
         x_fp8 = _u8(x_fp8, "x_fp8", fp8_dtype)
         x_scale = _u8(x_scale, "x_scale", fp8_dtype)
     except Exception as e:  # noqa: BLE001 - an implementation that raises fails the case
-        return CaseResult(op.value, name, False, _raised(e))
+        return CaseResult(op.value, name, False, raised_summary(e))
     d = o.shape[1] * o.shape[2] // g
     expect_x, expect_s = (o.shape[0], g, d), (o.shape[0], g, d // case.group_size)
     if x_fp8.shape != expect_x or x_scale.shape != expect_s:
@@ -468,7 +469,7 @@ def _check_gemm_case(impl, case: _Case, rng, fp8_dtype) -> tuple[CaseResult, str
     try:
         y = to_numpy(impl(x, w, xs, ws))
     except Exception as e:  # noqa: BLE001 - an implementation that raises fails the case
-        return CaseResult(op.value, name, False, _raised(e)), None
+        return CaseResult(op.value, name, False, raised_summary(e)), None
     seconds = time.perf_counter() - t0
     expect = (x.shape[0], x.shape[1], w.shape[1])
     if y.shape != expect:
