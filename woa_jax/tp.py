@@ -26,7 +26,7 @@ from ._spec import AITER_AMAX_FLOOR, QuantSemantics, as_enum
 from .config import DSV4Config, LocalShapes, get_config, local_shapes
 from .gemm import batched_gemm_a8w8_mxscale
 from .quant import e8m0_from_scale, group_quant_e8m0
-from .woa import _weight_scale_f32, wo_a_bf16, wo_a_fp8
+from .woa import _dequant_2d, _scale_bytes, wo_a_bf16, wo_a_fp8
 
 _FLOAT_SCALES = ("float32", "float64", "float16", "bfloat16")
 #: Mesh axis name the sharded functions use unless told otherwise.
@@ -80,11 +80,7 @@ def wo_b_weight_e8m0(weight, weight_scale):
     not a power of two, which then needs the BF16 path).
     """
     hidden, k, block = check_wo_b_weight(weight, weight_scale)
-    if _checks.dtype_name(weight_scale) in _FLOAT_SCALES:
-        weight_scale = e8m0_from_scale(weight_scale)
-    ws = jnp.asarray(weight_scale)
-    if _checks.dtype_name(ws) == "float8_e8m0fnu":
-        ws = jax.lax.bitcast_convert_type(ws, jnp.uint8)
+    ws = _scale_bytes(weight_scale)
     return weight.reshape(1, hidden, k), ws.reshape(1, hidden // block, k // block)
 
 
@@ -126,9 +122,7 @@ def dequant_wo_b_weight(weight, weight_scale, *, dtype=jnp.bfloat16):
     """``[hidden, K']`` checkpoint weight times its block scales, in ``dtype`` (exact in bf16 for
     E8M0 scales)."""
     _, _, block = check_wo_b_weight(weight, weight_scale)
-    s = _weight_scale_f32(weight_scale)
-    full = jnp.repeat(jnp.repeat(s, block, axis=0), block, axis=1)
-    return (weight.astype(jnp.float32) * full).astype(dtype)
+    return _dequant_2d(weight, weight_scale, block).astype(dtype)
 
 
 def wo_b_bf16(z, weight, weight_scale, *, dtype=jnp.float32):

@@ -43,6 +43,24 @@ def _weight_scale_f32(weight_scale):
     return e8m0_decode(weight_scale)
 
 
+def _dequant_2d(weight, weight_scale, block: int):
+    """``[R, K]`` weight times its ``block x block`` scales (a ragged last row block is cut)."""
+    s = _weight_scale_f32(weight_scale)
+    full = jnp.repeat(jnp.repeat(s, block, axis=0), block, axis=1)[: weight.shape[0]]
+    return weight.astype(jnp.float32) * full
+
+
+def _scale_bytes(weight_scale):
+    """Weight scales as E8M0 ``uint8`` bytes: float scales through the lossless (host-side)
+    ``e8m0_from_scale``, ``float8_e8m0fnu`` re-viewed."""
+    if _checks.dtype_name(weight_scale) in _FLOAT_SCALES:
+        weight_scale = e8m0_from_scale(weight_scale)
+    ws = jnp.asarray(weight_scale)
+    if _checks.dtype_name(ws) == "float8_e8m0fnu":
+        ws = jax.lax.bitcast_convert_type(ws, jnp.uint8)
+    return ws
+
+
 def dequant_wo_a_weight(weight, weight_scale, num_groups: int, *, dtype=jnp.bfloat16):
     """``[G*N, K]`` checkpoint weight to ``[G, N, K]`` in ``dtype``, per-block scale applied.
 
@@ -50,9 +68,7 @@ def dequant_wo_a_weight(weight, weight_scale, num_groups: int, *, dtype=jnp.bflo
     rounding part of the result, as in the BF16 reference path.
     """
     n, k, block = check_wo_a_weight(weight, weight_scale, num_groups)
-    s = _weight_scale_f32(weight_scale)
-    full = jnp.repeat(jnp.repeat(s, block, axis=0), block, axis=1)[: num_groups * n]
-    return (weight.astype(jnp.float32) * full).astype(dtype).reshape(num_groups, n, k)
+    return _dequant_2d(weight, weight_scale, block).astype(dtype).reshape(num_groups, n, k)
 
 
 def wo_a_weight_e8m0(weight, weight_scale, num_groups: int):
@@ -64,11 +80,7 @@ def wo_a_weight_e8m0(weight, weight_scale, num_groups: int):
     n, k, block = check_wo_a_weight(weight, weight_scale, num_groups)
     if n % block != 0:
         raise ValueError(f"N={n} is not a multiple of the {block}-row weight block")
-    if _checks.dtype_name(weight_scale) in _FLOAT_SCALES:
-        weight_scale = e8m0_from_scale(weight_scale)
-    ws = jnp.asarray(weight_scale)
-    if _checks.dtype_name(ws) == "float8_e8m0fnu":
-        ws = jax.lax.bitcast_convert_type(ws, jnp.uint8)
+    ws = _scale_bytes(weight_scale)
     return weight.reshape(num_groups, n, k), ws.reshape(num_groups, n // block, k // block)
 
 
