@@ -39,7 +39,8 @@ _NAMES = {
         + r"\.(?P<kind>weight|scale|weight_scale_inv|weight_scale)$")
     for proj in ("wo_a", "wo_b")
 }
-_SCALE_KINDS = ("scale", "weight_scale_inv", "weight_scale")
+#: Scale tensor suffixes in order of preference (DeepSeek, then vLLM / ModelOpt names).
+SCALE_KINDS = ("scale", "weight_scale_inv", "weight_scale")
 
 
 def projection_names(layer: int, proj: Projection = "wo_a",
@@ -122,7 +123,7 @@ def find_projection(files: dict[str, pathlib.Path], layer: int,
         raise ValueError(f"layer {layer} has several {proj} weights: {sorted(weights.values())}")
     stem, wname = next(iter(weights.items()))
     found = scales.get(stem, {})
-    sname = next((found[k] for k in _SCALE_KINDS if k in found), None)
+    sname = next((found[k] for k in SCALE_KINDS if k in found), None)
     return wname, sname
 
 

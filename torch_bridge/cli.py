@@ -43,7 +43,6 @@ EXIT_OK, EXIT_BROKEN, EXIT_USAGE = 0, 1, 2
 
 _FP8_BACKENDS = ("aiter", "triton", "torch")
 _QUANT, _GEMM = "inverse_rope_group_quant", "batched_gemm_a8w8_mxscale"
-_SCALE_SUFFIXES = ("scale", "weight_scale_inv", "weight_scale")
 #: safetensors dtype tags -> the names ``woa_jax._checks`` uses.
 _ST_DTYPES = {"F8_E4M3": "float8_e4m3fn", "F8_E8M0": "float8_e8m0fnu", "U8": "uint8",
               "BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64",
@@ -669,7 +668,7 @@ def inspect_checkpoint(path: str | pathlib.Path, *, tp: int | None = None) -> di
     """Every ``wo_a`` in a checkpoint: shapes, dtypes, block, scale format, FP8 eligibility."""
     from safetensors import safe_open
 
-    from .checkpoint import tensor_files
+    from .checkpoint import N_DEFAULT, SCALE_KINDS, tensor_files
 
     p = pathlib.Path(path)
     if not p.exists():
@@ -701,17 +700,17 @@ def inspect_checkpoint(path: str | pathlib.Path, *, tp: int | None = None) -> di
     layers = []
     for stem in stems:
         wdtype, wshape = meta(stem + ".weight")
-        sname = next((f"{stem}.{s}" for s in _SCALE_SUFFIXES if f"{stem}.{s}" in files), None)
+        sname = next((f"{stem}.{s}" for s in SCALE_KINDS if f"{stem}.{s}" in files), None)
         sdtype, sshape = meta(sname) if sname else (None, None)
-        groups = config.get("o_groups") or (wshape[0] // 1024 if len(wshape) == 2 and
-                                            wshape[0] % 1024 == 0 else None)
+        groups = config.get("o_groups") or (wshape[0] // N_DEFAULT if len(wshape) == 2 and
+                                            wshape[0] % N_DEFAULT == 0 else None)
         entry: dict[str, Any] = {"name": stem, "weight_dtype": wdtype, "weight_shape": list(wshape),
                                  "scale_name": sname, "scale_dtype": sdtype,
                                  "scale_shape": list(sshape) if sshape else None,
                                  "groups": groups}
         if groups is None:
             entry.update(eligible=False, block=None, scale_format=sdtype or "missing",
-                         reason=f"weight {list(wshape)} is not [G * 1024, K]; cannot tell G "
+                         reason=f"weight {list(wshape)} is not [G * {N_DEFAULT}, K]; cannot tell G "
                                 "(no config.json with o_groups)")
         else:
             entry.update(fp8_eligibility(wdtype, wshape, sdtype, sshape, num_groups=groups,
