@@ -84,12 +84,11 @@ def group_quant_e8m0(x: torch.Tensor, group_size: int, fp8_dtype: torch.dtype,
     k = x.shape[-1]
     g = x.to(torch.float32).reshape(*x.shape[:-1], k // group_size, group_size)
     mag = g.abs()
-    amax = torch.where(torch.isnan(mag), torch.zeros((), dtype=mag.dtype, device=mag.device),
-                       mag).amax(dim=-1)
+    amax = torch.where(torch.isnan(mag), 0.0, mag).amax(dim=-1)
     byte = e8m0_scale_bytes(amax, fp8_dtype, amax_floor)
     # 2**(127 - byte) as fp32 bits, exact; byte 255 (an inf lane) makes the payload NaN.
     inv = ((254 - byte.to(torch.int32)).clamp(1, 254) << 23).view(torch.float32)
-    inv = torch.where(byte == E8M0_NAN, torch.full_like(inv, float("nan")), inv)
+    inv = torch.where(byte == E8M0_NAN, float("nan"), inv)
     m = fp8_max(fp8_dtype)
     q = torch.clamp(g * inv[..., None], -m, m).to(fp8_dtype).reshape(x.shape)
     return q, byte
