@@ -285,8 +285,11 @@ class WoAProjection:
             return torch.empty((0, self.num_groups, self.n), dtype=torch.bfloat16, device=device)
         be = _dispatch.get_backend(name)
         if hasattr(be, "wo_a_bf16"):
+            # On CPU the BF16 chain multiplies in fp32 (exact upcast): hand it the fp32 copy
+            # once instead of upcasting the whole weight on every call.
+            w_dtype = torch.float32 if torch.device(device).type == "cpu" else None
             return be.wo_a_bf16(o, positions, self._on("cos", device), self._on("sin", device),
-                                self._on("w_bf16", device), self.num_groups)
+                                self._on("w_bf16", device, w_dtype), self.num_groups)
         rope_dtype = o.dtype if getattr(be, "rope_in_activation_dtype", False) else None
         cos, sin = self._on("cos", device, rope_dtype), self._on("sin", device, rope_dtype)
         x_fp8 = torch.empty((s, self.num_groups, self.k), dtype=self.weight_fp8.dtype,

@@ -30,7 +30,10 @@ class Bf16Backend:
         return True, "the BF16 chain runs any validated wo_a call"
 
     def wo_a_bf16(self, o, positions, cos_cache, sin_cache, w_bf16, num_groups: int):
-        """``o [S, H, Dh]``, ``w_bf16 [G, N, K]`` -> ``[S, G, N]`` bf16."""
+        """``o [S, H, Dh]``, ``w_bf16 [G, N, K]`` -> ``[S, G, N]`` bf16.
+
+        ``w_bf16`` holds bf16 values; on CPU it may already be their fp32 copy (no upcast then).
+        """
         s = o.shape[0]
         x = rotate_inverse(o, positions, cos_cache, sin_cache).to(torch.bfloat16)
         x = x.reshape(s, num_groups, -1).transpose(0, 1)  # [G, S, K]
