@@ -59,7 +59,6 @@ def _check_power_of_two(cfg, field: str, value: int, least: int) -> None:
                          f"{value}")
 
 
-@functools.cache
 def quant_config(s: int) -> QuantConfig:
     """The quant launch shape for ``s`` tokens (tuned on an H200; see benchmarks/RESULTS.md).
 
@@ -347,7 +346,6 @@ class GemmConfig:
                 f"w{self.num_warps}st{self.num_stages}{tma}")
 
 
-@functools.cache
 def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
                 wgmma: bool = False) -> GemmConfig:
     """The launch shape for one problem, by M and G (tuned on an H200; benchmarks/RESULTS.md).
@@ -401,9 +399,20 @@ def _sm_count(device_index: int | None) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-@functools.cache
+#: ``wgmma_available`` per device index. A plain dict, not ``functools.cache``: the GEMM wrapper
+#: asks at trace time under ``torch.compile``, and Dynamo warns on every cache-wrapped call.
+_WGMMA_AVAILABLE: dict[int | None, tuple[bool, str]] = {}
+
+
 def wgmma_available(device_index: int | None) -> tuple[bool, str]:
-    """Whether the Gluon wgmma GEMM can run on this CUDA device: ``(ok, reason)``."""
+    """Whether the Gluon wgmma GEMM can run on this CUDA device: ``(ok, reason)`` (cached)."""
+    found = _WGMMA_AVAILABLE.get(device_index)
+    if found is None:
+        found = _WGMMA_AVAILABLE[device_index] = _probe_wgmma(device_index)
+    return found
+
+
+def _probe_wgmma(device_index: int | None) -> tuple[bool, str]:
     from . import interpreter_on
 
     if interpreter_on():
