@@ -48,6 +48,8 @@ PROVIDERS = ("copy", "quant_triton", "gemm_triton", "gemm_jax", "gemm_scaled_mm"
 #: The tolerance of GEMM-like outputs against the fp32 oracle (woa_jax.testing.TOLERANCES).
 _GEMM_TOL = "gemm_bf16"
 _L2_COLD_BYTES = 200e6  # ~3x the H200's 60 MB L2
+#: GPU work per timed graph replay (see ``timing.time_cuda``): short sequences repeat.
+_FILL_US = 300.0
 
 
 class Skip(Exception):
@@ -367,7 +369,7 @@ def _time(timed, on_gpu: bool, reps: int) -> list[float]:
         return time_wall(lambda: timed.fn(timed.args), per_call=per, reps=reps, warmup=2,
                          sync=jax.block_until_ready)
     if on_gpu:
-        return time_cuda(timed, reps=reps)
+        return time_cuda(timed, reps=reps, fill_us=_FILL_US)
     return time_wall(lambda: [f() for f in timed], per_call=len(timed), reps=min(reps, 3))
 
 
@@ -715,7 +717,7 @@ def use_tuned(path: str) -> None:
     quant = sorted(((m, r["us"], r) for (kind, _, m), r in best.items() if kind == "tune_quant"),
                    key=lambda t: (t[0], -t[1]))
     if gemm:
-        def lookup(m, g, n, k, block):
+        def lookup(m, g, n, k, block, *, wgmma=False):  # the tuned row already says which kernel
             keys = [key for key in gemm if key[0] == g] or list(gemm)
             key = min(keys, key=lambda kk: abs(math.log2(kk[1]) - math.log2(max(m, 1))))
             return launch.GemmConfig(**gemm[key]["config"])

@@ -456,3 +456,25 @@ def test_benchmark_harness_smoke(tmp_path):
     assert rc == 0 and len(pre) == 2 and all(len(r["runs_ms"]) == 3 for r in pre)
     with pytest.raises(SystemExit):
         bench.main(["--providers", "nope"])
+
+
+def test_benchmark_tuned_shapes_replace_the_launch_choice(tmp_path, monkeypatch):
+    """``bench --tuned``: the fastest tuned GEMM shape of the nearest M (and the quant shape of
+    the largest M) replace ``gemm_config`` / ``quant_config``, called as the launcher calls them."""
+    from benchmarks import bench
+
+    monkeypatch.setattr(launch, "gemm_config", launch.gemm_config)
+    monkeypatch.setattr(launch, "quant_config", launch.quant_config)
+    fast, slow = launch.GemmConfig(16, 64, swap_ab=True), launch.GemmConfig(64, 128, tma=True)
+    rows = [{"kind": "tune_gemm", "G": 16, "M": 1, "us": 19.0, "config": dataclasses.asdict(fast)},
+            {"kind": "tune_gemm", "G": 16, "M": 1, "us": 25.0, "config": dataclasses.asdict(slow)},
+            {"kind": "tune_gemm", "G": 16, "M": 1024, "us": 99.0,
+             "config": dataclasses.asdict(slow)},
+            {"kind": "tune_quant", "G": 16, "M": 64, "us": 5.0,
+             "config": dataclasses.asdict(launch.QuantConfig(8, 4, block_h=1))}]
+    path = tmp_path / "tune.json"
+    path.write_text(json.dumps({"rows": rows}))
+    bench.use_tuned(str(path))
+    assert launch.gemm_config(4, 16, 1024, 4096, 128, wgmma=True) == fast
+    assert launch.gemm_config(2048, 16, 1024, 4096, 128, wgmma=False) == slow
+    assert launch.quant_config(1) == launch.QuantConfig(8, 4, block_h=1)
