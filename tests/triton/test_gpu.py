@@ -230,6 +230,33 @@ def test_gemm_wgmma_kernel(m, g, dtype, k, cfg):
     assert err <= tol, f"seed {seed}: relerr {err:.3g}"
 
 
+def test_gemm_wgmma_relaunch_goes_straight_to_the_compiled_kernel():
+    """After its first launch, a specialization of the Gluon kernel launches without Triton's
+    dispatch: M 1024, 2048 and 1040 share one compiled kernel (M % 16 == 0, same grid), M 1000
+    gets its own, and every launch is right with fresh inputs."""
+    import jax.numpy as jnp
+
+    from torch_bridge.backends.triton import launch
+    from woa_jax.testing import TOLERANCES
+
+    ok, why = launch.wgmma_available(torch.cuda.current_device())
+    if not ok:
+        pytest.skip(why)
+    config = launch.GemmConfig(128, 128, num_warps=8, num_stages=4, wgmma=True,
+                               programs_per_sm=1)
+    launch._GLUON_KERNELS.clear()
+    for m in (1024, 2048, 1040, 1000, 1000):
+        seed = _seed()
+        x, w, xs, ws = _gemm_inputs(m, 16, N, HPG * DH, seed)
+        y = torch.full((m, 16, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+        launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, out=y, config=config)
+        ref = _oracle("batched_gemm_a8w8_mxscale")(_j(x), _j(w), _j(xs), _j(ws),
+                                                   dtype=jnp.float32)
+        err = _relerr(y, ref)
+        assert err <= TOLERANCES["gemm_bf16"].rel, f"M {m}, seed {seed}: relerr {err:.3g}"
+    assert len(launch._GLUON_KERNELS) == 2
+
+
 #: fp32 output on Hopper: Triton's fp8 wgmma accumulates each 128-K block in reduced precision
 #: (the fp32 promotion happens per block), so the fp32 result is not fp32-exact. 1e-3 is below
 #: the bf16 output rounding (1.7e-3) and far below one wrong E8M0 step (a 2x error). The
