@@ -150,7 +150,7 @@ def _device_time(g: int, n: int, k: int, reps: int = 20) -> None:
         for label, c in (("torch", None), ("torch ptr", pointer)):
             row[label] = median(time_cuda([lambda c=c, a=args, y=yt: launch.
                                            batched_gemm_a8w8_mxscale(*a, out=y, config=c)],
-                                          reps=10))
+                                          reps=10, fill_us=300.0))
 
         def to_jax(t, dtype):
             return jax.lax.bitcast_convert_type(jnp.asarray(t.view(torch.uint8).cpu().numpy()),
