@@ -257,6 +257,31 @@ def test_gemm_wgmma_relaunch_goes_straight_to_the_compiled_kernel():
     assert len(launch._GLUON_KERNELS) == 2
 
 
+def test_operands_on_a_gpu_that_is_not_the_current_device():
+    """Triton launches on torch's current device; the launchers switch to the operands' GPU
+    (and back). Quant, the decode GEMM and the Gluon GEMM on cuda:1 while cuda:0 is current
+    give the bytes they give on cuda:0 (all three are deterministic at these shapes)."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    from torch_bridge.backends.triton import launch
+
+    other = torch.device("cuda", 1)
+    torch.cuda.set_device(0)
+    seed = _seed()
+    rope = _rope_inputs(64, 16, seed)
+    here = launch.inverse_rope_group_quant(*rope, 16, 128)
+    there = launch.inverse_rope_group_quant(*(t.to(other) for t in rope), 16, 128)
+    for a, b in zip(here, there, strict=True):
+        assert b.device == other
+        assert torch.equal(a.view(torch.uint8).cpu(), b.view(torch.uint8).cpu()), f"seed {seed}"
+    for m in (1, 1024):
+        gemm = _gemm_inputs(m, 16, N, HPG * DH, seed)
+        y = launch.batched_gemm_a8w8_mxscale(*gemm)
+        y_other = launch.batched_gemm_a8w8_mxscale(*(t.to(other) for t in gemm))
+        assert torch.equal(y.cpu(), y_other.cpu()), f"M {m}, seed {seed}"
+    assert torch.cuda.current_device() == 0
+
+
 #: fp32 output on Hopper: Triton's fp8 wgmma accumulates each 128-K block in reduced precision
 #: (the fp32 promotion happens per block), so the fp32 result is not fp32-exact. 1e-3 is below
 #: the bf16 output rounding (1.7e-3) and far below one wrong E8M0 step (a 2x error). The

@@ -9,6 +9,7 @@ positions directly (no ``.to(int64)`` copy).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -140,6 +141,12 @@ def _run_mutating(op, mutated: tuple[torch.Tensor, ...], *args) -> None:
     torch.autograd.graph.increment_version(mutated)
 
 
+def _on_device_of(t: torch.Tensor):
+    """Triton launches on torch's current CUDA device: make it the operands' (a no-op when it
+    already is, and for the interpreter's CPU tensors)."""
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
 def _as_bytes(scale: torch.Tensor) -> torch.Tensor:
     return scale.view(torch.uint8) if scale.dtype != torch.uint8 else scale
 
@@ -163,17 +170,18 @@ def _inverse_rope_group_quant_op(o: torch.Tensor, positions: torch.Tensor, cos_c
                                  x_scale: torch.Tensor, quant_group_size: int,
                                  amax_floor: float, block_r: int, num_warps: int,
                                  block_h: int) -> None:
-    s, h, dh = o.shape
-    if s == 0:
-        return
-    plan = quant_launch(s, h, dh, quant_group_size, QuantConfig(block_r, num_warps, block_h))
-    kernel = (kernels.inv_rope_group_quant_head_kernel if plan.per_head
-              else kernels.inv_rope_group_quant_kernel)
-    kernel[plan.grid](
-        o, positions, cos_cache, sin_cache, plan.n_work, cos_cache.shape[0], o.stride(0),
-        cos_cache.stride(0), sin_cache.stride(0), x_fp8, x_scale, GS=quant_group_size, DH=dh,
-        RD=2 * cos_cache.shape[1], num_warps=num_warps, **plan.shape,
-        **_quant_constants(x_fp8.dtype, amax_floor))
+    with _on_device_of(o):
+        s, h, dh = o.shape
+        if s == 0:
+            return
+        plan = quant_launch(s, h, dh, quant_group_size, QuantConfig(block_r, num_warps, block_h))
+        kernel = (kernels.inv_rope_group_quant_head_kernel if plan.per_head
+                  else kernels.inv_rope_group_quant_kernel)
+        kernel[plan.grid](
+            o, positions, cos_cache, sin_cache, plan.n_work, cos_cache.shape[0], o.stride(0),
+            cos_cache.stride(0), sin_cache.stride(0), x_fp8, x_scale, GS=quant_group_size, DH=dh,
+            RD=2 * cos_cache.shape[1], num_warps=num_warps, **plan.shape,
+            **_quant_constants(x_fp8.dtype, amax_floor))
 
 
 @_inverse_rope_group_quant_op.register_fake
@@ -237,14 +245,15 @@ INPLACE_BLOCK_R = 32
 @torch.library.custom_op(f"{_LIB}::inverse_rope_", mutates_args=("o",))
 def _inverse_rope_op(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
                      sin_cache: torch.Tensor) -> None:
-    s, h, dh = o.shape
-    if s == 0:
-        return
-    grid = (triton.cdiv(s * h, INPLACE_BLOCK_R),)
-    kernels.inv_rope_inplace_kernel[grid](
-        o, positions, cos_cache, sin_cache, s * h, cos_cache.shape[0], o.stride(0),
-        cos_cache.stride(0), sin_cache.stride(0), H=h, DH=dh, RD=2 * cos_cache.shape[1],
-        BLOCK_R=INPLACE_BLOCK_R, num_warps=4)
+    with _on_device_of(o):
+        s, h, dh = o.shape
+        if s == 0:
+            return
+        grid = (triton.cdiv(s * h, INPLACE_BLOCK_R),)
+        kernels.inv_rope_inplace_kernel[grid](
+            o, positions, cos_cache, sin_cache, s * h, cos_cache.shape[0], o.stride(0),
+            cos_cache.stride(0), sin_cache.stride(0), H=h, DH=dh, RD=2 * cos_cache.shape[1],
+            BLOCK_R=INPLACE_BLOCK_R, num_warps=4)
 
 
 @_inverse_rope_op.register_fake
@@ -464,39 +473,40 @@ def _bmm_op(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: to
             out: torch.Tensor, block_m: int, block_n: int, split_k: int, swap_ab: bool,
             num_warps: int, num_stages: int, tma: bool, programs_per_sm: int,
             wgmma: bool) -> None:
-    m, g, k = x.shape
-    n = w.shape[1]
-    if m == 0:
-        return
-    block = k // x_scale.shape[2]
-    if wgmma and block % block_n == 0 and _tma_ok(x, w, out, block_n):
-        _launch_wgmma(x, w, x_scale, w_scale, out, block_m, block_n, block, num_warps,
-                      num_stages, programs_per_sm)
-        return
-    if tma and split_k == 1 and _tma_ok(x, w, out, block_n):
-        from triton.tools.tensor_descriptor import TensorDescriptor
+    with _on_device_of(x):
+        m, g, k = x.shape
+        n = w.shape[1]
+        if m == 0:
+            return
+        block = k // x_scale.shape[2]
+        if wgmma and block % block_n == 0 and _tma_ok(x, w, out, block_n):
+            _launch_wgmma(x, w, x_scale, w_scale, out, block_m, block_n, block, num_warps,
+                          num_stages, programs_per_sm)
+            return
+        if tma and split_k == 1 and _tma_ok(x, w, out, block_n):
+            from triton.tools.tensor_descriptor import TensorDescriptor
 
-        x_desc = TensorDescriptor(x, [m, g * k], [x.stride(0), 1], [block_m, block])
-        w_desc = TensorDescriptor(w, [g * n, k], [k, 1], [block_n, block])
-        y_desc = TensorDescriptor(out, [m, g * n], [out.stride(0), 1], [block_m, block_n])
-        programs = _tile_programs(m, g, n, block_m, block_n, programs_per_sm, x.device.index)
-        kernels.bmm_fp8_block_tma_kernel[(programs,)](
-            x_desc, w_desc, y_desc, x_scale, w_scale, m, programs,
-            SXSM=x_scale.stride(0), SXSG=x_scale.stride(1), SWSG=w_scale.stride(0),
-            SWSN=w_scale.stride(1), G=g, N=n, K=k, SB=block, BLOCK_M=block_m, BLOCK_N=block_n,
-            SWAP_AB=swap_ab, OUT_BF16=out.dtype == torch.bfloat16,
-            num_warps=num_warps, num_stages=num_stages)
-        return
-    grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n), g, split_k)
-    kernels.bmm_fp8_block_kernel[grid](
-        x, w, x_scale, w_scale, m, out,
-        SXM=x.stride(0), SXG=x.stride(1), SXSM=x_scale.stride(0), SXSG=x_scale.stride(1),
-        SWG=w.stride(0), SWN=w.stride(1), SWSG=w_scale.stride(0), SWSN=w_scale.stride(1),
-        SYM=out.stride(0), SYG=out.stride(1), N=n, K=k, SB=block,
-        BLOCK_M=block_m, BLOCK_N=block_n, SPLIT_K=split_k, SWAP_AB=swap_ab,
-        OUT_BF16=out.dtype == torch.bfloat16,
-        num_warps=num_warps, num_stages=num_stages,
-    )
+            x_desc = TensorDescriptor(x, [m, g * k], [x.stride(0), 1], [block_m, block])
+            w_desc = TensorDescriptor(w, [g * n, k], [k, 1], [block_n, block])
+            y_desc = TensorDescriptor(out, [m, g * n], [out.stride(0), 1], [block_m, block_n])
+            programs = _tile_programs(m, g, n, block_m, block_n, programs_per_sm, x.device.index)
+            kernels.bmm_fp8_block_tma_kernel[(programs,)](
+                x_desc, w_desc, y_desc, x_scale, w_scale, m, programs,
+                SXSM=x_scale.stride(0), SXSG=x_scale.stride(1), SWSG=w_scale.stride(0),
+                SWSN=w_scale.stride(1), G=g, N=n, K=k, SB=block, BLOCK_M=block_m, BLOCK_N=block_n,
+                SWAP_AB=swap_ab, OUT_BF16=out.dtype == torch.bfloat16,
+                num_warps=num_warps, num_stages=num_stages)
+            return
+        grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n), g, split_k)
+        kernels.bmm_fp8_block_kernel[grid](
+            x, w, x_scale, w_scale, m, out,
+            SXM=x.stride(0), SXG=x.stride(1), SXSM=x_scale.stride(0), SXSG=x_scale.stride(1),
+            SWG=w.stride(0), SWN=w.stride(1), SWSG=w_scale.stride(0), SWSN=w_scale.stride(1),
+            SYM=out.stride(0), SYG=out.stride(1), N=n, K=k, SB=block,
+            BLOCK_M=block_m, BLOCK_N=block_n, SPLIT_K=split_k, SWAP_AB=swap_ab,
+            OUT_BF16=out.dtype == torch.bfloat16,
+            num_warps=num_warps, num_stages=num_stages,
+        )
 
 
 @_bmm_op.register_fake
