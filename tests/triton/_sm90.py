@@ -1,4 +1,4 @@
-"""Run a compile script in a fresh Python without ``TRITON_INTERPRET`` (shared by the sm_90 tests).
+"""Run a compile script in a fresh Python without ``TRITON_INTERPRET`` (the GPU-target tests).
 
 The test process interprets the Triton kernels, so compiling them for a GPU target needs a
 subprocess; no GPU is needed to compile.
