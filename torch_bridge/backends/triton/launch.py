@@ -571,7 +571,7 @@ def _launch_wgmma(x, w, x_scale, w_scale, out, block_m, block_n, block, num_warp
     # Everything Triton specializes this kernel on: the constexprs, the descriptors' tiles and
     # dtypes, the integers' value classes (== 1, % 16) and the scale pointers' alignment; the
     # row strides are in too (the descriptors' shapes and strides are runtime values).
-    key = (x.device.index, block_m, block_n, out.dtype, x.stride(0), out.stride(0),
+    key = (x.device.index, block_m, block_n, x.dtype, out.dtype, x.stride(0), out.stride(0),
            *args.values(), m == 1, m % 16 == 0, programs == 1, programs % 16 == 0,
            x_scale.data_ptr() % 16 == 0, w_scale.data_ptr() % 16 == 0)
     kernel = gluon_kernels.bmm_fp8_block_wgmma_kernel
