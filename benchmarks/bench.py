@@ -32,9 +32,11 @@ import argparse
 import dataclasses
 import datetime
 import functools
+import hashlib
 import json
 import math
 import os
+import pathlib
 import platform
 import subprocess
 import sys
@@ -641,12 +643,30 @@ def metadata(on_gpu: bool) -> dict:
         "triton": triton.__version__, "jax": jax.__version__, "host": platform.node(),
         "device": torch.cuda.get_device_name() if on_gpu else "cpu (TRITON_INTERPRET=1)",
         "commit": os.environ.get("WOA_COMMIT") or _git_commit(),
+        "source": source_digest(),
+        "timing": f"CUDA-graph replays, short sequences captured to ~{_FILL_US:.0f} us per replay"
+                  if on_gpu else "wall clock",
     }
     if on_gpu:
         props = torch.cuda.get_device_properties(0)
         meta.update(sms=props.multi_processor_count, cuda=torch.version.cuda,
                     capability=".".join(map(str, torch.cuda.get_device_capability())))
     return meta
+
+
+#: The code a benchmark row measures: a copied tree (the device machine's) may have no git
+#: history, or a stale one, so rows also carry a digest of these sources.
+_SOURCE_DIRS = ("woa_jax", "torch_bridge", "benchmarks")
+
+
+def source_digest(root: str | os.PathLike | None = None) -> str:
+    """sha256 (12 hex digits) of the ``.py`` files under ``_SOURCE_DIRS``, by relative path;
+    ``python -m benchmarks.bench --source-digest`` prints it for the tree at hand."""
+    base = pathlib.Path(root) if root is not None else pathlib.Path(__file__).parent.parent
+    h = hashlib.sha256()
+    for path in sorted(p for d in _SOURCE_DIRS for p in (base / d).rglob("*.py")):
+        h.update(path.relative_to(base).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
 
 
 def _git_commit() -> str:
@@ -791,12 +811,17 @@ def parser() -> argparse.ArgumentParser:
                    help="use the fastest launch shapes of a --tune JSON")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--source-digest", action="store_true",
+                   help="print the digest of this tree's sources (JSON meta 'source') and exit")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; returns 0, or 1 if any provider failed its oracle check."""
     args = parser().parse_args(argv)
+    if args.source_digest:
+        print(source_digest())
+        return 0
     providers = [v.strip() for v in args.providers.split(",") if v.strip()]
     unknown = sorted(set(providers) - set(PROVIDERS))
     if unknown:

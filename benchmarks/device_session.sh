@@ -7,7 +7,9 @@
 #   bash benchmarks/device_session.sh gluon   # Gluon GEMM follow-ups: its GPU tests, the JAX
 #                                             # routes, in-jit device time, G 2/8 sweep (~8 min)
 # jax-triton is not in the device image: put its wheel in .whl/ (git-ignored), carry `.whl`, and
-# it is installed here first. Set WOA_COMMIT to the commit measured (the device copy has no .git).
+# it is installed here first. The device copy's git history may be missing or stale: set WOA_COMMIT
+# to the commit measured, and match rows to a tree by their `source` digest
+# (`python -m benchmarks.bench --source-digest` on the tree at hand).
 set -o pipefail
 mode=${1:-bench}
 export PYTHONPATH=$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -478,3 +479,22 @@ def test_benchmark_tuned_shapes_replace_the_launch_choice(tmp_path, monkeypatch)
     assert launch.gemm_config(4, 16, 1024, 4096, 128, wgmma=True) == fast
     assert launch.gemm_config(2048, 16, 1024, 4096, 128, wgmma=False) == slow
     assert launch.quant_config(1) == launch.QuantConfig(8, 4, block_h=1)
+
+
+def test_benchmark_source_digest_tracks_the_code(tmp_path):
+    """Rows carry a digest of the measured sources (a copied tree may have no git history):
+    it changes with any source file's bytes or path and ignores files outside the packages."""
+    import shutil
+
+    from benchmarks import bench
+
+    root = pathlib.Path(bench.__file__).parent.parent
+    for d in bench._SOURCE_DIRS:
+        shutil.copytree(root / d, tmp_path / d, ignore=shutil.ignore_patterns("__pycache__"))
+    first = bench.source_digest(tmp_path)
+    assert first == bench.source_digest(root) and len(first) == 12
+    (tmp_path / "notes.py").write_text("x = 1\n")
+    assert bench.source_digest(tmp_path) == first
+    kernel = tmp_path / "torch_bridge" / "backends" / "triton" / "kernels.py"
+    kernel.write_text(kernel.read_text() + "\n")
+    assert bench.source_digest(tmp_path) != first
