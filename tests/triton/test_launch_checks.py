@@ -38,3 +38,68 @@ def test_inplace_rope_rejects_rd_that_is_no_tile(half):
     cos = torch.ones((8, half), dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=f"rd = 2 \\* cos_cache.shape\\[1\\] = {2 * half}"):
         launch.inverse_rope_(o, pos, cos, cos)
+
+
+def test_gluon_relaunch_passes_every_argument_in_kernel_order(monkeypatch):
+    """The direct relaunch of a compiled Gluon GEMM (no GPU here: the kernel and the stream are
+    stand-ins) assembles the launcher's arguments by the kernel's own parameter names, passes
+    Triton's launch metadata and profiler hooks as Triton's own path does, reuses the compiled
+    kernel only for the same specialization, and leaves Triton's path to the first launch of
+    each."""
+    pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from torch_bridge.backends.triton import gluon_kernels
+
+    real = gluon_kernels.bmm_fp8_block_wgmma_kernel
+    first_launches, relaunches = [], []
+
+    class Compiled:
+        function, packed_metadata = "function", "metadata"
+
+        def launch_metadata(self, grid, stream, *args):
+            return ("launch metadata", grid, stream, len(args))
+
+        def run(self, *args):
+            relaunches.append(args)
+
+    class Kernel:
+        arg_names = real.arg_names
+
+        def __getitem__(self, grid):
+            def launch_(**kwargs):
+                first_launches.append((grid, kwargs))
+                return Compiled()
+            return launch_
+
+    class Stream:
+        cuda_stream = 1234
+
+    monkeypatch.setattr(gluon_kernels, "bmm_fp8_block_wgmma_kernel", Kernel())
+    monkeypatch.setattr(launch.torch.cuda, "current_stream", lambda device=None: Stream())
+    monkeypatch.setattr(launch, "_GLUON_KERNELS", {})
+    g, n, k = 2, 256, 512
+    w, ws = _fp8(g, n, k), torch.full((g, n // 128, k // 128), 127, dtype=torch.uint8)
+    for m in (64, 128, 80, 72):
+        x, xs = _fp8(m, g, k), torch.full((m, g, k // 128), 127, dtype=torch.uint8)
+        out = torch.empty((m, g, n), dtype=torch.bfloat16)
+        launch._launch_wgmma(x, w, xs, ws, out, 64, 128, 128, 4, 4, 1)
+        if m == 80:
+            xs_80 = xs
+    # M 64, 128 and 80 share a specialization (M % 16 == 0; 4 programs, one per interpreter
+    # "SM"); M 72 (M % 16 == 8) is a new one.
+    assert [kw["M"] for _, kw in first_launches] == [64, 72] and len(relaunches) == 2
+    grid, kwargs = first_launches[0]
+    assert grid == (4,) and list(kwargs) == list(real.arg_names)
+    args = relaunches[-1]
+    from triton import knobs
+
+    assert args[:9] == (4, 1, 1, 1234, "function", "metadata",
+                        ("launch metadata", (4, 1, 1), 1234, len(real.arg_names)),
+                        knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
+    values = dict(zip(real.arg_names, args[9:], strict=True))
+    assert isinstance(values["x_desc"], TensorDescriptor)
+    assert values["x_desc"].shape == [80, g * k] and values["x_desc"].block_shape == [64, 128]
+    assert values["w_desc"].shape == [g * n, k] and values["y_desc"].shape == [80, g * n]
+    assert values["xs_ptr"].data_ptr() == xs_80.data_ptr() and values["M"] == 80
+    assert values["STAGES"] == 4 and values["num_warps"] == 4 and values["G"] == g
