@@ -548,6 +548,7 @@ _GLUON_KERNELS: dict[tuple, object] = {}
 def _launch_wgmma(x, w, x_scale, w_scale, out, block_m, block_n, block, num_warps,
                   num_stages, programs_per_sm) -> None:
     from triton import knobs
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from . import gluon_kernels
 
@@ -563,7 +564,6 @@ def _launch_wgmma(x, w, x_scale, w_scale, out, block_m, block_n, block, num_warp
     key = (x.device.index, block_m, block_n, x.dtype, out.dtype, x.stride(0), out.stride(0),
            *args.values(), m == 1, m % 16 == 0, programs == 1, programs % 16 == 0,
            x_scale.data_ptr() % 16 == 0, w_scale.data_ptr() % 16 == 0)
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     def desc(t, shape, row_stride, tile):
         return TensorDescriptor(t, shape, [row_stride, 1], list(tile),
