@@ -16,7 +16,10 @@ Providers (rows of the table):
   to a multiple of 4; scale conversion and padding are outside the timed region).
 * ``gemm_bf16``: cuBLAS bf16 ``einsum`` of the same problem (the BF16 chain's GEMM alone).
 * ``chain_bf16``: Triton in-place inverse RoPE of the rope tail + cuBLAS bf16 ``einsum``.
-* ``chain_fp8_triton`` / ``chain_fp8_jax``: quant + GEMM, from torch / under ``jax.jit``;
+* ``chain_fp8_triton``: ``launch.wo_a_fp8``, the fused one-kernel chain up to
+  ``FUSED_MAX_TOKENS`` tokens, quant + GEMM above; ``chain_fp8_triton_2k``: always the two
+  kernels.
+* ``chain_fp8_jax``: quant + GEMM under ``jax.jit``;
   ``chain_fp8_jax_cb``: the ``buffer_callback`` route with its launches recorded in XLA's
   command buffers (CUDA graphs); skipped where the native ``jax_triton`` route runs (it has no
   callback to record; ``WOA_JAX_TRITON=0`` turns it off).
@@ -46,7 +49,8 @@ from . import shapes
 from .timing import median, time_cuda, time_wall
 
 PROVIDERS = ("copy", "quant_triton", "gemm_triton", "gemm_jax", "gemm_scaled_mm", "gemm_bf16",
-             "chain_bf16", "chain_fp8_triton", "chain_fp8_jax", "chain_fp8_jax_cb")
+             "chain_bf16", "chain_fp8_triton", "chain_fp8_triton_2k", "chain_fp8_jax",
+             "chain_fp8_jax_cb")
 #: The tolerance of GEMM-like outputs against the fp32 oracle (woa_jax.testing.TOLERANCES).
 _GEMM_TOL = "gemm_bf16"
 _L2_COLD_BYTES = 200e6  # ~3x the H200's 60 MB L2
@@ -275,21 +279,24 @@ def prov_chain_bf16(sets, g, on_gpu):
     return fns, msg
 
 
-def prov_chain_fp8_triton(sets, g, on_gpu):
+def prov_chain_fp8_triton(sets, g, on_gpu, fused=None, config=None):
     import torch
 
     from torch_bridge.backends.triton import launch
 
-    def chain(p, xq, xs, y):
-        launch.inverse_rope_group_quant(p.o, p.pos, p.cos_bf16, p.sin_bf16, g, 128, x_fp8=xq,
-                                        x_scale=xs)
-        return launch.batched_gemm_a8w8_mxscale(xq, p.w, xs, p.ws, out=y)
+    outs = [torch.empty((p.x.shape[0], g, p.w.shape[1]), dtype=torch.bfloat16,
+                        device=p.x.device) for p in sets]
 
-    bufs = [(torch.empty_like(p.x), torch.empty_like(p.xs),
-             torch.empty((p.x.shape[0], g, p.w.shape[1]), dtype=torch.bfloat16,
-                         device=p.x.device)) for p in sets]
-    msg = _chain_check(chain(sets[0], *bufs[0]), sets[0], g, "chain_fp8")
-    return [(lambda p=p, b=b: chain(p, *b)) for p, b in zip(sets, bufs, strict=True)], msg
+    def chain(p, y):
+        return launch.wo_a_fp8(p.o, p.pos, p.cos_bf16, p.sin_bf16, p.w, p.ws, g, out=y,
+                               fused=fused, config=config)
+
+    msg = _chain_check(chain(sets[0], outs[0]), sets[0], g, "chain_fp8")
+    return [(lambda p=p, y=y: chain(p, y)) for p, y in zip(sets, outs, strict=True)], msg
+
+
+def prov_chain_fp8_triton_2k(sets, g, on_gpu):
+    return prov_chain_fp8_triton(sets, g, on_gpu, fused=False)
 
 
 def _jax_sets(sets, fields):
@@ -358,6 +365,7 @@ PROVIDER_FNS = {
     "gemm_bf16": prov_gemm_bf16,
     "chain_bf16": prov_chain_bf16,
     "chain_fp8_triton": prov_chain_fp8_triton,
+    "chain_fp8_triton_2k": prov_chain_fp8_triton_2k,
     "chain_fp8_jax": prov_chain_fp8_jax,
     "chain_fp8_jax_cb": prov_chain_fp8_jax_cb,
 }
@@ -561,6 +569,16 @@ def gemm_candidates(m: int) -> list:
             C(128, 128, 1, False, 8, 4, tma=True, programs_per_sm=1)]
 
 
+def fused_candidates(m: int, g: int, n: int) -> list:
+    """Launch shapes of the fused decode chain worth timing (swapped pointer-load tiles)."""
+    from torch_bridge.backends.triton.launch import GemmConfig as C
+
+    t = max(16, 1 << (m - 1).bit_length())
+    splits = (1, 2) if -(-m // t) * (n // 64) * g > 64 else (4, 8)
+    return [C(t, bn, sk, True, nw, st) for bn in (64, 128) for sk in splits for nw in (4, 8)
+            for st in (4, 6)]
+
+
 def quant_candidates() -> list:
     from torch_bridge.backends.triton.launch import QuantConfig as Q
 
@@ -568,7 +586,13 @@ def quant_candidates() -> list:
             Q(16, 8, 2), Q(2, 4, 8), Q(1, 4, 16)]
 
 
-def run_tune(sweep: shapes.Sweep, *, on_gpu: bool, reps: int, progress, seed: int) -> list[dict]:
+TUNE_KINDS = ("gemm", "quant", "chain")
+
+
+def run_tune(sweep: shapes.Sweep, *, on_gpu: bool, reps: int, progress, seed: int,
+             kinds: tuple[str, ...] = TUNE_KINDS) -> list[dict]:
+    """Time every candidate launch shape of ``kinds`` (GEMM, quant, fused chain up to M = 64)
+    at every (G, M) of ``sweep``."""
     import torch
 
     from torch_bridge.backends.triton import launch
@@ -582,7 +606,7 @@ def run_tune(sweep: shapes.Sweep, *, on_gpu: bool, reps: int, progress, seed: in
         sets = [make_problem(sweep, g, m, device, seed + i)
                 for i in range(n_sets(sweep, g, m, on_gpu))]
         n_before = len(rows)
-        for cfg in gemm_candidates(m):
+        for cfg in gemm_candidates(m) if "gemm" in kinds else ():
             row = {"kind": "tune_gemm", "provider": cfg.label(), "G": g, "M": m,
                    "N": sweep.n, "K": sweep.k, "config": dataclasses.asdict(cfg)}
             try:
@@ -600,7 +624,7 @@ def run_tune(sweep: shapes.Sweep, *, on_gpu: bool, reps: int, progress, seed: in
             except Exception as e:  # a shape that fails to compile (shared memory) is data too
                 row.update(us=None, check=f"FAILED: {type(e).__name__}: {str(e)[:200]}")
             rows.append(row)
-        for qc in quant_candidates():
+        for qc in quant_candidates() if "quant" in kinds else ():
             row = {"kind": "tune_quant", "provider": qc.label(), "G": g, "M": m,
                    "config": dataclasses.asdict(qc)}
             p0 = sets[0]
@@ -619,6 +643,19 @@ def run_tune(sweep: shapes.Sweep, *, on_gpu: bool, reps: int, progress, seed: in
             row.update(us=median(times), check="bytes exact",
                        **{"GB/s": nbytes / median(times) / 1e3})
             rows.append(row)
+        if m <= 64 and "chain" in kinds:
+            for cfg in [*fused_candidates(m, g, sweep.n), None]:
+                row = {"kind": "tune_chain", "provider": f"fused {cfg.label()}" if cfg else
+                       "quant+gemm", "G": g, "M": m, "N": sweep.n, "K": sweep.k,
+                       "config": dataclasses.asdict(cfg) if cfg else None}
+                try:
+                    timed, msg = prov_chain_fp8_triton(sets, g, on_gpu, fused=cfg is not None,
+                                                       config=cfg)
+                    times = _time(timed, on_gpu, reps)
+                    row.update(us=median(times), times_us=times, check=msg)
+                except Exception as e:  # a shape that fails to compile is data too
+                    row.update(us=None, check=f"FAILED: {type(e).__name__}: {str(e)[:200]}")
+                rows.append(row)
         for r in rows[n_before:]:
             progress.console.print(f"{r['kind']} G={g} M={m} {r['provider']}: "
                                    f"{_fmt(r.get('us'), 1)} us  {r['check'][:120]}")
@@ -720,14 +757,15 @@ def print_table(rows: list[dict], console) -> None:
 def use_tuned(path: str) -> None:
     """Use the fastest launch shapes of a ``--tune`` JSON instead of the built-in choice.
 
-    GEMM: for each (G, M) the best timed shape; other M take the nearest tuned M (log scale) of
-    the same G, else of any G. Quant: the best shape at the largest tuned M. For trying tuned
-    shapes before they go into ``launch.gemm_config`` / ``launch.quant_config``.
+    GEMM and the fused chain: for each (G, M) the best timed shape; other M take the nearest
+    tuned M (log scale) of the same G, else of any G. Quant: the best shape at the largest tuned
+    M. For trying tuned shapes before they go into ``launch.gemm_config``,
+    ``launch.fused_config`` and ``launch.quant_config``.
     """
     from torch_bridge.backends.triton import launch
 
     with open(path) as f:
-        rows = [r for r in json.load(f)["rows"] if r.get("us") and "config" in r]
+        rows = [r for r in json.load(f)["rows"] if r.get("us") and r.get("config")]
     best: dict[tuple[str, int, int], dict] = {}
     for r in rows:
         key = (r["kind"], r["G"], r["M"])
@@ -736,13 +774,18 @@ def use_tuned(path: str) -> None:
     gemm = {(g, m): r for (kind, g, m), r in best.items() if kind == "tune_gemm"}
     quant = sorted(((m, r["us"], r) for (kind, _, m), r in best.items() if kind == "tune_quant"),
                    key=lambda t: (t[0], -t[1]))
-    if gemm:
+    def nearest(tuned):
         def lookup(m, g, n, k, block, *, wgmma=False):  # the tuned row already says which kernel
-            keys = [key for key in gemm if key[0] == g] or list(gemm)
+            keys = [key for key in tuned if key[0] == g] or list(tuned)
             key = min(keys, key=lambda kk: abs(math.log2(kk[1]) - math.log2(max(m, 1))))
-            return launch.GemmConfig(**gemm[key]["config"])
+            return launch.GemmConfig(**tuned[key]["config"])
+        return lookup
 
-        launch.gemm_config = lookup
+    if gemm:
+        launch.gemm_config = nearest(gemm)
+    fused = {(g, m): r for (kind, g, m), r in best.items() if kind == "tune_chain"}
+    if fused:
+        launch.fused_config = nearest(fused)
     if quant:
         tuned = launch.QuantConfig(**quant[-1][2]["config"])
         launch.quant_config = lambda s: tuned
@@ -805,6 +848,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill", action="store_true",
                    help="run the 100K-token prefill scenario instead of the sweep")
     p.add_argument("--tune", action="store_true", help="sweep Triton launch shapes instead")
+    p.add_argument("--tune-kinds", default=",".join(TUNE_KINDS),
+                   help=f"with --tune: comma-separated subset of {','.join(TUNE_KINDS)}")
     p.add_argument("--json", metavar="FILE", help="write rows and metadata as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="draw TFLOP/s against M per provider")
     p.add_argument("--tuned", metavar="FILE",
@@ -837,6 +882,10 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.progress import Progress
 
+    tune_kinds = tuple(k for k in args.tune_kinds.split(",") if k)
+    if set(tune_kinds) - set(TUNE_KINDS):
+        raise SystemExit(f"unknown --tune-kinds {sorted(set(tune_kinds) - set(TUNE_KINDS))}; "
+                         f"expected a subset of {list(TUNE_KINDS)}")
     if args.tuned:
         use_tuned(args.tuned)
     base = shapes.GPU if on_gpu else shapes.CPU
@@ -860,7 +909,7 @@ def main(argv: list[str] | None = None) -> int:
         copy_gbps = copy["GB/s"] if copy and on_gpu else None
         if args.tune:
             rows += run_tune(sweep, on_gpu=on_gpu, reps=args.reps, progress=progress,
-                             seed=args.seed)
+                             seed=args.seed, kinds=tune_kinds)
         elif args.prefill:
             cfg = shapes.GPU_PREFILL if on_gpu else shapes.CPU_PREFILL
             if args.groups:
@@ -875,7 +924,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         plot(rows, args.plot)
     failed = [r for r in rows if str(r.get("check", "")).startswith("FAILED")
-              and r["kind"] != "tune_gemm"]
+              and r["kind"] not in ("tune_gemm", "tune_chain")]
     return 1 if failed else 0
 
 

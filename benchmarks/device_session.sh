@@ -4,6 +4,8 @@
 #   bash benchmarks/device_session.sh bench   # sweep G 16/2/8 with plot, prefill, JAX cost (~6 min)
 #   bash benchmarks/device_session.sh tune    # launch-shape sweep at G = 16 (~2 min)
 #   bash benchmarks/device_session.sh tp      # 2 GPUs: NCCL TP check and TP2 vs TP1 (~1.5 min)
+#   bash benchmarks/device_session.sh fused   # the fused decode chain: its GPU tests (and the
+#                                             # two-GPU test where 2 are visible), tune (~5 min)
 #   bash benchmarks/device_session.sh gluon   # Gluon GEMM follow-ups: its GPU tests, the JAX
 #                                             # routes, in-jit device time, G 2/8 sweep (~8 min)
 # jax-triton is not in the device image: put its wheel in .whl/ (git-ignored), carry `.whl`, and
@@ -53,13 +55,21 @@ gluon)
   timeout 200 $BENCH --groups 2,8 --reps 10 --json "$OUT/bench_g2_g8.json" > "$OUT/bench.log" 2>&1
   grep -E "│ +(2|8) │" "$OUT/bench.log" | grep -E "gemm_triton|chain" | cut -c1-110
   ;;
+fused)
+  timeout 200 python3 -m pytest -m gpu tests/triton/test_gpu.py -q -p no:cacheprovider -rfEs \
+    -k "fused or not_the_current_device or relaunch" > "$OUT/fused_tests.log" 2>&1
+  grep -E "FAILED|ERROR|SKIPPED|^E |passed|failed" "$OUT/fused_tests.log" | cut -c1-300 | tail -20
+  CUDA_VISIBLE_DEVICES=0 timeout 330 $BENCH --tune --tune-kinds chain --groups 16,2 \
+    --ms 1,16,64 --reps 10 --json "$OUT/tune_fused.json" > "$OUT/tune_fused.log" 2>&1
+  grep -E "^tune" "$OUT/tune_fused.log" | cut -c1-100
+  ;;
 tp)
   timeout 190 python3 -m torch.distributed.run --nproc-per-node 2 benchmarks/tp_bench.py \
     --out "$OUT" > "$OUT/tp_bench.log" 2>&1
   tail -24 "$OUT/tp_bench.log"
   ;;
 *)
-  echo "usage: $0 tests|bench|tune|tp|gluon" >&2
+  echo "usage: $0 tests|bench|tune|tp|gluon|fused" >&2
   exit 2
   ;;
 esac

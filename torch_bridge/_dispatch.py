@@ -15,8 +15,10 @@ supports the call, logging each rejection once per (op, backend, reason). An exp
 
 The ``wo_a`` op is a chain: a backend with ``wo_a_bf16`` runs it as the BF16 chain; any other
 backend runs it as its own ``inverse_rope_group_quant`` followed by its own
-``batched_gemm_a8w8_mxscale`` (``FP8_CHAIN``), and must accept the call's case for both. A backend
-whose module fails to import is reported unavailable with the import error, never raised.
+``batched_gemm_a8w8_mxscale`` (``FP8_CHAIN``), and must accept the call's case for both; one that
+also has ``wo_a_fp8`` runs the chain through it (the triton backend fuses it at decode sizes).
+A backend whose module fails to import is reported unavailable with the import error, never
+raised.
 """
 
 from __future__ import annotations

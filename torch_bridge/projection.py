@@ -292,6 +292,10 @@ class WoAProjection:
                                 self._on("w_bf16", device, w_dtype), self.num_groups)
         rope_dtype = o.dtype if getattr(be, "rope_in_activation_dtype", False) else None
         cos, sin = self._on("cos", device, rope_dtype), self._on("sin", device, rope_dtype)
+        if hasattr(be, "wo_a_fp8"):  # the backend runs the chain itself (fused at decode)
+            return be.wo_a_fp8(o, positions, cos, sin, self._on("w", device),
+                               self._on("ws", device), self.num_groups,
+                               amax_floor=self.amax_floor, dtype=torch.bfloat16)
         x_fp8 = torch.empty((s, self.num_groups, self.k), dtype=self.weight_fp8.dtype,
                             device=device)
         x, xs = be.inverse_rope_group_quant(o, positions, cos, sin, self.num_groups, self.block,

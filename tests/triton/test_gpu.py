@@ -353,6 +353,69 @@ def test_whole_chain_public_api_and_bf16_chain(s):
     assert _relerr(y16, ref16) <= TOLERANCES["gemm_bf16"].rel, f"seed {seed}"
 
 
+@pytest.mark.parametrize("g", GROUPS)
+@pytest.mark.parametrize("s", (1, 7, 16, 64))
+def test_fused_decode_chain(s, g):
+    """The one-kernel chain at its default shape against the oracle, and bit for bit against
+    the two-kernel chain with the same tiles (without split-K, whose atomics reorder sums)."""
+    import dataclasses
+
+    from torch_bridge.backends.triton import launch
+    from woa_jax.testing import TOLERANCES
+
+    seed = _seed()
+    o, pos, cos, sin = _rope_inputs(s, g, seed, pos_dtype=torch.int32 if s % 2 else torch.int64)
+    weight, scale = _checkpoint(g, seed)
+    w, ws = weight.view(g, N, -1), scale.view(g, N // 128, -1)
+    ref = _chain_oracle(o, pos, cos, sin, weight, scale, g)
+    y = torch.full((s, g, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, out=y, fused=True)
+    err = _relerr(y, ref)
+    assert err <= TOLERANCES["gemm_bf16"].rel, f"seed {seed}: relerr {err:.3g}"
+    cfg = dataclasses.replace(launch.fused_config(s, g, N, HPG * DH, 128), split_k=1)
+    one = launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, fused=True, config=cfg)
+    two = launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, fused=False, config=cfg)
+    bad = int((one.view(torch.int16) != two.view(torch.int16)).sum())
+    assert bad == 0, f"seed {seed}: {bad} of {one.numel()} outputs differ from the two kernels"
+
+
+@pytest.mark.parametrize("s,g", ((1, 2), (16, 16)))  # (1, 2): split-K, its buffer in the pool
+def test_fused_chain_cuda_graph_and_torch_compile(s, g):
+    from torch_bridge.backends.triton import launch
+
+    o, pos, cos, sin = _rope_inputs(s, g, _seed(), pos_dtype=torch.int32)
+    weight, scale = _checkpoint(g, _seed())
+    w, ws = weight.view(g, N, -1), scale.view(g, N // 128, -1)
+    y = torch.empty((s, g, N), dtype=torch.bfloat16, device="cuda")
+    torch.use_deterministic_algorithms(True)  # no split-K: replays must match bit for bit
+    try:
+        launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, out=y)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, out=y)
+        o2, pos2, _, _ = _rope_inputs(s, g, _seed(), pos_dtype=torch.int32)
+        o.copy_(o2)
+        pos.copy_(pos2)
+        graph.replay()
+        torch.cuda.synchronize()
+        got = y.clone()
+        want = launch.wo_a_fp8(o, pos, cos, sin, w, ws, g)
+        assert torch.equal(got, want)
+        compiled = torch.compile(lambda o, pos: launch.wo_a_fp8(o, pos, cos, sin, w, ws, g),
+                                 fullgraph=True)
+        assert torch.equal(compiled(o, pos), want)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    graph = torch.cuda.CUDAGraph()  # split-K (G = 2): the zeroed fp32 buffer comes from the pool
+    with torch.cuda.graph(graph):
+        launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, out=y)
+    y.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert _relerr(y, want) <= 1e-2
+
+
 @pytest.mark.parametrize("s", (1, 64, 8192))
 def test_jax_jit_path(s):
     import jax

@@ -107,5 +107,11 @@ class _TritonBackend:
 
         return batched_gemm_a8w8_mxscale(*args, **kwargs)
 
+    def wo_a_fp8(self, *args, **kwargs):
+        """The whole FP8 chain (``launch.wo_a_fp8``): one fused kernel at decode sizes."""
+        from .launch import wo_a_fp8
+
+        return wo_a_fp8(*args, **kwargs)
+
 
 BACKEND = _TritonBackend()

@@ -10,13 +10,15 @@ Kernels:
   along K (NUMERICS.md section 6), pointer loads, optional split-K;
   ``bmm_fp8_block_tma_kernel``: the same with tensor-descriptor (TMA) tiles, optionally
   persistent.
+* ``inv_rope_quant_bmm_kernel``: the decode chain in one kernel, the quant of each K block in
+  registers feeding ``bmm_fp8_block_kernel``'s swapped product (small M).
 * ``inv_rope_inplace_kernel``: the BF16 chain's inverse RoPE, in place on the rope tail only.
 
-``bmm_fp8_block_kernel``, which ``jax_triton.triton_call`` launches directly, takes array
-inputs, runtime scalars, outputs, then constexprs: the order triton_call passes them in. The
-quant kernels are reached from JAX through thin wrappers in ``jax_launch`` that make their
-strides constexpr; their parameters follow the same order. The large-M Hopper GEMM is in
-``gluon_kernels``.
+``bmm_fp8_block_kernel`` and ``inv_rope_quant_bmm_kernel``, which ``jax_triton.triton_call``
+launches directly, take array inputs, runtime scalars, outputs, then constexprs: the order
+triton_call passes them in. The quant kernels are reached from JAX through thin wrappers in
+``jax_launch`` that make their strides constexpr; their parameters follow the same order. The
+large-M Hopper GEMM is in ``gluon_kernels``.
 
 E8M0 scales travel as uint8 (Triton rejects ``float8_e8m0fnu`` arguments) and are decoded here
 by placing the byte in the fp32 exponent field.
@@ -74,6 +76,35 @@ def _round_bf16_rne(x):
 
 
 @triton.jit
+def _inv_rope_pairs(x, c, s, is_rope, ROWS: tl.constexpr, GS: tl.constexpr):
+    """Rotate the GPT-J pairs of ``x [ROWS, GS]`` (fp32) by -theta where ``is_rope``.
+
+    ``c``, ``s`` and ``is_rope`` broadcast to ``[ROWS, GS / 2]``. Every kernel that rotates goes
+    through this one expression, so the compiler contracts the products the same way in each.
+    """
+    a, b = tl.split(tl.reshape(x, (ROWS, GS // 2, 2)))
+    a2 = tl.where(is_rope, a * c + b * s, a)
+    b2 = tl.where(is_rope, b * c - a * s, b)
+    return tl.reshape(tl.join(a2, b2), (ROWS, GS))
+
+
+@triton.jit
+def _inv_rope_group(x, lane0, pos, row_ok, cos_ptr, sin_ptr, stride_cp, stride_sp,
+                    ROPE_FROM: tl.constexpr, ROWS: tl.constexpr, GS: tl.constexpr):
+    """Inverse RoPE of one 1 x GS group per row, ``x [ROWS, GS]`` fp32 starting at head lane
+    ``lane0``; lanes below ``ROPE_FROM`` pass through unchanged, cos/sin rows are ``pos``."""
+    lane = lane0 + 2 * tl.arange(0, GS // 2)  # head offset of each pair's even lane
+    is_rope = lane >= ROPE_FROM
+    col = (lane - ROPE_FROM) // 2
+    rope_ok = row_ok[:, None] & is_rope[None, :]
+    c = tl.load(cos_ptr + pos[:, None] * stride_cp + col[None, :], mask=rope_ok,
+                other=1.0).to(tl.float32)
+    s = tl.load(sin_ptr + pos[:, None] * stride_sp + col[None, :], mask=rope_ok,
+                other=0.0).to(tl.float32)
+    return _inv_rope_pairs(x, c, s, is_rope[None, :], ROWS, GS)
+
+
+@triton.jit
 def inv_rope_group_quant_kernel(
     o_ptr, pos_ptr, cos_ptr, sin_ptr, n_rows, n_pos_rows, stride_os, stride_cp, stride_sp,
     q_ptr, s_ptr,  # outputs after inputs and scalars (the order jax_launch passes them in)
@@ -107,16 +138,13 @@ def inv_rope_group_quant_kernel(
     pos = tl.load(pos_ptr + tok, mask=row_ok, other=0).to(tl.int64)
     pos = tl.minimum(tl.maximum(pos, 0), n_pos_rows - 1)  # AITER's clamp
     # GPT-J pairs: (even, odd) neighbours; pair p sits at head offset d = (qg*GS + 2p) % DH.
-    a, b = tl.split(tl.reshape(x, (BLOCK_R, HALF, 2)))
     pairs = tl.arange(0, HALF)
     d = (qg[:, None] * GS + 2 * pairs[None, :]) % DH
     is_rope = (d >= DH - RD) & row_ok[:, None]
     col = (d - (DH - RD)) // 2
     c = tl.load(cos_ptr + pos[:, None] * stride_cp + col, mask=is_rope, other=1.0).to(tl.float32)
     s = tl.load(sin_ptr + pos[:, None] * stride_sp + col, mask=is_rope, other=0.0).to(tl.float32)
-    a2 = tl.where(is_rope, a * c + b * s, a)
-    b2 = tl.where(is_rope, b * c - a * s, b)
-    v = tl.reshape(tl.join(a2, b2), (BLOCK_R, GS))
+    v = _inv_rope_pairs(x, c, s, is_rope, BLOCK_R, GS)
     q, byte = _quantize_group(v, INV_FP8_MAX, FP8_MAX, FP8_MIN_NORMAL_EXP, AMAX_FLOOR, HW_CAST,
                               q_ptr.dtype.element_ty)
     out_off = rows[:, None] * GS + lanes[None, :]
@@ -168,7 +196,6 @@ def inv_rope_group_quant_head_kernel(
     group's output offset is its input offset without the token padding.
     """
     NG: tl.constexpr = DH // GS
-    HALF: tl.constexpr = GS // 2
     ROPE_FROM: tl.constexpr = DH - RD
     FP8_TY: tl.constexpr = q_ptr.dtype.element_ty
     toks = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -176,7 +203,6 @@ def inv_rope_group_quant_head_kernel(
     pos = tl.load(pos_ptr + toks, mask=tok_ok, other=0).to(tl.int64)
     pos = tl.minimum(tl.maximum(pos, 0), n_pos_rows - 1)  # AITER's clamp
     lanes = tl.arange(0, GS)
-    pairs = tl.arange(0, HALF)
     for hh in range(BLOCK_H):
         h = tl.program_id(1) * BLOCK_H + hh
         in_row = o_ptr + toks[:, None] * stride_os + h * DH
@@ -186,18 +212,8 @@ def inv_rope_group_quant_head_kernel(
             x = tl.load(in_row + j * GS + lanes[None, :], mask=tok_ok[:, None],
                         other=0.0).to(tl.float32)
             if (j + 1) * GS > ROPE_FROM:  # this group holds rope lanes
-                a, b = tl.split(tl.reshape(x, (BLOCK_T, HALF, 2)))
-                lane = j * GS + 2 * pairs  # head offset of each pair's even lane
-                is_rope = lane >= ROPE_FROM
-                col = (lane - ROPE_FROM) // 2
-                rope_ok = tok_ok[:, None] & is_rope[None, :]
-                c = tl.load(cos_ptr + pos[:, None] * stride_cp + col[None, :], mask=rope_ok,
-                            other=1.0).to(tl.float32)
-                s = tl.load(sin_ptr + pos[:, None] * stride_sp + col[None, :], mask=rope_ok,
-                            other=0.0).to(tl.float32)
-                a2 = tl.where(is_rope[None, :], a * c + b * s, a)
-                b2 = tl.where(is_rope[None, :], b * c - a * s, b)
-                x = tl.reshape(tl.join(a2, b2), (BLOCK_T, GS))
+                x = _inv_rope_group(x, j * GS, pos, tok_ok, cos_ptr, sin_ptr, stride_cp,
+                                    stride_sp, ROPE_FROM, BLOCK_T, GS)
             q, byte = _quantize_group(x, INV_FP8_MAX, FP8_MAX, FP8_MIN_NORMAL_EXP, AMAX_FLOOR,
                                       HW_CAST, FP8_TY)
             tl.store(out_row + j * GS + lanes[None, :], q, mask=tok_ok[:, None])
@@ -314,6 +330,82 @@ def bmm_fp8_block_kernel(
         out = acc
     y_off = g * SYG + offs_m[:, None] * SYM + offs_n[None, :]
     ok = m_ok[:, None] & n_ok[None, :]
+    if SPLIT_K > 1:
+        tl.atomic_add(y_ptr + y_off, out, mask=ok, sem="relaxed")
+    else:
+        if OUT_BF16:
+            out = _round_bf16_rne(out)
+        tl.store(y_ptr + y_off, out.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def inv_rope_quant_bmm_kernel(
+    o_ptr, pos_ptr, cos_ptr, sin_ptr, w_ptr, ws_ptr, M, n_pos_rows,
+    y_ptr,  # the output after inputs and scalars: jax_triton.triton_call's order
+    SOM: tl.constexpr,  # o [S, H, Dh] token stride; group g's K lanes start at g * K
+    SCP: tl.constexpr, SSP: tl.constexpr,  # cos/sin row strides
+    SWG: tl.constexpr, SWN: tl.constexpr,  # w [G, N, K] strides
+    SWSG: tl.constexpr, SWSN: tl.constexpr,  # w_scale [G, ceil(N/SB), K/SB] strides
+    SYM: tl.constexpr, SYG: tl.constexpr,  # y [M, G, N] strides (N contiguous)
+    N: tl.constexpr, K: tl.constexpr, SB: tl.constexpr, DH: tl.constexpr, RD: tl.constexpr,
+    INV_FP8_MAX: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MIN_NORMAL_EXP: tl.constexpr,
+    AMAX_FLOOR: tl.constexpr, HW_CAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QUANT_M: tl.constexpr,
+    SPLIT_K: tl.constexpr, OUT_BF16: tl.constexpr,
+):
+    """The decode chain in one kernel: inverse RoPE + 1 x SB E8M0 quant of each K block of
+    ``o``, straight into ``bmm_fp8_block_kernel``'s swapped (tokens on the MMA's N side) product.
+
+    Same grid, tiles and promotion as that kernel with ``SWAP_AB``; each K block's activations
+    are quantized in registers (the quant group is the scale block) instead of read back as
+    ``x_fp8``/``x_scale``, so the fp8 values, scales and products are the two-kernel chain's.
+    Every N tile of a group requantizes the group's tokens: cheap while the weight stream
+    dominates (small M). ``QUANT_M`` (<= BLOCK_M) rows are quantized and tiled up to the MMA's
+    16-row minimum; rows past M are never stored, so their copies do not matter.
+    """
+    KB: tl.constexpr = K // SB
+    NUM_N: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
+    ROPE_FROM: tl.constexpr = DH - RD
+    FP8_TY: tl.constexpr = w_ptr.dtype.element_ty
+    pid = tl.program_id(0)
+    g = tl.program_id(1).to(tl.int64)
+    pid_k = tl.program_id(2)
+    pid_m = pid // NUM_N
+    pid_n = pid % NUM_N
+    offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    q_rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, QUANT_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, SB)
+    q_ok = q_rows < M
+    n_ok = offs_n < N
+    pos = tl.load(pos_ptr + q_rows, mask=q_ok, other=0).to(tl.int64)
+    pos = tl.minimum(tl.maximum(pos, 0), n_pos_rows - 1)  # AITER's clamp
+    o_rows = o_ptr + g * K + q_rows[:, None] * SOM + offs_k[None, :]
+    w_rows = w_ptr + g * SWG + offs_n[:, None].to(tl.int64) * SWN + offs_k[None, :]
+    ws_rows = ws_ptr + g * SWSG + (offs_n // SB) * SWSN
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    KB_PER: tl.constexpr = KB // SPLIT_K
+    for i in range(KB_PER):
+        kb = pid_k * KB_PER + i
+        x = tl.load(o_rows + kb * SB, mask=q_ok[:, None], other=0.0).to(tl.float32)
+        lane0 = (kb * SB) % DH  # head offset of the block's first lane
+        if lane0 + SB > ROPE_FROM:
+            x = _inv_rope_group(x, lane0, pos, q_ok, cos_ptr, sin_ptr, SCP, SSP, ROPE_FROM,
+                                QUANT_M, SB)
+        q, byte = _quantize_group(x, INV_FP8_MAX, FP8_MAX, FP8_MIN_NORMAL_EXP, AMAX_FLOOR,
+                                  HW_CAST, FP8_TY)
+        a_s = _e8m0_to_f32(byte)
+        if QUANT_M < BLOCK_M:
+            q = tl.reshape(tl.broadcast_to(q[None, :, :], (BLOCK_M // QUANT_M, QUANT_M, SB)),
+                           (BLOCK_M, SB))
+            a_s = tl.reshape(tl.broadcast_to(a_s[None, :], (BLOCK_M // QUANT_M, QUANT_M)),
+                             (BLOCK_M,))
+        b = tl.load(w_rows + kb * SB, mask=n_ok[:, None], other=0.0)
+        b_s = _e8m0_to_f32(tl.load(ws_rows + kb, mask=n_ok, other=127))
+        acc = _scaled_block_mma(acc, q, b, a_s, b_s, True)
+    out = tl.trans(acc)
+    y_off = g * SYG + offs_m[:, None] * SYM + offs_n[None, :]
+    ok = (offs_m < M)[:, None] & n_ok[None, :]
     if SPLIT_K > 1:
         tl.atomic_add(y_ptr + y_off, out, mask=ok, sem="relaxed")
     else:

@@ -655,3 +655,137 @@ def batched_gemm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.T
     if acc is not out:
         out.copy_(acc)
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The FP8 chain: one fused kernel at decode sizes, quant + GEMM above
+# ---------------------------------------------------------------------------------------------
+
+#: The largest S that ``wo_a_fp8`` runs on the fused kernel by default (tuned on an H200; see
+#: ``fused_config`` and benchmarks/RESULTS.md).
+FUSED_MAX_TOKENS = 16
+
+
+def fused_config(m: int, g: int, n: int, k: int, block: int) -> GemmConfig:
+    """The fused kernel's launch shape for ``m`` tokens.
+
+    The weight stream is the GEMM's, so are the tiles: ``gemm_config``'s small-M shape with
+    pointer loads (tokens on the MMA's N side, split-K when the groups alone give too few
+    programs).
+    """
+    return dataclasses.replace(gemm_config(min(m, 64), g, n, k, block), tma=False)
+
+
+def _fusion_blocker(o: torch.Tensor, cos_cache: torch.Tensor, block: int,
+                    config: GemmConfig | None) -> str | None:
+    """Why the fused kernel cannot run this chain (``None`` when it can)."""
+    dh = o.shape[2]
+    if dh % block:
+        return f"head_dim {dh} is not a multiple of the scale block {block}"
+    if 2 * cos_cache.shape[1] > dh:
+        return f"rope dim {2 * cos_cache.shape[1]} exceeds head_dim {dh}"
+    if config is not None and (config.tma or config.wgmma or not config.swap_ab):
+        return (f"the fused kernel has pointer-loaded, swapped tiles only (swap_ab=True, "
+                f"tma=False, wgmma=False), got {config}")
+    return None
+
+
+@torch.library.custom_op(f"{_LIB}::inv_rope_quant_bmm_", mutates_args=("out",))
+def _fused_op(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
+              sin_cache: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
+              out: torch.Tensor, amax_floor: float, block_m: int, block_n: int, split_k: int,
+              num_warps: int, num_stages: int) -> None:
+    with _on_device_of(o):
+        s, _, dh = o.shape
+        if s == 0:
+            return
+        g, n, k = w.shape
+        grid = (triton.cdiv(s, block_m) * triton.cdiv(n, block_n), g, split_k)
+        kernels.inv_rope_quant_bmm_kernel[grid](
+            o, positions, cos_cache, sin_cache, w, w_scale, s, cos_cache.shape[0], out,
+            SOM=o.stride(0), SCP=cos_cache.stride(0), SSP=sin_cache.stride(0),
+            SWG=w.stride(0), SWN=w.stride(1), SWSG=w_scale.stride(0), SWSN=w_scale.stride(1),
+            SYM=out.stride(0), SYG=out.stride(1), N=n, K=k, SB=k // w_scale.shape[2], DH=dh,
+            RD=2 * cos_cache.shape[1], **_quant_constants(w.dtype, amax_floor),
+            BLOCK_M=block_m, BLOCK_N=block_n, QUANT_M=min(block_m, triton.next_power_of_2(s)),
+            SPLIT_K=split_k, OUT_BF16=out.dtype == torch.bfloat16, num_warps=num_warps,
+            num_stages=num_stages)
+
+
+@_fused_op.register_fake
+def _(o, positions, cos_cache, sin_cache, w, w_scale, out, amax_floor, block_m, block_n,
+      split_k, num_warps, num_stages) -> None:
+    return None
+
+
+def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
+             sin_cache: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, num_groups: int,
+             *, amax_floor: float = AITER_AMAX_FLOOR, dtype: torch.dtype = torch.bfloat16,
+             out: torch.Tensor | None = None, fused: bool | None = None,
+             config: GemmConfig | None = None) -> torch.Tensor:
+    """The FP8 chain ``y = dq(quant(inv_rope(o))) @ dq(w)^T``: one fused kernel at decode sizes.
+
+    The fused kernel (``inv_rope_quant_bmm_kernel``) quantizes each K block of ``o`` in
+    registers and multiplies it at once, so ``x_fp8``/``x_scale`` never reach memory and one
+    launch replaces two; its products are those of ``inverse_rope_group_quant`` followed by
+    ``batched_gemm_a8w8_mxscale`` with the same tiles. The quant group is the weight's scale
+    block B.
+
+    Args:
+      o: ``[S, H, Dh]`` bf16/fp16/fp32 (token stride may be padded); ``H * Dh = G * K``.
+      positions: ``[>= S]`` int32 or int64, clamped to ``[0, P - 1]``.
+      cos_cache, sin_cache: ``[P, rd / 2]`` bf16, fp16 or fp32.
+      w: ``[G, N, K]`` fp8 (its dtype is the activations' fp8 dtype).
+      w_scale: ``[G, ceil(N / B), K / B]`` uint8 or float8_e8m0fnu.
+      num_groups: G.
+      amax_floor: the quant's amax floor (AITER's 1e-8 or vLLM CUDA's 1e-10).
+      dtype: bf16 or fp32 output.
+      out: optional ``[S, G, N]`` output with N contiguous (written in place).
+      fused: ``None`` fuses when ``S <= FUSED_MAX_TOKENS``; ``True`` requires the fused kernel
+        (raises if this chain cannot fuse), ``False`` runs quant + GEMM.
+      config: the fused kernel's launch shape (a swapped pointer-load ``GemmConfig``) when it
+        runs, else the GEMM's; ``None`` picks by S and G.
+
+    Returns:
+      ``out`` (or a new tensor) ``[S, G, N]`` in ``dtype``.
+    """
+    s, h, dh = o.shape
+    g, n, k = w.shape
+    block = k // w_scale.shape[2]
+    if g != num_groups or h * dh != g * k:
+        raise ValueError(f"o [S, H, Dh] = {list(o.shape)} and w [G, N, K] = {list(w.shape)} "
+                         f"do not make num_groups = {num_groups} groups of K (need H * Dh = G * K)")
+    blocker = _fusion_blocker(o, cos_cache, block, config if fused is not False else None)
+    if fused and blocker:
+        raise ValueError(f"wo_a_fp8(fused=True) cannot fuse this chain: {blocker}")
+    if fused is None:
+        fused = blocker is None and (config is not None or s <= FUSED_MAX_TOKENS)
+    if not fused:
+        x_fp8, x_scale = inverse_rope_group_quant(o, positions, cos_cache, sin_cache, g, block,
+                                                  amax_floor=amax_floor,
+                                                  x_fp8=torch.empty((s, g, k), dtype=w.dtype,
+                                                                    device=o.device))
+        return batched_gemm_a8w8_mxscale(x_fp8, w, x_scale, w_scale, dtype=dtype, out=out,
+                                         config=config)
+    cfg = config or fused_config(s, g, n, k, block)
+    if config is None and cfg.split_k > 1 and torch.are_deterministic_algorithms_enabled():
+        cfg = dataclasses.replace(cfg, split_k=1)
+    if (k // block) % cfg.split_k:
+        raise ValueError(f"split_k={cfg.split_k} does not divide K / B = {k // block}")
+    if out is None:
+        out = torch.empty((s, g, n), dtype=dtype, device=o.device)
+    elif tuple(out.shape) != (s, g, n) or out.stride(2) != 1:
+        raise ValueError(f"out must be [S, G, N] = {[s, g, n]} with N contiguous, got shape "
+                         f"{list(out.shape)} strides {list(out.stride())}")
+    acc = out
+    if cfg.split_k > 1:  # fp32 partials added atomically into a zeroed buffer, rounded once
+        acc = out if out.dtype == torch.float32 else torch.empty((s, g, n), dtype=torch.float32,
+                                                                   device=o.device)
+        acc.zero_()
+    _run_mutating(_fused_op, (acc,), _last_dims_contiguous(o), _rows_contiguous(positions),
+                  _rows_contiguous(cos_cache), _rows_contiguous(sin_cache), _rows_contiguous(w),
+                  _rows_contiguous(_as_bytes(w_scale)), acc, float(amax_floor), cfg.block_m,
+                  cfg.block_n, cfg.split_k, cfg.num_warps, cfg.num_stages)
+    if acc is not out:
+        out.copy_(acc)
+    return out
