@@ -86,6 +86,7 @@ def to_jax(t, *, via_bytes: bool = False):
     Returns:
       The JAX array, same shape and dtype, on the matching device.
     """
+    import jax
     import jax.dlpack
 
     if is_jax_array(t):
@@ -94,9 +95,13 @@ def to_jax(t, *, via_bytes: bool = False):
         raise TypeError(f"to_jax expects a torch tensor or a JAX array, got {type(t).__name__}")
     t = t.detach()
     name = str(t.dtype).removeprefix("torch.")
-    # torch exports a CUDA tensor only from its current device; on two H200s, with JAX started,
-    # device 1 was current ("Can't export tensors on a different CUDA device index").
-    guard = torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
+    guard = contextlib.nullcontext()
+    if t.device.type == "cuda":
+        # torch exports a CUDA tensor only from its current device. Starting JAX's GPU backend
+        # leaves its last GPU current (cuda:1 on two H200s), so start it before choosing ours:
+        # started inside ``from_dlpack``, the first export from cuda:0 failed.
+        jax.devices()
+        guard = torch.cuda.device(t.device)
     with guard:
         if not via_bytes:
             try:

@@ -282,6 +282,26 @@ def test_operands_on_a_gpu_that_is_not_the_current_device():
     assert torch.cuda.current_device() == 0
 
 
+def test_first_jax_export_on_a_two_gpu_host():
+    """Starting JAX's GPU backend makes its last GPU current; the first ``to_jax`` of a process
+    (which starts it) must still export tensors from cuda:0 and cuda:1."""
+    import subprocess
+    import sys
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    script = ("import torch\n"
+              "from torch_bridge import interop\n"
+              "for d in (0, 1, 0):\n"
+              "    t = torch.arange(6, dtype=torch.bfloat16, device=f'cuda:{d}')\n"
+              "    j = interop.to_jax(t)\n"
+              "    assert j.tolist() == t.tolist() and j.devices().pop().id == d, (d, j)\n"
+              "print('ok')\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
 #: fp32 output on Hopper: Triton's fp8 wgmma accumulates each 128-K block in reduced precision
 #: (the fp32 promotion happens per block), so the fp32 result is not fp32-exact. 1e-3 is below
 #: the bf16 output rounding (1.7e-3) and far below one wrong E8M0 step (a 2x error). The
