@@ -7,8 +7,6 @@ within the bf16 output rounding of the oracle.
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -90,39 +88,47 @@ def test_fused_split_k_fp32_out_padded_tokens_and_clamped_positions(rng):
     assert_close(y, ref, tolerance="gemm_bf16")
 
 
-def test_default_fuses_at_decode_sizes_only(rng, monkeypatch):
-    """``fused=None`` runs the one-kernel chain up to ``FUSED_MAX_TOKENS`` tokens and quant +
-    GEMM above, with the same result class; the public ``WoAProjection`` takes the same road."""
+def test_default_fuses_where_the_gemm_would_split_k(rng, monkeypatch):
+    """``fused=None`` runs the one-kernel chain up to ``FUSED_MAX_TOKENS`` tokens when the
+    groups alone give too few GEMM programs (G = 2 at DeepSeek V4 sizes), quant + GEMM
+    otherwise; the public ``WoAProjection`` takes the same road."""
     from torch_bridge import WoAProjection
 
+    assert launch.fused_chosen(1, 2, 1024, 4096, 128)
+    assert launch.fused_chosen(16, 2, 1024, 4096, 128)
+    assert not launch.fused_chosen(17, 2, 1024, 4096, 128)
+    assert not launch.fused_chosen(1, 16, 1024, 4096, 128)
     calls = []
     for name in ("_fused_op", "_bmm_op"):
         real = getattr(launch, name)
         monkeypatch.setattr(launch, name,
                             lambda *a, real=real, name=name: (calls.append(name), real(*a)))
-    for s, want in ((1, ["_fused_op"]), (launch.FUSED_MAX_TOKENS + 1, ["_bmm_op"])):
+    # N = 128, G = 2: 4 programs of 64 rows, so the GEMM would split K and the chain fuses.
+    for s, n, want in ((1, 128, ["_fused_op"]), (launch.FUSED_MAX_TOKENS + 1, 128, ["_bmm_op"]),
+                       (1, 4160, ["_bmm_op"])):  # 65 x 2 programs: no split, no fusion
         calls.clear()
-        o, pos, cos, sin, w, ws = _chain_case(rng, s)
+        o, pos, cos, sin, w, ws = _chain_case(rng, s, n=n)
         y = launch.wo_a_fp8(o, pos, cos, sin, w, ws, 2)
-        assert calls == want, s
+        assert calls == want, (s, n)
         assert_close(y, _oracle(o, pos, cos, sin, w, ws, 2, 128), tolerance="gemm_bf16")
     calls.clear()
     o, pos, cos, sin, w, ws = _chain_case(rng, 2)
-    weight = w.flatten(0, 1)
-    proj = WoAProjection(weight, ws.flatten(0, 1).view(torch.float8_e8m0fnu), 2, cos, sin,
-                         backend="triton")
+    proj = WoAProjection(w.flatten(0, 1), ws.flatten(0, 1).view(torch.float8_e8m0fnu), 2, cos,
+                         sin, backend="triton")
     y = proj(o, pos)
     assert calls == ["_fused_op"] and proj.path == "triton"
     assert_close(y, _oracle(o, pos, cos, sin, w, ws, 2, 128), tolerance="gemm_bf16")
 
 
-def test_fused_config_follows_the_gemm_shape():
-    """The fused kernel streams the weight like the small-M GEMM: same tiles, pointer loads."""
-    for m, g in ((1, 16), (16, 16), (1, 2), (64, 16), (300, 2)):
+def test_fused_config_tiles_and_split():
+    """128 weight rows per program, 8 warps, 16-64 token columns, K split to ~256 programs."""
+    cases = {(1, 2): (16, 8), (16, 2): (16, 8), (40, 2): (64, 8), (1, 16): (16, 2),
+             (1, 8): (16, 4), (300, 16): (64, 1)}
+    for (m, g), (block_m, split) in cases.items():
         cfg = launch.fused_config(m, g, 1024, 4096, 128)
-        want = launch.gemm_config(min(m, 64), g, 1024, 4096, 128)
-        assert cfg == dataclasses.replace(want, tma=False) and cfg.swap_ab
-    assert launch.fused_config(1, 2, 1024, 4096, 128).split_k == 8
+        assert (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.split_k) == (block_m, 128, 8, split)
+        assert cfg.swap_ab and not (cfg.tma or cfg.wgmma)
+    assert launch.fused_config(1, 2, 1024, 256, 128).split_k == 2  # K / B = 2 caps the split
 
 
 def test_fused_deterministic_mode_never_splits(rng, monkeypatch):

@@ -661,19 +661,32 @@ def batched_gemm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.T
 # The FP8 chain: one fused kernel at decode sizes, quant + GEMM above
 # ---------------------------------------------------------------------------------------------
 
-#: The largest S that ``wo_a_fp8`` runs on the fused kernel by default (tuned on an H200; see
-#: ``fused_config`` and benchmarks/RESULTS.md).
+#: The largest S that ``wo_a_fp8`` may run on the fused kernel by default (see ``fused_chosen``).
 FUSED_MAX_TOKENS = 16
 
 
-def fused_config(m: int, g: int, n: int, k: int, block: int) -> GemmConfig:
-    """The fused kernel's launch shape for ``m`` tokens.
+def fused_chosen(m: int, g: int, n: int, k: int, block: int) -> bool:
+    """Whether ``wo_a_fp8`` fuses this chain by default: at most ``FUSED_MAX_TOKENS`` tokens and
+    few enough groups that the GEMM would split K (G = 2, TP8).
 
-    The weight stream is the GEMM's, so are the tiles: ``gemm_config``'s small-M shape with
-    pointer loads (tokens on the MMA's N side, split-K when the groups alone give too few
-    programs).
+    Measured on an H200 (benchmarks/RESULTS.md, session 5): G = 2 ran in 8.8 us against 10.7 us
+    for quant + GEMM at M = 1, 10.3 against 11.8 at M = 16; at G = 16 the fused kernel lost
+    (24.3 against 22.6 us at M = 1, 35.2 against 24.9 at M = 16), its quant latency exposed
+    in every K step once the weight stream alone fills the GPU.
     """
-    return dataclasses.replace(gemm_config(min(m, 64), g, n, k, block), tma=False)
+    return m <= FUSED_MAX_TOKENS and gemm_config(m, g, n, k, block).split_k > 1
+
+
+def fused_config(m: int, g: int, n: int, k: int, block: int) -> GemmConfig:
+    """The fused kernel's launch shape for ``m`` tokens: 16-64 token columns x 128 weight rows,
+    8 warps, 4 stages, and K split so that about 256 programs stream the weight (the best of
+    the shapes timed at G = 2 and 16, M = 1 and 16)."""
+    block_m = min(64, max(16, triton.next_power_of_2(m)))
+    cfg = GemmConfig(block_m, 128, swap_ab=True, num_warps=8, num_stages=4)
+    split = max(1, min(8, 256 // _programs(cfg, m, g, n)))
+    while (k // block) % split:
+        split //= 2
+    return dataclasses.replace(cfg, split_k=split)
 
 
 def _fusion_blocker(o: torch.Tensor, cos_cache: torch.Tensor, block: int,
@@ -741,7 +754,7 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
       amax_floor: the quant's amax floor (AITER's 1e-8 or vLLM CUDA's 1e-10).
       dtype: bf16 or fp32 output.
       out: optional ``[S, G, N]`` output with N contiguous (written in place).
-      fused: ``None`` fuses when ``S <= FUSED_MAX_TOKENS``; ``True`` requires the fused kernel
+      fused: ``None`` fuses where ``fused_chosen`` says so; ``True`` requires the fused kernel
         (raises if this chain cannot fuse), ``False`` runs quant + GEMM.
       config: the fused kernel's launch shape (a swapped pointer-load ``GemmConfig``) when it
         runs, else the GEMM's; ``None`` picks by S and G.
@@ -759,7 +772,7 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
     if fused and blocker:
         raise ValueError(f"wo_a_fp8(fused=True) cannot fuse this chain: {blocker}")
     if fused is None:
-        fused = blocker is None and (config is not None or s <= FUSED_MAX_TOKENS)
+        fused = blocker is None and fused_chosen(s, g, n, k, block)
     if not fused:
         x_fp8, x_scale = inverse_rope_group_quant(o, positions, cos_cache, sin_cache, g, block,
                                                   amax_floor=amax_floor,
