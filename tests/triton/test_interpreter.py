@@ -348,31 +348,6 @@ def test_backend_availability_and_refusals():
     assert _dispatch.check("triton", "wo_a", no_scale) == (False, why)
 
 
-def test_pdl_probe(rng, monkeypatch):
-    """Programmatic dependent launch: off under the interpreter and with ``WOA_PDL=0`` (each
-    with its reason), a bad switch value is an error; the launchers ignore ``pdl=True`` where
-    it is off."""
-    monkeypatch.setattr(launch, "_PDL_AVAILABLE", {})
-    if DEVICE == "cpu":
-        assert launch.pdl_available(None) == (False,
-                                              "TRITON_INTERPRET=1 launches nothing on a GPU")
-    monkeypatch.setattr(launch, "_PDL_AVAILABLE", {})
-    monkeypatch.setenv("WOA_PDL", "0")
-    assert launch.pdl_available(None) == (False, "disabled by WOA_PDL=0")
-    monkeypatch.setattr(launch, "_PDL_AVAILABLE", {})
-    monkeypatch.setenv("WOA_PDL", "yes")
-    with pytest.raises(ValueError, match="WOA_PDL='yes' is not a valid switch"):
-        launch.pdl_available(None)
-    monkeypatch.setattr(launch, "_PDL_AVAILABLE", {})
-    monkeypatch.setenv("WOA_PDL", "0")
-    seen = []
-    real = launch._bmm_op
-    monkeypatch.setattr(launch, "_bmm_op", lambda *a: (seen.append(a[-1]), real(*a)))
-    x, w, xs, ws = _gemm_case(rng, 2, 2, 128, 256)
-    launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, pdl=True)
-    assert seen == [False]
-
-
 def test_backend_disabled_by_env(monkeypatch):
     monkeypatch.setenv("WOA_USE_TRITON", "0")
     BACKEND.cache_clear()
@@ -391,12 +366,12 @@ def test_custom_ops_opcheck(rng):
     xq = torch.empty((2, 2, 512), dtype=torch.float8_e4m3fn, device=DEVICE)
     xs = torch.empty((2, 2, 4), dtype=torch.uint8, device=DEVICE)
     torch.library.opcheck(torch.ops.woa_triton.inverse_rope_group_quant_.default,
-                          (o, pos, cos, sin, xq, xs, 128, 1e-8, 8, 2, 0, False),
+                          (o, pos, cos, sin, xq, xs, 128, 1e-8, 8, 2, 0),
                           test_utils=("test_faketensor",))
     x, w, xsc, wsc = _gemm_case(rng, 2, 2, 64, 128)
     y = torch.empty((2, 2, 64), dtype=torch.bfloat16, device=DEVICE)
     torch.library.opcheck(torch.ops.woa_triton.bmm_fp8_block_.default,
-                          (x, w, xsc, wsc, y, 16, 64, 1, False, 4, 3, True, 1, False, False),
+                          (x, w, xsc, wsc, y, 16, 64, 1, False, 4, 3, True, 1, False),
                           test_utils=("test_faketensor",))
 
 

@@ -52,7 +52,7 @@ _SCRIPT = textwrap.dedent("""
     cx = dict(SXM=2 * k, SXG=k, SXSM=2 * k // sb, SXSG=k // sb, SWG=n * k, SWN=k,
               SWSG=n // sb * k // sb, SWSN=k // sb, SYM=2 * n, SYG=n, N=n, K=k, SB=sb,
               BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SPLIT_K=cfg.split_k,
-              SWAP_AB=cfg.swap_ab, OUT_BF16=False, PDL_WAIT=False)
+              SWAP_AB=cfg.swap_ab, OUT_BF16=False)
     code = ptx(kernels.bmm_fp8_block_kernel, sig, cx, ("x_ptr", "w_ptr", "xs_ptr", "ws_ptr",
                                                        "y_ptr"), cfg.num_warps, cfg.num_stages)
     print("split", cfg.label(), "wgmma" in code, "red.global" in code or "atom.global" in code)
@@ -64,64 +64,25 @@ _SCRIPT = textwrap.dedent("""
            "stride_sp": "i32", "q_ptr": "*fp8e4nv", "s_ptr": "*u8"}
     import torch
     cx = dict(H=128, DH=512, RD=64, GS=128, BLOCK_T=qc.block_r, BLOCK_H=qc.block_h,
-              **launch._quant_constants(torch.float8_e4m3fn, 1e-8), LAUNCH_DEPENDENTS=False)
+              **launch._quant_constants(torch.float8_e4m3fn, 1e-8))
     assert cx["HW_CAST"]
     code = ptx(kernels.inv_rope_group_quant_head_kernel, sig, cx,
                ("o_ptr", "pos_ptr", "cos_ptr", "sin_ptr", "stride_os", "stride_cp", "stride_sp",
                 "q_ptr", "s_ptr"), qc.num_warps)
-    print("quant", "cvt.rn.satfinite.e4m3x2.f32" in code, "ld.global.v4" in code,
-          "griddepcontrol" in code)
-    code = ptx(kernels.inv_rope_group_quant_head_kernel, sig, {**cx, "LAUNCH_DEPENDENTS": True},
-               ("o_ptr", "q_ptr"), qc.num_warps)
-    print("quant pdl", "griddepcontrol.launch_dependents" in code)
-
-    # The chain's decode GEMM as a programmatic dependent: one wait, before the x loads.
-    cfg = launch.gemm_config(1, g, n, k, sb)
-    assert cfg.split_k == 1 and not cfg.tma, cfg
-    sig = {"x_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "xs_ptr": "*u8", "ws_ptr": "*u8",
-           "M": "i32", "y_ptr": "*bf16"}
-    cx = dict(SXM=g * k, SXG=k, SXSM=g * k // sb, SXSG=k // sb, SWG=n * k, SWN=k,
-              SWSG=n // sb * k // sb, SWSN=k // sb, SYM=g * n, SYG=n, N=n, K=k, SB=sb,
-              BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SPLIT_K=1, SWAP_AB=cfg.swap_ab,
-              OUT_BF16=True, PDL_WAIT=False)
-    aligned = ("x_ptr", "w_ptr", "xs_ptr", "ws_ptr", "y_ptr")
-    plain = ptx(kernels.bmm_fp8_block_kernel, sig, cx, aligned, cfg.num_warps, cfg.num_stages)
-    code = ptx(kernels.bmm_fp8_block_kernel, sig, {**cx, "PDL_WAIT": True}, aligned,
-               cfg.num_warps, cfg.num_stages)
-    print("gemm pdl", "griddepcontrol" in plain, code.count("griddepcontrol.wait"),
-          "wgmma" in code)
-
-    # The fused chain at its G = 2 decode shape: wgmma and split-K atomics.
-    cfg = launch.fused_config(1, 2, n, k, sb)
-    sig = {"o_ptr": "*bf16", "pos_ptr": "*i32", "cos_ptr": "*bf16", "sin_ptr": "*bf16",
-           "w_ptr": "*fp8e4nv", "ws_ptr": "*u8", "M": "i32", "n_pos_rows": "i32",
-           "y_ptr": "*fp32"}
-    cx = dict(SOM=2 * k, SCP=32, SSP=32, SWG=n * k, SWN=k, SWSG=n // sb * k // sb,
-              SWSN=k // sb, SYM=2 * n, SYG=n, N=n, K=k, SB=sb, DH=512, RD=64,
-              **launch._quant_constants(torch.float8_e4m3fn, 1e-8), BLOCK_M=cfg.block_m,
-              BLOCK_N=cfg.block_n, QUANT_M=1, SPLIT_K=cfg.split_k, OUT_BF16=False)
-    code = ptx(kernels.inv_rope_quant_bmm_kernel, sig, cx, tuple(sig)[:6] + ("y_ptr",),
-               cfg.num_warps, cfg.num_stages)
-    print("fused", cfg.label(), "wgmma" in code, "red.global" in code or "atom.global" in code,
-          "cvt.rn.satfinite.e4m3x2.f32" in code)
+    print("quant", "cvt.rn.satfinite.e4m3x2.f32" in code, "ld.global.v4" in code)
 """)
 
 
 def test_gpu_only_paths_compile_for_sm90(tmp_path):
     """TMA GEMM tiles (large M and decode) use wgmma and the bulk tensor copy; split-K uses
     wgmma and global atomics; the per-head quant kernel uses the hardware RNE fp8 cast and
-    16-byte loads. Programmatic dependent launch: only when asked, the quant signals its
-    dependents and the decode GEMM waits once. The fused chain uses wgmma, split-K atomics and
-    the hardware cast."""
+    16-byte loads."""
     lines = run_compile_script(_SCRIPT, tmp_path)
-    assert len(lines) == 7, lines
+    assert len(lines) == 4, lines
     assert lines[0].startswith("tma ") and lines[0].endswith("True True"), lines
     assert lines[1].startswith("tma ") and lines[1].endswith("True True"), lines
     assert lines[2].startswith("split ") and lines[2].endswith("True True"), lines
-    assert lines[3] == "quant True True False", lines
-    assert lines[4] == "quant pdl True", lines
-    assert lines[5] == "gemm pdl False 1 True", lines
-    assert lines[6].startswith("fused ") and lines[6].endswith("True True True"), lines
+    assert lines[3] == "quant True True", lines
 
 
 _GLUON_SCRIPT = textwrap.dedent("""

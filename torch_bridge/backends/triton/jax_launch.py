@@ -116,7 +116,7 @@ def _quant_head_kernel(o_ptr, pos_ptr, cos_ptr, sin_ptr, n_tokens, n_pos_rows, q
         n_pos_rows=n_pos_rows, stride_os=STRIDE_OS, stride_cp=STRIDE_CP, stride_sp=STRIDE_SP,
         q_ptr=q_ptr, s_ptr=s_ptr, H=H, DH=DH, RD=RD, GS=GS, INV_FP8_MAX=INV_FP8_MAX,
         FP8_MAX=FP8_MAX, FP8_MIN_NORMAL_EXP=FP8_MIN_NORMAL_EXP, AMAX_FLOOR=AMAX_FLOOR,
-        HW_CAST=HW_CAST, BLOCK_T=BLOCK_T, BLOCK_H=BLOCK_H, LAUNCH_DEPENDENTS=False)
+        HW_CAST=HW_CAST, BLOCK_T=BLOCK_T, BLOCK_H=BLOCK_H)
 
 
 def _quant_constants(fp8_dtype, amax_floor: float) -> dict[str, Any]:
@@ -189,7 +189,7 @@ def gemm_call(m: int, g: int, n: int, k: int, block: int, n_blocks: int, *,
         SXM=g * k, SXG=k, SXSM=g * kb, SXSG=kb, SWG=n * k, SWN=k, SWSG=n_blocks * kb, SWSN=kb,
         SYM=g * n, SYG=n, N=n, K=k, SB=block, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         SPLIT_K=1, SWAP_AB=cfg.swap_ab,
-        OUT_BF16=np.dtype(dtype) == np.dtype(jnp.bfloat16), PDL_WAIT=False)
+        OUT_BF16=np.dtype(dtype) == np.dtype(jnp.bfloat16))
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), g, 1)
     return KernelCall(kernels.bmm_fp8_block_kernel, (m,), (jax.ShapeDtypeStruct((m, g, n), dtype),),
                       grid, cfg.num_warps, cfg.num_stages, tuple(constexprs.items()))

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
@@ -188,7 +187,6 @@ def inv_rope_group_quant_head_kernel(
     AMAX_FLOOR: tl.constexpr,  # the fp32-rounded floor
     HW_CAST: tl.constexpr,  # the target's fp32 -> fp8 cast is RNE (CUDA e4m3fn)
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
-    LAUNCH_DEPENDENTS: tl.constexpr,  # CUDA sm_90+: let a PDL-launched GEMM start now
 ):
     """One program quantizes ``BLOCK_T`` tokens x ``BLOCK_H`` heads, one 1 x GS group at a time.
 
@@ -200,8 +198,6 @@ def inv_rope_group_quant_head_kernel(
     NG: tl.constexpr = DH // GS
     ROPE_FROM: tl.constexpr = DH - RD
     FP8_TY: tl.constexpr = q_ptr.dtype.element_ty
-    if LAUNCH_DEPENDENTS:
-        gdc_launch_dependents()
     toks = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     tok_ok = toks < n_tokens
     pos = tl.load(pos_ptr + toks, mask=tok_ok, other=0).to(tl.int64)
@@ -288,7 +284,6 @@ def bmm_fp8_block_kernel(
     N: tl.constexpr, K: tl.constexpr, SB: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
     SWAP_AB: tl.constexpr, OUT_BF16: tl.constexpr,
-    PDL_WAIT: tl.constexpr,  # CUDA sm_90+, launched with PDL: see below
 ):
     """``y[m, g, n] = sum_kb xs[m,g,kb] * ws[g,n/SB,kb] * sum_{k in kb} x[m,g,k] w[g,n,k]``.
 
@@ -299,10 +294,6 @@ def bmm_fp8_block_kernel(
     ``SWAP_AB`` computes the transposed tile ``w x^T`` so that small M becomes the MMA's N side
     (wgmma needs >= 64 rows on the M side). ``SPLIT_K > 1`` adds fp32 partial sums atomically
     into a zeroed fp32 ``y``.
-
-    ``PDL_WAIT``: launched as a programmatic dependent of the kernel that writes x (the quant),
-    a program starts while that kernel still runs; it fetches its first weight tile, then waits
-    (``griddepcontrol.wait``) for the writer to finish before it reads any x or x_scale.
     """
     BLOCK_K: tl.constexpr = SB
     KB: tl.constexpr = K // SB
@@ -326,16 +317,7 @@ def bmm_fp8_block_kernel(
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     KB_PER: tl.constexpr = KB // SPLIT_K
-    FIRST: tl.constexpr = 1 if PDL_WAIT else 0
-    if PDL_WAIT:  # the first K block, peeled: its weight streams in before the wait
-        kb = pid_k * KB_PER
-        b = tl.load(w_rows + kb * BLOCK_K, mask=n_ok[:, None], other=0.0)
-        b_s = _e8m0_to_f32(tl.load(ws_rows + kb, mask=n_ok, other=127))
-        gdc_wait()
-        a = tl.load(x_rows + kb * BLOCK_K, mask=m_ok[:, None], other=0.0)
-        a_s = _e8m0_to_f32(tl.load(xs_rows + kb, mask=m_ok, other=127))
-        acc = _scaled_block_mma(acc, a, b, a_s, b_s, SWAP_AB)
-    for i in range(FIRST, KB_PER):
+    for i in range(KB_PER):
         kb = pid_k * KB_PER + i
         a = tl.load(x_rows + kb * BLOCK_K, mask=m_ok[:, None], other=0.0)
         b = tl.load(w_rows + kb * BLOCK_K, mask=n_ok[:, None], other=0.0)

@@ -168,7 +168,7 @@ def _inverse_rope_group_quant_op(o: torch.Tensor, positions: torch.Tensor, cos_c
                                  sin_cache: torch.Tensor, x_fp8: torch.Tensor,
                                  x_scale: torch.Tensor, quant_group_size: int,
                                  amax_floor: float, block_r: int, num_warps: int,
-                                 block_h: int, pdl: bool) -> None:
+                                 block_h: int) -> None:
     with _on_device_of(o):
         s, h, dh = o.shape
         if s == 0:
@@ -176,17 +176,16 @@ def _inverse_rope_group_quant_op(o: torch.Tensor, positions: torch.Tensor, cos_c
         plan = quant_launch(s, h, dh, quant_group_size, QuantConfig(block_r, num_warps, block_h))
         kernel = (kernels.inv_rope_group_quant_head_kernel if plan.per_head
                   else kernels.inv_rope_group_quant_kernel)
-        dependents = dict(LAUNCH_DEPENDENTS=pdl) if plan.per_head else {}
         kernel[plan.grid](
             o, positions, cos_cache, sin_cache, plan.n_work, cos_cache.shape[0], o.stride(0),
             cos_cache.stride(0), sin_cache.stride(0), x_fp8, x_scale, GS=quant_group_size, DH=dh,
-            RD=2 * cos_cache.shape[1], num_warps=num_warps, **plan.shape, **dependents,
+            RD=2 * cos_cache.shape[1], num_warps=num_warps, **plan.shape,
             **_quant_constants(x_fp8.dtype, amax_floor))
 
 
 @_inverse_rope_group_quant_op.register_fake
 def _(o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size, amax_floor, block_r,
-      num_warps, block_h, pdl) -> None:
+      num_warps, block_h) -> None:
     return None
 
 
@@ -195,7 +194,7 @@ def inverse_rope_group_quant(o: torch.Tensor, positions: torch.Tensor, cos_cache
                              *, amax_floor: float = AITER_AMAX_FLOOR,
                              x_fp8: torch.Tensor | None = None,
                              x_scale: torch.Tensor | None = None,
-                             config: QuantConfig | None = None, pdl: bool = False
+                             config: QuantConfig | None = None
                              ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused inverse RoPE + 1 x GS E8M0 FP8 quantization (AITER semantics), one read of ``o``.
 
@@ -210,9 +209,6 @@ def inverse_rope_group_quant(o: torch.Tensor, positions: torch.Tensor, cos_cache
       x_fp8: optional contiguous ``[S, G, D]`` fp8 output (its dtype picks e4m3fn / e4m3fnuz).
       x_scale: optional contiguous ``[S, G, D / GS]`` uint8 or float8_e8m0fnu output.
       config: launch shape; ``None`` uses ``quant_config(S)``.
-      pdl: let the next kernel on the stream, launched as a programmatic dependent (the GEMM's
-        ``pdl=True``), start while this one runs; where ``pdl_available`` says so (else
-        ignored).
 
     Returns:
       ``(x_fp8 [S, G, D], x_scale [S, G, D / GS])``; the given buffers when passed.
@@ -234,8 +230,7 @@ def inverse_rope_group_quant(o: torch.Tensor, positions: torch.Tensor, cos_cache
                   _last_dims_contiguous(o), _rows_contiguous(positions),
                   _rows_contiguous(cos_cache), _rows_contiguous(sin_cache), x_fp8, scale_bytes,
                   quant_group_size,
-                  float(amax_floor), cfg.block_r, cfg.num_warps, cfg.block_h,
-                  pdl and pdl_available(o.device.index if o.is_cuda else None)[0])
+                  float(amax_floor), cfg.block_r, cfg.num_warps, cfg.block_h)
     return x_fp8, x_scale
 
 
@@ -451,36 +446,6 @@ def wgmma_chosen(m: int, g: int, n: int, k: int, block: int) -> bool:
     return wgmma_available(None)[0] and gemm_config(m, g, n, k, block, wgmma=True).wgmma
 
 
-#: ``pdl_available`` per device index (a plain dict, as ``_WGMMA_AVAILABLE``).
-_PDL_AVAILABLE: dict[int | None, tuple[bool, str]] = {}
-
-
-def pdl_available(device_index: int | None) -> tuple[bool, str]:
-    """Whether the chain's kernels may use programmatic dependent launch on this device:
-    ``(ok, reason)`` (cached; ``WOA_PDL=0`` turns it off)."""
-    found = _PDL_AVAILABLE.get(device_index)
-    if found is None:
-        found = _PDL_AVAILABLE[device_index] = _probe_pdl(device_index)
-    return found
-
-
-def _probe_pdl(device_index: int | None) -> tuple[bool, str]:
-    from ... import _capability
-    from . import interpreter_on
-
-    if not _capability.env_flag("WOA_PDL", True):
-        return False, "disabled by WOA_PDL=0"
-    if interpreter_on():
-        return False, "TRITON_INTERPRET=1 launches nothing on a GPU"
-    if torch.version.hip is not None or not torch.cuda.is_available():
-        return False, "programmatic dependent launch is a CUDA feature"
-    major, minor = torch.cuda.get_device_capability(device_index)
-    if major < 9:
-        return False, f"programmatic dependent launch needs sm_90 or newer, this GPU is " \
-                      f"{major}.{minor}"
-    return True, "ok"
-
-
 def _tile_programs(m: int, g: int, n: int, block_m: int, block_n: int, programs_per_sm: int,
                    device_index: int | None) -> int:
     """Grid of the tile-walking kernels (TMA, Gluon): one program per output tile, or at most
@@ -506,7 +471,7 @@ def _tma_ok(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, block_n: int) -
 def _bmm_op(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
             out: torch.Tensor, block_m: int, block_n: int, split_k: int, swap_ab: bool,
             num_warps: int, num_stages: int, tma: bool, programs_per_sm: int,
-            wgmma: bool, pdl: bool) -> None:
+            wgmma: bool) -> None:
     with _on_device_of(x):
         m, g, k = x.shape
         n = w.shape[1]
@@ -532,8 +497,6 @@ def _bmm_op(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: to
                 num_warps=num_warps, num_stages=num_stages)
             return
         grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n), g, split_k)
-        # Not with split-K: its zeroing kernel, not the writer of x, runs just before.
-        pdl = pdl and split_k == 1
         kernels.bmm_fp8_block_kernel[grid](
             x, w, x_scale, w_scale, m, out,
             SXM=x.stride(0), SXG=x.stride(1), SXSM=x_scale.stride(0), SXSG=x_scale.stride(1),
@@ -541,13 +504,13 @@ def _bmm_op(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: to
             SYM=out.stride(0), SYG=out.stride(1), N=n, K=k, SB=block,
             BLOCK_M=block_m, BLOCK_N=block_n, SPLIT_K=split_k, SWAP_AB=swap_ab,
             OUT_BF16=out.dtype == torch.bfloat16,
-            PDL_WAIT=pdl, num_warps=num_warps, num_stages=num_stages, launch_pdl=pdl,
+            num_warps=num_warps, num_stages=num_stages,
         )
 
 
 @_bmm_op.register_fake
 def _(x, w, x_scale, w_scale, out, block_m, block_n, split_k, swap_ab, num_warps,
-      num_stages, tma, programs_per_sm, wgmma, pdl) -> None:
+      num_stages, tma, programs_per_sm, wgmma) -> None:
     return None
 
 
@@ -644,8 +607,7 @@ def _check_explicit_wgmma(config: GemmConfig, x, w, out, block: int) -> None:
 def batched_gemm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor,
                               w_scale: torch.Tensor, *, dtype: torch.dtype = torch.bfloat16,
                               out: torch.Tensor | None = None,
-                              config: GemmConfig | None = None, pdl: bool = False
-                              ) -> torch.Tensor:
+                              config: GemmConfig | None = None) -> torch.Tensor:
     """Block-scaled FP8 batched GEMM ``y [M, G, N] = dq(x) @ dq(w)^T`` per group, fp32 accumulation.
 
     Args:
@@ -657,10 +619,6 @@ def batched_gemm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.T
       out: optional ``[M, G, N]`` output with N contiguous (written in place).
       config: launch shape; ``None`` picks ``gemm_config`` by M and G (without split-K under
         ``torch.use_deterministic_algorithms(True)``: then the bits never depend on timing).
-      pdl: launch as a programmatic dependent of the previous kernel on the stream (the quant's
-        ``pdl=True``): the programs start early, fetch their first weight tiles and wait for
-        that kernel before reading x. That kernel must not write ``w`` or ``w_scale``. Used by
-        the pointer-load kernel without split-K where ``pdl_available`` says so (else ignored).
 
     Returns:
       ``out`` (or a new tensor) ``[M, G, N]`` in ``dtype``.
@@ -684,9 +642,8 @@ def batched_gemm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.T
         _check_explicit_wgmma(config, x, w, out, block)
     if (k // block) % cfg.split_k != 0:
         raise ValueError(f"split_k={cfg.split_k} does not divide K / B = {k // block}")
-    pdl = pdl and pdl_available(x.device.index if x.is_cuda else None)[0]
     args = (cfg.block_m, cfg.block_n, cfg.split_k, cfg.swap_ab, cfg.num_warps, cfg.num_stages,
-            cfg.tma, cfg.programs_per_sm, cfg.wgmma, pdl)
+            cfg.tma, cfg.programs_per_sm, cfg.wgmma)
     if cfg.split_k == 1:
         _run_mutating(_bmm_op, (out,), x, w, xs, ws, out, *args)
         return out
@@ -816,13 +773,13 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
         raise ValueError(f"wo_a_fp8(fused=True) cannot fuse this chain: {blocker}")
     if fused is None:
         fused = blocker is None and fused_chosen(s, g, n, k, block)
-    if not fused:  # the GEMM may start while the quant runs (PDL, where available)
+    if not fused:
         x_fp8, x_scale = inverse_rope_group_quant(o, positions, cos_cache, sin_cache, g, block,
                                                   amax_floor=amax_floor,
                                                   x_fp8=torch.empty((s, g, k), dtype=w.dtype,
-                                                                    device=o.device), pdl=True)
+                                                                    device=o.device))
         return batched_gemm_a8w8_mxscale(x_fp8, w, x_scale, w_scale, dtype=dtype, out=out,
-                                         config=config, pdl=True)
+                                         config=config)
     cfg = config or fused_config(s, g, n, k, block)
     if config is None and cfg.split_k > 1 and torch.are_deterministic_algorithms_enabled():
         cfg = dataclasses.replace(cfg, split_k=1)
