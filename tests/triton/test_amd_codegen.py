@@ -87,16 +87,27 @@ _SCRIPT = textwrap.dedent("""
                                             ("xs_ptr", "ws_ptr"), cfg.num_warps,
                                             cfg.num_stages)))
             print(*line)
+
+        cfg = launch.fused_config(1, 2, n, k, 128)  # the fused decode chain at G = 2
+        sig = {**rope, "w_ptr": f"*{fp8}", "ws_ptr": "*u8", "M": "i32", "n_pos_rows": "i32",
+               "y_ptr": "*fp32"}
+        cx = dict(SOM=2 * k, SCP=32, SSP=32, SWG=n * k, SWN=k, SWSG=n // 128 * k // 128,
+                  SWSN=k // 128, SYM=2 * n, SYG=n, N=n, K=k, SB=128, DH=512, RD=64, **consts,
+                  BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, QUANT_M=1, SPLIT_K=cfg.split_k,
+                  OUT_BF16=False)
+        asm = amdgcn(arch, kernels.inv_rope_quant_bmm_kernel, sig, cx, ("o_ptr", "w_ptr"),
+                      cfg.num_warps, cfg.num_stages)
+        print(arch, "gemm", "fused", fp8_mfma(asm), "global_atomic" in asm)
 """)
 
 
 def test_kernels_compile_for_amd_instinct(tmp_path):
     """Every kernel and launch-shape family compiles for gfx942 and gfx950; GEMMs (pointer
-    and tensor-descriptor variants, 128- and 32-wide scale blocks) use fp8 MFMA, split-K
-    (G = 2 decode) global atomics."""
+    and tensor-descriptor variants, 128- and 32-wide scale blocks, the fused decode chain) use
+    fp8 MFMA, split-K (G = 2 decode) global atomics."""
     lines = run_compile_script(_SCRIPT, tmp_path)
-    assert len(lines) == 12, lines
-    for arch, part in (("gfx942", lines[:6]), ("gfx950", lines[6:])):
+    assert len(lines) == 14, lines
+    for arch, part in (("gfx942", lines[:7]), ("gfx950", lines[7:])):
         assert part[0] == f"{arch} quant and rope", part
         for line in part[1:]:
             words = line.split()
@@ -104,3 +115,4 @@ def test_kernels_compile_for_amd_instinct(tmp_path):
     # The shapes whose extra checks ran: split-K at G = 2 decode, tensor descriptors above M 16.
     assert any(line.startswith("gfx950 gemm m1g2b128 True True") for line in lines), lines
     assert any(line.startswith("gfx950 gemm m8192g16b128 True True") for line in lines), lines
+    assert "gfx942 gemm fused True True" in lines and "gfx950 gemm fused True True" in lines

@@ -70,19 +70,34 @@ _SCRIPT = textwrap.dedent("""
                ("o_ptr", "pos_ptr", "cos_ptr", "sin_ptr", "stride_os", "stride_cp", "stride_sp",
                 "q_ptr", "s_ptr"), qc.num_warps)
     print("quant", "cvt.rn.satfinite.e4m3x2.f32" in code, "ld.global.v4" in code)
+
+    # The fused chain at its G = 2 decode shape: wgmma and split-K atomics.
+    cfg = launch.fused_config(1, 2, n, k, sb)
+    sig = {"o_ptr": "*bf16", "pos_ptr": "*i32", "cos_ptr": "*bf16", "sin_ptr": "*bf16",
+           "w_ptr": "*fp8e4nv", "ws_ptr": "*u8", "M": "i32", "n_pos_rows": "i32",
+           "y_ptr": "*fp32"}
+    cx = dict(SOM=2 * k, SCP=32, SSP=32, SWG=n * k, SWN=k, SWSG=n // sb * k // sb,
+              SWSN=k // sb, SYM=2 * n, SYG=n, N=n, K=k, SB=sb, DH=512, RD=64,
+              **launch._quant_constants(torch.float8_e4m3fn, 1e-8), BLOCK_M=cfg.block_m,
+              BLOCK_N=cfg.block_n, QUANT_M=1, SPLIT_K=cfg.split_k, OUT_BF16=False)
+    code = ptx(kernels.inv_rope_quant_bmm_kernel, sig, cx, tuple(sig)[:6] + ("y_ptr",),
+               cfg.num_warps, cfg.num_stages)
+    print("fused", cfg.label(), "wgmma" in code, "red.global" in code or "atom.global" in code,
+          "cvt.rn.satfinite.e4m3x2.f32" in code)
 """)
 
 
 def test_gpu_only_paths_compile_for_sm90(tmp_path):
     """TMA GEMM tiles (large M and decode) use wgmma and the bulk tensor copy; split-K uses
     wgmma and global atomics; the per-head quant kernel uses the hardware RNE fp8 cast and
-    16-byte loads."""
+    16-byte loads. The fused chain uses wgmma, split-K atomics and the hardware cast."""
     lines = run_compile_script(_SCRIPT, tmp_path)
-    assert len(lines) == 4, lines
+    assert len(lines) == 5, lines
     assert lines[0].startswith("tma ") and lines[0].endswith("True True"), lines
     assert lines[1].startswith("tma ") and lines[1].endswith("True True"), lines
     assert lines[2].startswith("split ") and lines[2].endswith("True True"), lines
     assert lines[3] == "quant True True", lines
+    assert lines[4].startswith("fused ") and lines[4].endswith("True True True"), lines
 
 
 _GLUON_SCRIPT = textwrap.dedent("""
