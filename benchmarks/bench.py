@@ -576,7 +576,7 @@ def fused_candidates(m: int, g: int, n: int) -> list:
     t = max(16, 1 << (m - 1).bit_length())
     splits = (1, 2) if -(-m // t) * (n // 64) * g > 64 else (4, 8)
     return [C(t, bn, sk, True, nw, st) for bn in (64, 128) for sk in splits for nw in (4, 8)
-            for st in (4, 6)]
+            for st in (4, 5)]
 
 
 def quant_candidates() -> list:

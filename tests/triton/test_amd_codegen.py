@@ -90,11 +90,11 @@ _SCRIPT = textwrap.dedent("""
 
         cfg = launch.fused_config(1, 2, n, k, 128)  # the fused decode chain at G = 2
         sig = {**rope, "w_ptr": f"*{fp8}", "ws_ptr": "*u8", "M": "i32", "n_pos_rows": "i32",
-               "y_ptr": "*fp32"}
+               "x_ptr": f"*{fp8}", "xs_ptr": "*u8", "y_ptr": "*fp32"}
         cx = dict(SOM=2 * k, SCP=32, SSP=32, SWG=n * k, SWN=k, SWSG=n // 128 * k // 128,
-                  SWSN=k // 128, SYM=2 * n, SYG=n, N=n, K=k, SB=128, DH=512, RD=64, **consts,
-                  BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, QUANT_M=1, SPLIT_K=cfg.split_k,
-                  OUT_BF16=False)
+                  SWSN=k // 128, SYM=2 * n, SYG=n, G=2, N=n, K=k, SB=128, DH=512, RD=64,
+                  **consts, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SPLIT_K=cfg.split_k,
+                  OUT_BF16=False, QUANT_ROWS=launch._FUSED_QUANT_LANES // 128)
         asm = amdgcn(arch, kernels.inv_rope_quant_bmm_kernel, sig, cx, ("o_ptr", "w_ptr"),
                       cfg.num_warps, cfg.num_stages)
         print(arch, "gemm", "fused", fp8_mfma(asm), "global_atomic" in asm)

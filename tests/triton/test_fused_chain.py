@@ -134,7 +134,7 @@ def test_fused_config_tiles_and_split():
 def test_fused_deterministic_mode_never_splits(rng, monkeypatch):
     seen = []
     real = launch._fused_op
-    monkeypatch.setattr(launch, "_fused_op", lambda *a: (seen.append(a[10]), real(*a)))
+    monkeypatch.setattr(launch, "_fused_op", lambda *a: (seen.append(a[12]), real(*a)))
     o, pos, cos, sin, w, ws = _chain_case(rng, 1, g=1, h=2)
     assert launch.fused_config(1, 1, 128, 1024, 128).split_k > 1
     torch.use_deterministic_algorithms(True)
@@ -177,8 +177,10 @@ def test_fused_op_is_opaque_to_torch_compile(rng):
     """Fake implementation, version counter of ``out``, and a graph-break-free trace."""
     o, pos, cos, sin, w, ws = _chain_case(rng, 2)
     y = torch.empty((2, 2, 128), dtype=torch.bfloat16, device=DEVICE)
+    xq = torch.empty((2, 2, 1024), dtype=torch.float8_e4m3fn, device=DEVICE)
+    xs = torch.empty((2, 2, 8), dtype=torch.uint8, device=DEVICE)
     torch.library.opcheck(torch.ops.woa_triton.inv_rope_quant_bmm_.default,
-                          (o, pos, cos, sin, w, ws, y, 1e-8, 16, 64, 1, 4, 3),
+                          (o, pos, cos, sin, w, ws, xq, xs, y, 1e-8, 16, 64, 1, 4, 3),
                           test_utils=("test_faketensor",))
     v = y._version
     launch.wo_a_fp8(o, pos, cos, sin, w, ws, 2, out=y)

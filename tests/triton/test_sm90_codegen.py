@@ -75,13 +75,14 @@ _SCRIPT = textwrap.dedent("""
     cfg = launch.fused_config(1, 2, n, k, sb)
     sig = {"o_ptr": "*bf16", "pos_ptr": "*i32", "cos_ptr": "*bf16", "sin_ptr": "*bf16",
            "w_ptr": "*fp8e4nv", "ws_ptr": "*u8", "M": "i32", "n_pos_rows": "i32",
-           "y_ptr": "*fp32"}
+           "x_ptr": "*fp8e4nv", "xs_ptr": "*u8", "y_ptr": "*fp32"}
     cx = dict(SOM=2 * k, SCP=32, SSP=32, SWG=n * k, SWN=k, SWSG=n // sb * k // sb,
-              SWSN=k // sb, SYM=2 * n, SYG=n, N=n, K=k, SB=sb, DH=512, RD=64,
+              SWSN=k // sb, SYM=2 * n, SYG=n, G=2, N=n, K=k, SB=sb, DH=512, RD=64,
               **launch._quant_constants(torch.float8_e4m3fn, 1e-8), BLOCK_M=cfg.block_m,
-              BLOCK_N=cfg.block_n, QUANT_M=1, SPLIT_K=cfg.split_k, OUT_BF16=False)
-    code = ptx(kernels.inv_rope_quant_bmm_kernel, sig, cx, tuple(sig)[:6] + ("y_ptr",),
-               cfg.num_warps, cfg.num_stages)
+              BLOCK_N=cfg.block_n, SPLIT_K=cfg.split_k, OUT_BF16=False,
+              QUANT_ROWS=launch._FUSED_QUANT_LANES // sb)
+    code = ptx(kernels.inv_rope_quant_bmm_kernel, sig, cx,
+               tuple(sig)[:6] + ("x_ptr", "xs_ptr", "y_ptr"), cfg.num_warps, cfg.num_stages)
     print("fused", cfg.label(), "wgmma" in code, "red.global" in code or "atom.global" in code,
           "cvt.rn.satfinite.e4m3x2.f32" in code)
 """)

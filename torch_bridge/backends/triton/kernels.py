@@ -10,8 +10,8 @@ Kernels:
   along K (NUMERICS.md section 6), pointer loads, optional split-K;
   ``bmm_fp8_block_tma_kernel``: the same with tensor-descriptor (TMA) tiles, optionally
   persistent.
-* ``inv_rope_quant_bmm_kernel``: the decode chain in one kernel, the quant of each K block in
-  registers feeding ``bmm_fp8_block_kernel``'s swapped product (small M).
+* ``inv_rope_quant_bmm_kernel``: the decode chain in one launch, each program quantizing the
+  activations of its tile before ``bmm_fp8_block_kernel``'s swapped product (small M).
 * ``inv_rope_inplace_kernel``: the BF16 chain's inverse RoPE, in place on the rope tail only.
 
 ``bmm_fp8_block_kernel`` and ``inv_rope_quant_bmm_kernel``, which ``jax_triton.triton_call``
@@ -295,14 +295,24 @@ def bmm_fp8_block_kernel(
     (wgmma needs >= 64 rows on the M side). ``SPLIT_K > 1`` adds fp32 partial sums atomically
     into a zeroed fp32 ``y``.
     """
-    BLOCK_K: tl.constexpr = SB
-    KB: tl.constexpr = K // SB
     NUM_N: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
     pid = tl.program_id(0)
-    g = tl.program_id(1).to(tl.int64)
-    pid_k = tl.program_id(2)
-    pid_m = pid // NUM_N
-    pid_n = pid % NUM_N
+    _bmm_tile(x_ptr, w_ptr, xs_ptr, ws_ptr, M, y_ptr, pid // NUM_N, pid % NUM_N,
+              tl.program_id(1).to(tl.int64), tl.program_id(2), SXM, SXG, SXSM, SXSG, SWG, SWN,
+              SWSG, SWSN, SYM, SYG, N, K, SB, BLOCK_M, BLOCK_N, SPLIT_K, SWAP_AB, OUT_BF16)
+
+
+@triton.jit
+def _bmm_tile(x_ptr, w_ptr, xs_ptr, ws_ptr, M, y_ptr, pid_m, pid_n, g, pid_k,
+              SXM: tl.constexpr, SXG: tl.constexpr, SXSM: tl.constexpr, SXSG: tl.constexpr,
+              SWG: tl.constexpr, SWN: tl.constexpr, SWSG: tl.constexpr, SWSN: tl.constexpr,
+              SYM: tl.constexpr, SYG: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
+              SB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr, OUT_BF16: tl.constexpr):
+    """One output tile (M tile ``pid_m``, N tile ``pid_n``, group ``g``, K part ``pid_k``) of
+    ``bmm_fp8_block_kernel``: the pipelined K loop, promotion per scale block, the store."""
+    BLOCK_K: tl.constexpr = SB
+    KB: tl.constexpr = K // SB
     offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -341,77 +351,65 @@ def bmm_fp8_block_kernel(
 @triton.jit
 def inv_rope_quant_bmm_kernel(
     o_ptr, pos_ptr, cos_ptr, sin_ptr, w_ptr, ws_ptr, M, n_pos_rows,
-    y_ptr,  # the output after inputs and scalars: jax_triton.triton_call's order
+    x_ptr, xs_ptr, y_ptr,  # outputs after inputs and scalars: jax_triton.triton_call's order
     SOM: tl.constexpr,  # o [S, H, Dh] token stride; group g's K lanes start at g * K
     SCP: tl.constexpr, SSP: tl.constexpr,  # cos/sin row strides
     SWG: tl.constexpr, SWN: tl.constexpr,  # w [G, N, K] strides
     SWSG: tl.constexpr, SWSN: tl.constexpr,  # w_scale [G, ceil(N/SB), K/SB] strides
     SYM: tl.constexpr, SYG: tl.constexpr,  # y [M, G, N] strides (N contiguous)
-    N: tl.constexpr, K: tl.constexpr, SB: tl.constexpr, DH: tl.constexpr, RD: tl.constexpr,
-    INV_FP8_MAX: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MIN_NORMAL_EXP: tl.constexpr,
-    AMAX_FLOOR: tl.constexpr, HW_CAST: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QUANT_M: tl.constexpr,
-    SPLIT_K: tl.constexpr, OUT_BF16: tl.constexpr,
+    G: tl.constexpr, N: tl.constexpr, K: tl.constexpr, SB: tl.constexpr, DH: tl.constexpr,
+    RD: tl.constexpr, INV_FP8_MAX: tl.constexpr, FP8_MAX: tl.constexpr,
+    FP8_MIN_NORMAL_EXP: tl.constexpr, AMAX_FLOOR: tl.constexpr, HW_CAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
+    OUT_BF16: tl.constexpr, QUANT_ROWS: tl.constexpr,
 ):
-    """The decode chain in one kernel: inverse RoPE + 1 x SB E8M0 quant of each K block of
-    ``o``, straight into ``bmm_fp8_block_kernel``'s swapped (tokens on the MMA's N side) product.
+    """The decode chain in one launch: each program first quantizes the activations its tile
+    reads, then runs ``bmm_fp8_block_kernel``'s swapped tile on them.
 
-    Same grid, tiles and promotion as that kernel with ``SWAP_AB``; each K block's activations
-    are quantized in registers (the quant group is the scale block) instead of read back as
-    ``x_fp8``/``x_scale``, so the fp8 values, scales and products are the two-kernel chain's.
-    Every N tile of a group requantizes the group's tokens: cheap while the weight stream
-    dominates (small M). ``QUANT_M`` (<= BLOCK_M) rows are quantized and tiled up to the MMA's
-    16-row minimum; rows past M are never stored, so their copies do not matter.
+    Prologue: inverse RoPE + 1 x SB E8M0 quant (the quant group is the scale block) of the
+    program's tokens and K blocks of ``o``, ``QUANT_ROWS`` (token, K block) rows at a time,
+    written to ``x_fp8 [M, G, K]`` / ``x_scale [M, G, K/SB]`` (contiguous). The programs of the
+    other N tiles of the same group write the same bytes there; a program reads back only
+    lanes it wrote itself, after a block barrier. So the one launch gives the two-kernel
+    chain's bits, without the second launch and the gap between the two.
     """
     KB: tl.constexpr = K // SB
+    KB_PER: tl.constexpr = KB // SPLIT_K
     NUM_N: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
     ROPE_FROM: tl.constexpr = DH - RD
-    FP8_TY: tl.constexpr = w_ptr.dtype.element_ty
+    FP8_TY: tl.constexpr = x_ptr.dtype.element_ty
     pid = tl.program_id(0)
+    pid_m = pid // NUM_N
     g = tl.program_id(1).to(tl.int64)
     pid_k = tl.program_id(2)
-    pid_m = pid // NUM_N
-    pid_n = pid % NUM_N
-    offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    q_rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, QUANT_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, SB)
-    q_ok = q_rows < M
-    n_ok = offs_n < N
-    pos = tl.load(pos_ptr + q_rows, mask=q_ok, other=0).to(tl.int64)
-    pos = tl.minimum(tl.maximum(pos, 0), n_pos_rows - 1)  # AITER's clamp
-    o_rows = o_ptr + g * K + q_rows[:, None] * SOM + offs_k[None, :]
-    w_rows = w_ptr + g * SWG + offs_n[:, None].to(tl.int64) * SWN + offs_k[None, :]
-    ws_rows = ws_ptr + g * SWSG + (offs_n // SB) * SWSN
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    KB_PER: tl.constexpr = KB // SPLIT_K
-    for i in range(KB_PER):
-        kb = pid_k * KB_PER + i
-        x = tl.load(o_rows + kb * SB, mask=q_ok[:, None], other=0.0).to(tl.float32)
-        lane0 = (kb * SB) % DH  # head offset of the block's first lane
-        if lane0 + SB > ROPE_FROM:
-            x = _inv_rope_group(x, lane0, pos, q_ok, cos_ptr, sin_ptr, SCP, SSP, ROPE_FROM,
-                                QUANT_M, SB)
+    m0 = pid_m.to(tl.int64) * BLOCK_M
+    n_rows = tl.minimum(BLOCK_M, M - m0) * KB_PER  # (token, K block) rows of this tile
+    lanes = tl.arange(0, SB)
+    pairs = tl.arange(0, SB // 2)
+    for r0 in range(0, n_rows, QUANT_ROWS):
+        r = r0 + tl.arange(0, QUANT_ROWS)
+        row_ok = r < n_rows
+        tok = m0 + r // KB_PER
+        kb = pid_k * KB_PER + r % KB_PER
+        x = tl.load(o_ptr + tok[:, None] * SOM + g * K + kb[:, None] * SB + lanes[None, :],
+                    mask=row_ok[:, None], other=0.0).to(tl.float32)
+        pos = tl.load(pos_ptr + tok, mask=row_ok, other=0).to(tl.int64)
+        pos = tl.minimum(tl.maximum(pos, 0), n_pos_rows - 1)  # AITER's clamp
+        lane = (kb[:, None] * SB) % DH + 2 * pairs[None, :]  # head offset of each even lane
+        is_rope = (lane >= ROPE_FROM) & row_ok[:, None]
+        col = (lane - ROPE_FROM) // 2
+        c = tl.load(cos_ptr + pos[:, None] * SCP + col, mask=is_rope, other=1.0).to(tl.float32)
+        s = tl.load(sin_ptr + pos[:, None] * SSP + col, mask=is_rope, other=0.0).to(tl.float32)
+        x = _inv_rope_pairs(x, c, s, is_rope, QUANT_ROWS, SB)
         q, byte = _quantize_group(x, INV_FP8_MAX, FP8_MAX, FP8_MIN_NORMAL_EXP, AMAX_FLOOR,
                                   HW_CAST, FP8_TY)
-        a_s = _e8m0_to_f32(byte)
-        if QUANT_M < BLOCK_M:
-            q = tl.reshape(tl.broadcast_to(q[None, :, :], (BLOCK_M // QUANT_M, QUANT_M, SB)),
-                           (BLOCK_M, SB))
-            a_s = tl.reshape(tl.broadcast_to(a_s[None, :], (BLOCK_M // QUANT_M, QUANT_M)),
-                             (BLOCK_M,))
-        b = tl.load(w_rows + kb * SB, mask=n_ok[:, None], other=0.0)
-        b_s = _e8m0_to_f32(tl.load(ws_rows + kb, mask=n_ok, other=127))
-        acc = _scaled_block_mma(acc, q, b, a_s, b_s, True)
-    out = tl.trans(acc)
-    y_off = g * SYG + offs_m[:, None] * SYM + offs_n[None, :]
-    ok = (offs_m < M)[:, None] & n_ok[None, :]
-    if SPLIT_K > 1:
-        tl.atomic_add(y_ptr + y_off, out, mask=ok, sem="relaxed")
-    else:
-        if OUT_BF16:
-            out = _round_bf16_rne(out)
-        tl.store(y_ptr + y_off, out.to(y_ptr.dtype.element_ty), mask=ok)
+        tl.store(x_ptr + tok[:, None] * (G * K) + g * K + kb[:, None] * SB + lanes[None, :], q,
+                 mask=row_ok[:, None])
+        tl.store(xs_ptr + tok * (G * KB) + g * KB + kb, byte.to(tl.uint8), mask=row_ok)
+    tl.debug_barrier()  # this block's x writes are visible to all its threads
+    _bmm_tile(x_ptr, w_ptr, xs_ptr, ws_ptr, M, y_ptr, pid_m, pid % NUM_N, g, pid_k, G * K, K,
+              G * KB, KB, SWG, SWN, SWSG, SWSN, SYM, SYG, N, K, SB, BLOCK_M, BLOCK_N, SPLIT_K,
+              True, OUT_BF16)
 
 
 @triton.jit

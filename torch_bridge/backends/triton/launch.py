@@ -703,31 +703,39 @@ def _fusion_blocker(o: torch.Tensor, cos_cache: torch.Tensor, block: int,
     return None
 
 
-@torch.library.custom_op(f"{_LIB}::inv_rope_quant_bmm_", mutates_args=("out",))
+#: Activations one step of the fused kernel's prologue quantizes: 32 groups of 128 (16 fp32
+#: values per thread at 8 warps).
+_FUSED_QUANT_LANES = 4096
+
+
+@torch.library.custom_op(f"{_LIB}::inv_rope_quant_bmm_",
+                         mutates_args=("x_fp8", "x_scale", "out"))
 def _fused_op(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
               sin_cache: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
-              out: torch.Tensor, amax_floor: float, block_m: int, block_n: int, split_k: int,
-              num_warps: int, num_stages: int) -> None:
+              x_fp8: torch.Tensor, x_scale: torch.Tensor, out: torch.Tensor, amax_floor: float,
+              block_m: int, block_n: int, split_k: int, num_warps: int,
+              num_stages: int) -> None:
     with _on_device_of(o):
         s, _, dh = o.shape
         if s == 0:
             return
         g, n, k = w.shape
+        block = k // w_scale.shape[2]
         grid = (triton.cdiv(s, block_m) * triton.cdiv(n, block_n), g, split_k)
         kernels.inv_rope_quant_bmm_kernel[grid](
-            o, positions, cos_cache, sin_cache, w, w_scale, s, cos_cache.shape[0], out,
-            SOM=o.stride(0), SCP=cos_cache.stride(0), SSP=sin_cache.stride(0),
+            o, positions, cos_cache, sin_cache, w, w_scale, s, cos_cache.shape[0], x_fp8,
+            x_scale, out, SOM=o.stride(0), SCP=cos_cache.stride(0), SSP=sin_cache.stride(0),
             SWG=w.stride(0), SWN=w.stride(1), SWSG=w_scale.stride(0), SWSN=w_scale.stride(1),
-            SYM=out.stride(0), SYG=out.stride(1), N=n, K=k, SB=k // w_scale.shape[2], DH=dh,
+            SYM=out.stride(0), SYG=out.stride(1), G=g, N=n, K=k, SB=block, DH=dh,
             RD=2 * cos_cache.shape[1], **_quant_constants(w.dtype, amax_floor),
-            BLOCK_M=block_m, BLOCK_N=block_n, QUANT_M=min(block_m, triton.next_power_of_2(s)),
-            SPLIT_K=split_k, OUT_BF16=out.dtype == torch.bfloat16, num_warps=num_warps,
-            num_stages=num_stages)
+            BLOCK_M=block_m, BLOCK_N=block_n, SPLIT_K=split_k,
+            OUT_BF16=out.dtype == torch.bfloat16, QUANT_ROWS=_FUSED_QUANT_LANES // block,
+            num_warps=num_warps, num_stages=num_stages)
 
 
 @_fused_op.register_fake
-def _(o, positions, cos_cache, sin_cache, w, w_scale, out, amax_floor, block_m, block_n,
-      split_k, num_warps, num_stages) -> None:
+def _(o, positions, cos_cache, sin_cache, w, w_scale, x_fp8, x_scale, out, amax_floor, block_m,
+      block_n, split_k, num_warps, num_stages) -> None:
     return None
 
 
@@ -738,9 +746,9 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
              config: GemmConfig | None = None) -> torch.Tensor:
     """The FP8 chain ``y = dq(quant(inv_rope(o))) @ dq(w)^T``: one fused kernel at decode sizes.
 
-    The fused kernel (``inv_rope_quant_bmm_kernel``) quantizes each K block of ``o`` in
-    registers and multiplies it at once, so ``x_fp8``/``x_scale`` never reach memory and one
-    launch replaces two; its products are those of ``inverse_rope_group_quant`` followed by
+    The fused kernel (``inv_rope_quant_bmm_kernel``) quantizes, in each program, the
+    activations its tile reads and then multiplies them: one launch instead of two, and no gap
+    between them. Its products are those of ``inverse_rope_group_quant`` followed by
     ``batched_gemm_a8w8_mxscale`` with the same tiles. The quant group is the weight's scale
     block B.
 
@@ -795,10 +803,14 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
         acc = out if out.dtype == torch.float32 else torch.empty((s, g, n), dtype=torch.float32,
                                                                    device=o.device)
         acc.zero_()
-    _run_mutating(_fused_op, (acc,), _last_dims_contiguous(o), _rows_contiguous(positions),
-                  _rows_contiguous(cos_cache), _rows_contiguous(sin_cache), _rows_contiguous(w),
-                  _rows_contiguous(_as_bytes(w_scale)), acc, float(amax_floor), cfg.block_m,
-                  cfg.block_n, cfg.split_k, cfg.num_warps, cfg.num_stages)
+    # The prologue's quantized activations (read back by the same program, never returned).
+    x_fp8 = torch.empty((s, g, k), dtype=w.dtype, device=o.device)
+    x_scale = torch.empty((s, g, k // block), dtype=torch.uint8, device=o.device)
+    _run_mutating(_fused_op, (x_fp8, x_scale, acc), _last_dims_contiguous(o),
+                  _rows_contiguous(positions), _rows_contiguous(cos_cache),
+                  _rows_contiguous(sin_cache), _rows_contiguous(w),
+                  _rows_contiguous(_as_bytes(w_scale)), x_fp8, x_scale, acc, float(amax_floor),
+                  cfg.block_m, cfg.block_n, cfg.split_k, cfg.num_warps, cfg.num_stages)
     if acc is not out:
         out.copy_(acc)
     return out
