@@ -17,8 +17,8 @@ Providers (rows of the table):
 * ``gemm_bf16``: cuBLAS bf16 ``einsum`` of the same problem (the BF16 chain's GEMM alone).
 * ``chain_bf16``: Triton in-place inverse RoPE of the rope tail + cuBLAS bf16 ``einsum``.
 * ``chain_fp8_triton``: ``launch.wo_a_fp8``, the fused one-kernel chain where
-  ``launch.fused_chosen`` (decode at G = 2), quant + GEMM elsewhere; ``chain_fp8_triton_2k``:
-  always the two kernels.
+  ``launch.fused_chosen`` (M = 1 at G = 16, M <= 8 at G = 2), quant + GEMM elsewhere;
+  ``chain_fp8_triton_2k``: always the two kernels.
 * ``chain_fp8_jax``: quant + GEMM under ``jax.jit``;
   ``chain_fp8_jax_cb``: the ``buffer_callback`` route with its launches recorded in XLA's
   command buffers (CUDA graphs); skipped where the native ``jax_triton`` route runs (it has no

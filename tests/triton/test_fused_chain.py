@@ -88,28 +88,26 @@ def test_fused_split_k_fp32_out_padded_tokens_and_clamped_positions(rng):
     assert_close(y, ref, tolerance="gemm_bf16")
 
 
-def test_default_fuses_where_the_gemm_would_split_k(rng, monkeypatch):
-    """``fused=None`` runs the one-kernel chain up to ``FUSED_MAX_TOKENS`` tokens when the
-    groups alone give too few GEMM programs (G = 2 at DeepSeek V4 sizes), quant + GEMM
-    otherwise; the public ``WoAProjection`` takes the same road."""
+def test_default_fuses_where_the_prologue_is_one_step(rng, monkeypatch):
+    """``fused=None`` runs the one-kernel chain when each program quantizes at most 4096
+    activations first (DeepSeek V4: M = 1 at G = 16, M <= 8 at G = 2), quant + GEMM otherwise;
+    the public ``WoAProjection`` takes the same road."""
     from torch_bridge import WoAProjection
 
-    assert launch.fused_chosen(1, 2, 1024, 4096, 128)
-    assert launch.fused_chosen(16, 2, 1024, 4096, 128)
-    assert not launch.fused_chosen(17, 2, 1024, 4096, 128)
-    assert not launch.fused_chosen(1, 16, 1024, 4096, 128)
+    for m, g, want in ((1, 16, True), (2, 16, False), (1, 2, True), (8, 2, True), (9, 2, False),
+                       (16, 2, False), (1, 8, True), (5, 8, False)):
+        assert launch.fused_chosen(m, g, 1024, 4096, 128) == want, (m, g)
     calls = []
     for name in ("_fused_op", "_bmm_op"):
         real = getattr(launch, name)
         monkeypatch.setattr(launch, name,
                             lambda *a, real=real, name=name: (calls.append(name), real(*a)))
-    # N = 128, G = 2: 4 programs of 64 rows, so the GEMM would split K and the chain fuses.
-    for s, n, want in ((1, 128, ["_fused_op"]), (launch.FUSED_MAX_TOKENS + 1, 128, ["_bmm_op"]),
-                       (1, 4160, ["_bmm_op"])):  # 65 x 2 programs: no split, no fusion
+    # K = 1024 in 8 blocks, split 8 ways: one prologue step up to 32 tokens.
+    for s, want in ((1, ["_fused_op"]), (32, ["_fused_op"]), (33, ["_bmm_op"])):
         calls.clear()
-        o, pos, cos, sin, w, ws = _chain_case(rng, s, n=n)
+        o, pos, cos, sin, w, ws = _chain_case(rng, s)
         y = launch.wo_a_fp8(o, pos, cos, sin, w, ws, 2)
-        assert calls == want, (s, n)
+        assert calls == want, s
         assert_close(y, _oracle(o, pos, cos, sin, w, ws, 2, 128), tolerance="gemm_bf16")
     calls.clear()
     o, pos, cos, sin, w, ws = _chain_case(rng, 2)
@@ -121,13 +119,15 @@ def test_default_fuses_where_the_gemm_would_split_k(rng, monkeypatch):
 
 
 def test_fused_config_tiles_and_split():
-    """128 weight rows per program, 8 warps, 16-64 token columns, K split to ~256 programs."""
-    cases = {(1, 2): (16, 8), (16, 2): (16, 8), (40, 2): (64, 8), (1, 16): (16, 2),
-             (1, 8): (16, 4), (300, 16): (64, 1)}
-    for (m, g), (block_m, split) in cases.items():
+    """128 weight rows per program, 8 warps, 16-64 token columns; K split like the GEMM's
+    (to ~256 programs when the tiles give 64 or fewer), then 4 stages, else 5."""
+    cases = {(1, 2): (16, 8, 4), (16, 2): (16, 8, 4), (40, 2): (64, 8, 4), (1, 16): (16, 1, 5),
+             (1, 8): (16, 4, 4), (300, 16): (64, 1, 5)}
+    for (m, g), want in cases.items():
         cfg = launch.fused_config(m, g, 1024, 4096, 128)
-        assert (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.split_k) == (block_m, 128, 8, split)
-        assert cfg.swap_ab and not (cfg.tma or cfg.wgmma)
+        assert (cfg.block_m, cfg.split_k, cfg.num_stages) == want, (m, g, cfg)
+        assert (cfg.block_n, cfg.num_warps, cfg.swap_ab, cfg.tma, cfg.wgmma) == (
+            128, 8, True, False, False)
     assert launch.fused_config(1, 2, 1024, 256, 128).split_k == 2  # K / B = 2 caps the split
 
 

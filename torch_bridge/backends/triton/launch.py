@@ -661,32 +661,36 @@ def batched_gemm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.T
 # The FP8 chain: one fused kernel at decode sizes, quant + GEMM above
 # ---------------------------------------------------------------------------------------------
 
-#: The largest S that ``wo_a_fp8`` may run on the fused kernel by default (see ``fused_chosen``).
-FUSED_MAX_TOKENS = 16
+#: Activations one step of the fused kernel's prologue quantizes: 32 groups of 128 (16 fp32
+#: values per thread at 8 warps).
+_FUSED_QUANT_LANES = 4096
 
 
 def fused_chosen(m: int, g: int, n: int, k: int, block: int) -> bool:
-    """Whether ``wo_a_fp8`` fuses this chain by default: at most ``FUSED_MAX_TOKENS`` tokens and
-    few enough groups that the GEMM would split K (G = 2, TP8).
+    """Whether ``wo_a_fp8`` fuses this chain by default: when each program's prologue is one
+    step (at most ``_FUSED_QUANT_LANES`` activations: M = 1 at G = 16, M <= 8 at G = 2).
 
-    Measured on an H200 (benchmarks/RESULTS.md, session 5): G = 2 ran in 8.8 us against 10.7 us
-    for quant + GEMM at M = 1, 10.3 against 11.8 at M = 16; at G = 16 the fused kernel lost
-    (24.3 against 22.6 us at M = 1, 35.2 against 24.9 at M = 16), its quant latency exposed
-    in every K step once the weight stream alone fills the GPU.
+    Measured on an H200 (benchmarks/RESULTS.md, session 5), fused against quant + GEMM:
+    G = 16, M = 1: 21.0 against 22.8 us; M = 4: 26.4 against 23.3. G = 2, M = 1: 8.8 against
+    10.8; M = 4: 9.6 against 11.4; M = 16: 12.4 against 11.9.
     """
-    return m <= FUSED_MAX_TOKENS and gemm_config(m, g, n, k, block).split_k > 1
+    cfg = fused_config(m, g, n, k, block)
+    return m * (k // block) // cfg.split_k * block <= _FUSED_QUANT_LANES
 
 
 def fused_config(m: int, g: int, n: int, k: int, block: int) -> GemmConfig:
     """The fused kernel's launch shape for ``m`` tokens: 16-64 token columns x 128 weight rows,
-    8 warps, 4 stages, and K split so that about 256 programs stream the weight (the best of
-    the shapes timed at G = 2 and 16, M = 1 and 16)."""
+    8 warps; K split as the GEMM splits it (to ~256 programs when the tiles give 64 or fewer),
+    then 4 stages, else 5 (the fastest shapes at G = 2 and 16, M = 1 and 4)."""
     block_m = min(64, max(16, triton.next_power_of_2(m)))
-    cfg = GemmConfig(block_m, 128, swap_ab=True, num_warps=8, num_stages=4)
-    split = max(1, min(8, 256 // _programs(cfg, m, g, n)))
+    cfg = GemmConfig(block_m, 128, swap_ab=True, num_warps=8, num_stages=5)
+    programs = _programs(cfg, m, g, n)
+    if programs > 64:
+        return cfg
+    split = max(1, min(8, 256 // programs))
     while (k // block) % split:
         split //= 2
-    return dataclasses.replace(cfg, split_k=split)
+    return dataclasses.replace(cfg, split_k=split, num_stages=4)
 
 
 def _fusion_blocker(o: torch.Tensor, cos_cache: torch.Tensor, block: int,
@@ -701,11 +705,6 @@ def _fusion_blocker(o: torch.Tensor, cos_cache: torch.Tensor, block: int,
         return (f"the fused kernel has pointer-loaded, swapped tiles only (swap_ab=True, "
                 f"tma=False, wgmma=False), got {config}")
     return None
-
-
-#: Activations one step of the fused kernel's prologue quantizes: 32 groups of 128 (16 fp32
-#: values per thread at 8 warps).
-_FUSED_QUANT_LANES = 4096
 
 
 @torch.library.custom_op(f"{_LIB}::inv_rope_quant_bmm_",
