@@ -70,6 +70,17 @@ def test_fused_gives_the_two_kernel_bits(rng, s, block, rope_dtype, pos_dtype):
     assert_close(y, _oracle(o, pos, cos, sin, w, ws, 2, block), tolerance="gemm_bf16")
 
 
+def test_fused_groups_that_start_inside_a_head(rng):
+    """G = 4 groups over H = 2 heads: group 1 is the second half of head 0, so its last block
+    holds that head's rope tail; the prologue must find it from the lane's place in the head."""
+    o, pos, cos, sin, w, ws = _chain_case(rng, 3, g=4, h=2)
+    cfg = launch.GemmConfig(16, 64, swap_ab=True)
+    y = launch.wo_a_fp8(o, pos, cos, sin, w, ws, 4, fused=True, config=cfg)
+    two = launch.wo_a_fp8(o, pos, cos, sin, w, ws, 4, fused=False, config=cfg)
+    np.testing.assert_array_equal(_bits(y), _bits(two))
+    assert_close(y, _oracle(o, pos, cos, sin, w, ws, 4, 128), tolerance="gemm_bf16")
+
+
 def test_fused_split_k_fp32_out_padded_tokens_and_clamped_positions(rng):
     """Split-K (fp32 atomics into a zeroed buffer), an fp32 ``out``, ``o`` with a padded token
     stride and positions outside ``[0, P)`` (clamped, as AITER does)."""
@@ -153,7 +164,7 @@ def test_fused_deterministic_mode_never_splits(rng, monkeypatch):
     (dict(fused=True, config=launch.GemmConfig(16, 64)), "pointer-loaded, swapped tiles"),
     (dict(fused=True, config=launch.GemmConfig(16, 64, split_k=3, swap_ab=True)),
      "split_k=3 does not divide"),
-    (dict(out="short"), r"out must be \[S, G, N\]"),
+    (dict(out="short"), r"out must be \[M, G, N\] = \[2, 2, 128\]"),
 ])
 def test_bad_chain_arguments_raise(rng, kwargs, match):
     o, pos, cos, sin, w, ws = _chain_case(rng, 2)

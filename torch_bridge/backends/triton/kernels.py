@@ -395,7 +395,8 @@ def inv_rope_quant_bmm_kernel(
                     mask=row_ok[:, None], other=0.0).to(tl.float32)
         pos = tl.load(pos_ptr + tok, mask=row_ok, other=0).to(tl.int64)
         pos = tl.minimum(tl.maximum(pos, 0), n_pos_rows - 1)  # AITER's clamp
-        lane = (kb[:, None] * SB) % DH + 2 * pairs[None, :]  # head offset of each even lane
+        # Head offset of each even lane (a group may start inside a head when G > H).
+        lane = (g * K + kb[:, None] * SB) % DH + 2 * pairs[None, :]
         is_rope = (lane >= ROPE_FROM) & row_ok[:, None]
         col = (lane - ROPE_FROM) // 2
         c = tl.load(cos_ptr + pos[:, None] * SCP + col, mask=is_rope, other=1.0).to(tl.float32)

@@ -630,11 +630,7 @@ def batched_gemm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.T
         m, g, n, k, block, wgmma=x.is_cuda and wgmma_available(x.device.index)[0])
     if config is None and cfg.split_k > 1 and torch.are_deterministic_algorithms_enabled():
         cfg = dataclasses.replace(cfg, split_k=1)
-    if out is None:
-        out = torch.empty((m, g, n), dtype=dtype, device=x.device)
-    elif tuple(out.shape) != (m, g, n) or out.stride(2) != 1:
-        raise ValueError(f"out must be [M, G, N] = {[m, g, n]} with N contiguous, got shape "
-                         f"{list(out.shape)} strides {list(out.stride())}")
+    out = _output(out, (m, g, n), dtype, x.device)
     x = _rows_contiguous(x)
     w = _rows_contiguous(w)
     xs, ws = _rows_contiguous(_as_bytes(x_scale)), _rows_contiguous(_as_bytes(w_scale))
@@ -644,17 +640,32 @@ def batched_gemm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.T
         raise ValueError(f"split_k={cfg.split_k} does not divide K / B = {k // block}")
     args = (cfg.block_m, cfg.block_n, cfg.split_k, cfg.swap_ab, cfg.num_warps, cfg.num_stages,
             cfg.tma, cfg.programs_per_sm, cfg.wgmma)
-    if cfg.split_k == 1:
-        _run_mutating(_bmm_op, (out,), x, w, xs, ws, out, *args)
-        return out
-    # Split-K adds fp32 partials atomically: accumulate in a zeroed fp32 buffer, then round once.
-    acc = out if out.dtype == torch.float32 else torch.empty((m, g, n), dtype=torch.float32,
-                                                               device=x.device)
-    acc.zero_()
+    acc = _accumulator(out, cfg.split_k)
     _run_mutating(_bmm_op, (acc,), x, w, xs, ws, acc, *args)
     if acc is not out:
         out.copy_(acc)
     return out
+
+
+def _output(out: torch.Tensor | None, shape: tuple[int, int, int], dtype: torch.dtype,
+            device: torch.device) -> torch.Tensor:
+    """A GEMM's ``[M, G, N]`` output: ``out`` checked (N contiguous), or a new tensor."""
+    if out is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    if tuple(out.shape) != shape or out.stride(2) != 1:
+        raise ValueError(f"out must be [M, G, N] = {list(shape)} with N contiguous, got shape "
+                         f"{list(out.shape)} strides {list(out.stride())}")
+    return out
+
+
+def _accumulator(out: torch.Tensor, split_k: int) -> torch.Tensor:
+    """Where a GEMM kernel writes: ``out`` itself, or with split-K (fp32 partials added
+    atomically) a zeroed fp32 buffer (``out`` when it is fp32) that the caller rounds once."""
+    if split_k == 1:
+        return out
+    acc = out if out.dtype == torch.float32 else torch.empty(out.shape, dtype=torch.float32,
+                                                               device=out.device)
+    return acc.zero_()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -792,16 +803,8 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
         cfg = dataclasses.replace(cfg, split_k=1)
     if (k // block) % cfg.split_k:
         raise ValueError(f"split_k={cfg.split_k} does not divide K / B = {k // block}")
-    if out is None:
-        out = torch.empty((s, g, n), dtype=dtype, device=o.device)
-    elif tuple(out.shape) != (s, g, n) or out.stride(2) != 1:
-        raise ValueError(f"out must be [S, G, N] = {[s, g, n]} with N contiguous, got shape "
-                         f"{list(out.shape)} strides {list(out.stride())}")
-    acc = out
-    if cfg.split_k > 1:  # fp32 partials added atomically into a zeroed buffer, rounded once
-        acc = out if out.dtype == torch.float32 else torch.empty((s, g, n), dtype=torch.float32,
-                                                                   device=o.device)
-        acc.zero_()
+    out = _output(out, (s, g, n), dtype, o.device)
+    acc = _accumulator(out, cfg.split_k)
     # The prologue's quantized activations (read back by the same program, never returned).
     x_fp8 = torch.empty((s, g, k), dtype=w.dtype, device=o.device)
     x_scale = torch.empty((s, g, k // block), dtype=torch.uint8, device=o.device)
