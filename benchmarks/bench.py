@@ -5,7 +5,7 @@ Usage (``woa bench`` forwards its arguments to ``main``)::
     python -m benchmarks.bench                      # H200 sweep (or the CPU smoke sweep)
     python -m benchmarks.bench --groups 16 --ms 1,8192 --json out.json --plot out.png
     python -m benchmarks.bench --prefill            # 100K-token prefill in 8K chunks, TP1/TP8
-    python -m benchmarks.bench --tune               # Triton GEMM / quant launch-shape sweep
+    python -m benchmarks.bench --tune               # GEMM / quant / fused-chain launch shapes
 
 Providers (rows of the table):
 
