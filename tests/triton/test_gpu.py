@@ -435,7 +435,10 @@ def test_fused_chain_cuda_graph_and_torch_compile(s, g):
     y.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
-    assert _relerr(y, want) <= 1e-2
+    from woa_jax.testing import TOLERANCES
+
+    ref = _chain_oracle(o, pos, cos, sin, weight, scale, g)
+    assert _relerr(y, ref) <= TOLERANCES["gemm_bf16"].rel
 
 
 @pytest.mark.parametrize("s", (1, 64, 8192))

@@ -14,11 +14,11 @@ Kernels:
   activations of its tile before ``bmm_fp8_block_kernel``'s swapped product (small M).
 * ``inv_rope_inplace_kernel``: the BF16 chain's inverse RoPE, in place on the rope tail only.
 
-``bmm_fp8_block_kernel`` and ``inv_rope_quant_bmm_kernel``, which ``jax_triton.triton_call``
-launches directly, take array inputs, runtime scalars, outputs, then constexprs: the order
-triton_call passes them in. The quant kernels are reached from JAX through thin wrappers in
-``jax_launch`` that make their strides constexpr; their parameters follow the same order. The
-large-M Hopper GEMM is in ``gluon_kernels``.
+``bmm_fp8_block_kernel`` (which ``jax_triton.triton_call`` launches directly) and
+``inv_rope_quant_bmm_kernel`` (so far launched from torch only) take array inputs, runtime
+scalars, outputs, then constexprs: the order triton_call passes them in. The quant kernels
+are reached from JAX through thin wrappers in ``jax_launch`` that make their strides constexpr;
+their parameters follow the same order. The large-M Hopper GEMM is in ``gluon_kernels``.
 
 E8M0 scales travel as uint8 (Triton rejects ``float8_e8m0fnu`` arguments) and are decoded here
 by placing the byte in the fp32 exponent field.
