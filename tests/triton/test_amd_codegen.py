@@ -5,7 +5,7 @@ for ROCm would pass every other test. This compiles each kernel at the launch sh
 ``gemm_config`` / ``quant_config`` pick (and the 32 x 32 scale blocks of V4.1) to an AMD code
 object in a subprocess, with each target's fp8 type (e4m3fnuz on gfx942, OCP e4m3fn on gfx950)
 and the launcher's ROCm settings (fp32-side RNE before the fp8 cast), and checks that the GEMMs
-run on fp8 MFMA instructions and split-K on global atomics.
+run on fp8 MFMA instructions and split-K takes its tickets with global atomics.
 """
 
 from __future__ import annotations
@@ -62,13 +62,12 @@ _SCRIPT = textwrap.dedent("""
         for m, groups, sb in ((1, g, 128), (64, g, 128), (8192, g, 128), (1, 2, 128),
                               (8192, g, 32)):
             cfg = launch.gemm_config(m, groups, n, k, sb)
-            y = "*fp32" if cfg.split_k > 1 else "*bf16"
             sig = {"x_ptr": f"*{fp8}", "w_ptr": f"*{fp8}", "xs_ptr": "*u8", "ws_ptr": "*u8",
-                   "M": "i32", "y_ptr": y}
+                   "M": "i32", "y_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32"}
             cx = dict(SXM=groups * k, SXG=k, SXSM=groups * k // sb, SXSG=k // sb, SWG=n * k,
                       SWN=k, SWSG=n // sb * k // sb, SWSN=k // sb, SYM=groups * n, SYG=n, N=n,
                       K=k, SB=sb, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                      SPLIT_K=cfg.split_k, SWAP_AB=cfg.swap_ab, OUT_BF16=cfg.split_k == 1)
+                      SPLIT_K=cfg.split_k, SWAP_AB=cfg.swap_ab, OUT_BF16=True)
             asm = amdgcn(arch, kernels.bmm_fp8_block_kernel, sig, cx,
                          ("x_ptr", "w_ptr", "xs_ptr", "ws_ptr", "y_ptr"), cfg.num_warps,
                          cfg.num_stages)
@@ -90,11 +89,12 @@ _SCRIPT = textwrap.dedent("""
 
         cfg = launch.fused_config(1, 2, n, k, 128)  # the fused decode chain at G = 2
         sig = {**rope, "w_ptr": f"*{fp8}", "ws_ptr": "*u8", "M": "i32", "n_pos_rows": "i32",
-               "x_ptr": f"*{fp8}", "xs_ptr": "*u8", "y_ptr": "*fp32"}
+               "x_ptr": f"*{fp8}", "xs_ptr": "*u8", "y_ptr": "*bf16", "part_ptr": "*fp32",
+               "count_ptr": "*i32"}
         cx = dict(SOM=2 * k, SCP=32, SSP=32, SWG=n * k, SWN=k, SWSG=n // 128 * k // 128,
                   SWSN=k // 128, SYM=2 * n, SYG=n, G=2, N=n, K=k, SB=128, DH=512, RD=64,
                   **consts, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SPLIT_K=cfg.split_k,
-                  OUT_BF16=False, QUANT_ROWS=launch._FUSED_QUANT_LANES // 128)
+                  OUT_BF16=True, QUANT_ROWS=launch._FUSED_QUANT_LANES // 128)
         asm = amdgcn(arch, kernels.inv_rope_quant_bmm_kernel, sig, cx, ("o_ptr", "w_ptr"),
                       cfg.num_warps, cfg.num_stages)
         print(arch, "gemm", "fused", fp8_mfma(asm), "global_atomic" in asm)

@@ -82,7 +82,7 @@ def test_fused_groups_that_start_inside_a_head(rng):
 
 
 def test_fused_split_k_fp32_out_padded_tokens_and_clamped_positions(rng):
-    """Split-K (fp32 atomics into a zeroed buffer), an fp32 ``out``, ``o`` with a padded token
+    """Split-K (parts reduced in the kernel), an fp32 ``out``, ``o`` with a padded token
     stride and positions outside ``[0, P)`` (clamped, as AITER does)."""
     o, pos, cos, sin, w, ws = _chain_case(rng, 4)
     padded = torch.zeros((4, 4, 640), dtype=o.dtype, device=DEVICE)[:, :, :512]
@@ -131,8 +131,9 @@ def test_default_fuses_where_the_prologue_is_one_step(rng, monkeypatch):
 
 def test_fused_config_tiles_and_split():
     """128 weight rows per program, 8 warps, 16-64 token columns; K split like the GEMM's
-    (to ~256 programs when the tiles give 64 or fewer), then 4 stages, else 5."""
-    cases = {(1, 2): (16, 8, 4), (16, 2): (16, 8, 4), (40, 2): (64, 8, 4), (1, 16): (16, 1, 5),
+    (to ~256 programs when the tiles give 64 or fewer, at most 256 / block_m parts), then 4
+    stages, else 5."""
+    cases = {(1, 2): (16, 8, 4), (16, 2): (16, 8, 4), (40, 2): (64, 4, 4), (1, 16): (16, 1, 5),
              (1, 8): (16, 4, 4), (300, 16): (64, 1, 5)}
     for (m, g), want in cases.items():
         cfg = launch.fused_config(m, g, 1024, 4096, 128)
@@ -142,18 +143,22 @@ def test_fused_config_tiles_and_split():
     assert launch.fused_config(1, 2, 1024, 256, 128).split_k == 2  # K / B = 2 caps the split
 
 
-def test_fused_deterministic_mode_never_splits(rng, monkeypatch):
+def test_fused_split_k_is_the_same_in_deterministic_mode(rng, monkeypatch):
+    """Split-K parts are added in K order in the kernel: deterministic mode keeps the split."""
     seen = []
     real = launch._fused_op
     monkeypatch.setattr(launch, "_fused_op", lambda *a: (seen.append(a[12]), real(*a)))
     o, pos, cos, sin, w, ws = _chain_case(rng, 1, g=1, h=2)
-    assert launch.fused_config(1, 1, 128, 1024, 128).split_k > 1
+    split = launch.fused_config(1, 1, 128, 1024, 128).split_k
+    assert split > 1
+    y = launch.wo_a_fp8(o, pos, cos, sin, w, ws, 1)
     torch.use_deterministic_algorithms(True)
     try:
-        y = launch.wo_a_fp8(o, pos, cos, sin, w, ws, 1)
+        again = launch.wo_a_fp8(o, pos, cos, sin, w, ws, 1)
     finally:
         torch.use_deterministic_algorithms(False)
-    assert seen == [1]
+    assert seen == [split, split]
+    np.testing.assert_array_equal(_bits(y), _bits(again))
     assert_close(y, _oracle(o, pos, cos, sin, w, ws, 1, 128), tolerance="gemm_bf16")
 
 

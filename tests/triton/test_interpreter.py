@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import pathlib
 
 import jax
@@ -176,9 +177,11 @@ def test_gemm_fp32_out_ragged_n_transposed_x_and_32_blocks(rng):
     assert_close(y, ref, tolerance="gemm_bf16")
 
 
-def test_gemm_config_splits_k_for_few_programs_unless_deterministic(rng, monkeypatch):
-    """Few programs (G = 2 decode) split K over fp32 atomics; deterministic mode never does."""
+def test_gemm_config_splits_k_for_few_programs(rng, monkeypatch):
+    """Few programs (G = 2 decode) split K; the kernel adds the parts in K order, so the bits
+    are the same on every call (deterministic mode included) and the counters end at zero."""
     assert launch.gemm_config(1, 2, 1024, 4096, 128).split_k == 8
+    assert launch.gemm_config(64, 2, 1024, 4096, 128).split_k == 4  # 64-token tiles: <= 4
     assert launch.gemm_config(128, 2, 1024, 4096, 128).split_k == 4
     assert launch.gemm_config(1, 16, 1024, 4096, 128).split_k == 1
     assert launch.gemm_config(8192, 2, 1024, 4096, 128).split_k == 1
@@ -187,13 +190,52 @@ def test_gemm_config_splits_k_for_few_programs_unless_deterministic(rng, monkeyp
     monkeypatch.setattr(launch, "_bmm_op", lambda *a: (seen.append(a[7]), real(*a)))
     x, w, xs, ws = _gemm_case(rng, 1, 2, 128, 256)
     ref = woa_jax.batched_gemm_a8w8_mxscale(*_jx(x, w, xs, ws), dtype=jnp.float32)
-    assert_close(launch.batched_gemm_a8w8_mxscale(x, w, xs, ws), ref, tolerance="gemm_bf16")
+    first = launch.batched_gemm_a8w8_mxscale(x, w, xs, ws)
+    assert_close(first, ref, tolerance="gemm_bf16")
     torch.use_deterministic_algorithms(True)
     try:
-        assert_close(launch.batched_gemm_a8w8_mxscale(x, w, xs, ws), ref, tolerance="gemm_bf16")
+        again = launch.batched_gemm_a8w8_mxscale(x, w, xs, ws)
     finally:
         torch.use_deterministic_algorithms(False)
-    assert seen == [2, 1]  # K / B = 2 blocks caps the split at 2
+    assert seen == [2, 2]  # K / B = 2 blocks caps the split at 2
+    assert torch.equal(first.view(torch.int16), again.view(torch.int16))
+    assert int(launch._COUNTER_POOLS[x.device].counters.count_nonzero()) == 0
+
+
+def test_split_k_counter_pool_ranges():
+    """Eager launches on one stream share a range (grown when a launch needs more tiles);
+    captured launches get ranges of their own; an exhausted pool says so with None."""
+    pool = launch._CounterPool(torch.device(DEVICE))
+    eager = pool.take(8, stream=7)
+    assert pool.take(8, stream=7).data_ptr() == eager.data_ptr()
+    assert pool.take(4, stream=7).data_ptr() == eager.data_ptr()
+    other = pool.take(8, stream=9)
+    captured = [pool.take(8, stream=None) for _ in range(2)]
+    starts = {t.data_ptr() for t in (eager, other, *captured)}
+    assert len(starts) == 4
+    grown = pool.take(16, stream=7)
+    assert grown.numel() == 16 and grown.data_ptr() not in starts
+    assert pool.take(launch._SPLIT_COUNTERS, stream=None) is None
+
+
+def test_split_k_without_counters_runs_unsplit_and_logs_why(rng, monkeypatch, caplog):
+    monkeypatch.setattr(launch, "_SPLIT_COUNTERS", 4)
+    monkeypatch.setattr(launch, "_COUNTER_POOLS", {})
+    monkeypatch.setattr(launch, "_SPLIT_FALLBACK_LOGGED", set())
+    x, w, xs, ws = _gemm_case(rng, 3, 2, 128, 256)  # 2 groups x 2 N tiles of 64 = 4 counters
+    ref = woa_jax.batched_gemm_a8w8_mxscale(*_jx(x, w, xs, ws), dtype=jnp.float32)
+    cfg = launch.GemmConfig(16, 64, split_k=2, swap_ab=True)
+    with caplog.at_level(logging.WARNING, logger="woa"):
+        assert_close(launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, config=cfg), ref,
+                     tolerance="gemm_bf16")
+        assert not caplog.records  # 4 tiles: the pool holds them
+        cfg = launch.GemmConfig(16, 32, split_k=2, swap_ab=True)  # 8 tiles: more than the pool
+        assert_close(launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, config=cfg), ref,
+                     tolerance="gemm_bf16")
+        launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, config=cfg)
+    assert [r.getMessage() for r in caplog.records] == [
+        "woa: triton GEMM runs without split-K (slower at small M): its 4 counters are taken "
+        "(each captured split launch keeps its own)"]
 
 
 def test_gemm_rejects_bad_out_and_split(rng):

@@ -1,6 +1,6 @@
 """The torch launchers' GPU-only code paths compile for Hopper (sm_90), checked on CPU.
 
-Under ``TRITON_INTERPRET=1`` the TMA GEMM, split-K atomics and the hardware fp8 cast are never
+Under ``TRITON_INTERPRET=1`` the TMA GEMM, split-K's atomics and the hardware fp8 cast are never
 compiled, so a change that breaks them would pass the interpreter tests. This compiles each
 launch shape family to sm_90 PTX in a subprocess (no interpreter, no GPU needed) and checks for
 the instructions the design relies on.
@@ -47,15 +47,22 @@ _SCRIPT = textwrap.dedent("""
 
     cfg = launch.gemm_config(1, 2, n, k, sb)
     assert cfg.split_k > 1, cfg
+    # M = 1 arrives as a constexpr (Triton specializes integer arguments equal to 1).
+    split = {"part_ptr": "*fp32", "count_ptr": "*i32"}
     sig = {"x_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "xs_ptr": "*u8", "ws_ptr": "*u8",
-           "M": "i32", "y_ptr": "*fp32"}
-    cx = dict(SXM=2 * k, SXG=k, SXSM=2 * k // sb, SXSG=k // sb, SWG=n * k, SWN=k,
+           "M": "constexpr", "y_ptr": "*bf16", **split}
+    cx = dict(M=1, SXM=2 * k, SXG=k, SXSM=2 * k // sb, SXSG=k // sb, SWG=n * k, SWN=k,
               SWSG=n // sb * k // sb, SWSN=k // sb, SYM=2 * n, SYG=n, N=n, K=k, SB=sb,
               BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SPLIT_K=cfg.split_k,
-              SWAP_AB=cfg.swap_ab, OUT_BF16=False)
+              SWAP_AB=cfg.swap_ab, OUT_BF16=True)
     code = ptx(kernels.bmm_fp8_block_kernel, sig, cx, ("x_ptr", "w_ptr", "xs_ptr", "ws_ptr",
-                                                       "y_ptr"), cfg.num_warps, cfg.num_stages)
-    print("split", cfg.label(), "wgmma" in code, "red.global" in code or "atom.global" in code)
+                                                       "y_ptr", "part_ptr", "count_ptr"),
+               cfg.num_warps, cfg.num_stages)
+
+    def serial_split(code):  # an acquire-release ticket; the parts read back from L2
+        return "atom.global.gpu.acq_rel.add" in code and "ld.global.cg" in code
+
+    print("split", cfg.label(), "wgmma" in code, serial_split(code))
 
     qc = launch.quant_config(8192)
     assert qc.block_h, qc
@@ -71,27 +78,29 @@ _SCRIPT = textwrap.dedent("""
                 "q_ptr", "s_ptr"), qc.num_warps)
     print("quant", "cvt.rn.satfinite.e4m3x2.f32" in code, "ld.global.v4" in code)
 
-    # The fused chain at its G = 2 decode shape: wgmma and split-K atomics.
+    # The fused chain at its G = 2 decode shape: wgmma and serial split-K.
     cfg = launch.fused_config(1, 2, n, k, sb)
     sig = {"o_ptr": "*bf16", "pos_ptr": "*i32", "cos_ptr": "*bf16", "sin_ptr": "*bf16",
            "w_ptr": "*fp8e4nv", "ws_ptr": "*u8", "M": "i32", "n_pos_rows": "i32",
-           "x_ptr": "*fp8e4nv", "xs_ptr": "*u8", "y_ptr": "*fp32"}
+           "x_ptr": "*fp8e4nv", "xs_ptr": "*u8", "y_ptr": "*bf16", **split}
     cx = dict(SOM=2 * k, SCP=32, SSP=32, SWG=n * k, SWN=k, SWSG=n // sb * k // sb,
               SWSN=k // sb, SYM=2 * n, SYG=n, G=2, N=n, K=k, SB=sb, DH=512, RD=64,
               **launch._quant_constants(torch.float8_e4m3fn, 1e-8), BLOCK_M=cfg.block_m,
-              BLOCK_N=cfg.block_n, SPLIT_K=cfg.split_k, OUT_BF16=False,
+              BLOCK_N=cfg.block_n, SPLIT_K=cfg.split_k, OUT_BF16=True,
               QUANT_ROWS=launch._FUSED_QUANT_LANES // sb)
     code = ptx(kernels.inv_rope_quant_bmm_kernel, sig, cx,
-               tuple(sig)[:6] + ("x_ptr", "xs_ptr", "y_ptr"), cfg.num_warps, cfg.num_stages)
-    print("fused", cfg.label(), "wgmma" in code, "red.global" in code or "atom.global" in code,
+               tuple(sig)[:6] + ("x_ptr", "xs_ptr", "y_ptr", *split), cfg.num_warps,
+               cfg.num_stages)
+    print("fused", cfg.label(), "wgmma" in code, serial_split(code),
           "cvt.rn.satfinite.e4m3x2.f32" in code)
 """)
 
 
 def test_gpu_only_paths_compile_for_sm90(tmp_path):
     """TMA GEMM tiles (large M and decode) use wgmma and the bulk tensor copy; split-K uses
-    wgmma and global atomics; the per-head quant kernel uses the hardware RNE fp8 cast and
-    16-byte loads. The fused chain uses wgmma, split-K atomics and the hardware cast."""
+    wgmma, an acquire-release ticket and L2 reads of the parts; the per-head quant kernel uses
+    the hardware RNE fp8 cast and 16-byte loads. The fused chain uses wgmma, serial split-K and
+    the hardware cast."""
     lines = run_compile_script(_SCRIPT, tmp_path)
     assert len(lines) == 5, lines
     assert lines[0].startswith("tma ") and lines[0].endswith("True True"), lines

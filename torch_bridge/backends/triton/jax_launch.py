@@ -7,10 +7,11 @@ backend on CUDA; everything else goes through ``buffer_callback``.
 
 The launch shapes are the torch launchers' (``launch.quant_config``, ``launch.gemm_config``, read
 at trace time), except that the GEMM always runs the pointer kernel with SPLIT_K = 1: jax-triton
-0.3.1 has no host-side TMA descriptors, and split-K would need a zeroed fp32 buffer and an extra
-pass. jax-triton gives runtime ``int`` arguments no divisibility hint (torch's launcher marks
-multiples of 16), which turns the quant kernels' 16-byte loads of ``o`` into 2-byte loads, so
-the quant kernels run through thin wrappers that pass the (fixed) row strides as constexprs.
+0.3.1 has no host-side TMA descriptors, and split-K needs counters that stay zeroed between
+launches (the torch launcher keeps them per device). jax-triton gives runtime ``int`` arguments
+no divisibility hint (torch's launcher marks multiples of 16), which turns the quant kernels'
+16-byte loads of ``o`` into 2-byte loads, so the quant kernels run through thin wrappers that
+pass the (fixed) row strides as constexprs.
 
 ``jax_triton`` is imported on first use only (``load_jax_triton``); nothing here touches a GPU.
 """
@@ -175,8 +176,9 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
 
 def gemm_call(m: int, g: int, n: int, k: int, block: int, n_blocks: int, *,
               dtype) -> KernelCall:
-    """The ``bmm_fp8_block_kernel`` launch for dense ``x [M, G, K]``, ``w [G, N, K]``,
-    ``x_scale [M, G, K / B]``, ``w_scale [G, n_blocks, K / B]`` -> ``y [M, G, N]`` in ``dtype``.
+    """The ``bmm_fp8_block_kernel`` launch (through ``_gemm_kernel``) for dense ``x [M, G, K]``,
+    ``w [G, N, K]``, ``x_scale [M, G, K / B]``, ``w_scale [G, n_blocks, K / B]`` -> ``y [M, G,
+    N]`` in ``dtype``.
 
     The tile is ``launch.gemm_config``'s; its TMA and split-K fields are not used (module
     docstring). Strides follow from the shapes.
@@ -188,11 +190,25 @@ def gemm_call(m: int, g: int, n: int, k: int, block: int, n_blocks: int, *,
     constexprs = dict(
         SXM=g * k, SXG=k, SXSM=g * kb, SXSG=kb, SWG=n * k, SWN=k, SWSG=n_blocks * kb, SWSN=kb,
         SYM=g * n, SYG=n, N=n, K=k, SB=block, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        SPLIT_K=1, SWAP_AB=cfg.swap_ab,
+        SWAP_AB=cfg.swap_ab,
         OUT_BF16=np.dtype(dtype) == np.dtype(jnp.bfloat16))
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), g, 1)
-    return KernelCall(kernels.bmm_fp8_block_kernel, (m,), (jax.ShapeDtypeStruct((m, g, n), dtype),),
+    return KernelCall(_gemm_kernel, (m,), (jax.ShapeDtypeStruct((m, g, n), dtype),),
                       grid, cfg.num_warps, cfg.num_stages, tuple(constexprs.items()))
+
+
+@triton.jit
+def _gemm_kernel(x_ptr, w_ptr, xs_ptr, ws_ptr, M, y_ptr, SXM: tl.constexpr, SXG: tl.constexpr,
+                 SXSM: tl.constexpr, SXSG: tl.constexpr, SWG: tl.constexpr, SWN: tl.constexpr,
+                 SWSG: tl.constexpr, SWSN: tl.constexpr, SYM: tl.constexpr, SYG: tl.constexpr,
+                 N: tl.constexpr, K: tl.constexpr, SB: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr, OUT_BF16: tl.constexpr):
+    """``kernels.bmm_fp8_block_kernel`` without split-K, so without its scratch (inlined)."""
+    kernels.bmm_fp8_block_kernel(
+        x_ptr=x_ptr, w_ptr=w_ptr, xs_ptr=xs_ptr, ws_ptr=ws_ptr, M=M, y_ptr=y_ptr, part_ptr=y_ptr,
+        count_ptr=y_ptr, SXM=SXM, SXG=SXG, SXSM=SXSM, SXSG=SXSG, SWG=SWG, SWN=SWN, SWSG=SWSG,
+        SWSN=SWSN, SYM=SYM, SYG=SYG, N=N, K=K, SB=SB, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+        SPLIT_K=1, SWAP_AB=SWAP_AB, OUT_BF16=OUT_BF16)
 
 
 def _scale_bytes(x):

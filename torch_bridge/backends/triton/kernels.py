@@ -7,18 +7,18 @@ Kernels:
   program (NUMERICS.md sections 2-5). ``inv_rope_group_quant_kernel`` is the same over flat
   groups, for head dims that GS does not divide.
 * ``bmm_fp8_block_kernel``: block-scaled FP8 batched GEMM, fp32 promotion once per scale block
-  along K (NUMERICS.md section 6), pointer loads, optional split-K;
+  along K (NUMERICS.md section 6), pointer loads, optional split-K reduced in the kernel;
   ``bmm_fp8_block_tma_kernel``: the same with tensor-descriptor (TMA) tiles, optionally
   persistent.
 * ``inv_rope_quant_bmm_kernel``: the decode chain in one launch, each program quantizing the
   activations of its tile before ``bmm_fp8_block_kernel``'s swapped product (small M).
 * ``inv_rope_inplace_kernel``: the BF16 chain's inverse RoPE, in place on the rope tail only.
 
-``bmm_fp8_block_kernel`` (which ``jax_triton.triton_call`` launches directly) and
-``inv_rope_quant_bmm_kernel`` (so far launched from torch only) take array inputs, runtime
-scalars, outputs, then constexprs: the order triton_call passes them in. The quant kernels
-are reached from JAX through thin wrappers in ``jax_launch`` that make their strides constexpr;
-their parameters follow the same order. The large-M Hopper GEMM is in ``gluon_kernels``.
+``bmm_fp8_block_kernel`` and ``inv_rope_quant_bmm_kernel`` (so far launched from torch only)
+take array inputs, runtime scalars, outputs (then split-K's scratch), then constexprs: the order
+``jax_triton.triton_call`` passes them in. JAX reaches the GEMM and the quant kernels through
+thin wrappers in ``jax_launch`` (constexpr strides, no split-K scratch). The large-M Hopper GEMM
+is in ``gluon_kernels``.
 
 E8M0 scales travel as uint8 (Triton rejects ``float8_e8m0fnu`` arguments) and are decoded here
 by placing the byte in the fp32 exponent field.
@@ -276,6 +276,7 @@ def bmm_fp8_block_tma_kernel(
 def bmm_fp8_block_kernel(
     x_ptr, w_ptr, xs_ptr, ws_ptr, M,
     y_ptr,  # the output after inputs and scalars: jax_triton.triton_call's order
+    part_ptr, count_ptr,  # SPLIT_K > 1 only: fp32 parts [SPLIT_K, M, G, N], int32 counters
     SXM: tl.constexpr, SXG: tl.constexpr,  # x [M, G, K] strides (K contiguous)
     SXSM: tl.constexpr, SXSG: tl.constexpr,  # x_scale [M, G, K/SB] strides (last contiguous)
     SWG: tl.constexpr, SWN: tl.constexpr,  # w [G, N, K] strides
@@ -292,25 +293,32 @@ def bmm_fp8_block_kernel(
     scale block SB, so each ``tl.dot`` covers one scale block and is promoted to fp32 with both
     scales applied (Hopper's reduced-precision fp8 accumulation stays inside one block).
     ``SWAP_AB`` computes the transposed tile ``w x^T`` so that small M becomes the MMA's N side
-    (wgmma needs >= 64 rows on the M side). ``SPLIT_K > 1`` adds fp32 partial sums atomically
-    into a zeroed fp32 ``y``.
+    (wgmma needs >= 64 rows on the M side). ``SPLIT_K > 1`` splits K over programs and
+    reduces the parts in the kernel, in K order (see ``_bmm_tile``).
     """
     NUM_N: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
     pid = tl.program_id(0)
-    _bmm_tile(x_ptr, w_ptr, xs_ptr, ws_ptr, M, y_ptr, pid // NUM_N, pid % NUM_N,
+    _bmm_tile(x_ptr, w_ptr, xs_ptr, ws_ptr, M, y_ptr, part_ptr, count_ptr, pid // NUM_N,
+              pid % NUM_N,
               tl.program_id(1).to(tl.int64), tl.program_id(2), SXM, SXG, SXSM, SXSG, SWG, SWN,
               SWSG, SWSN, SYM, SYG, N, K, SB, BLOCK_M, BLOCK_N, SPLIT_K, SWAP_AB, OUT_BF16)
 
 
 @triton.jit
-def _bmm_tile(x_ptr, w_ptr, xs_ptr, ws_ptr, M, y_ptr, pid_m, pid_n, g, pid_k,
+def _bmm_tile(x_ptr, w_ptr, xs_ptr, ws_ptr, M, y_ptr, part_ptr, count_ptr, pid_m, pid_n, g, pid_k,
               SXM: tl.constexpr, SXG: tl.constexpr, SXSM: tl.constexpr, SXSG: tl.constexpr,
               SWG: tl.constexpr, SWN: tl.constexpr, SWSG: tl.constexpr, SWSN: tl.constexpr,
               SYM: tl.constexpr, SYG: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
               SB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr, OUT_BF16: tl.constexpr):
     """One output tile (M tile ``pid_m``, N tile ``pid_n``, group ``g``, K part ``pid_k``) of
-    ``bmm_fp8_block_kernel``: the pipelined K loop, promotion per scale block, the store."""
+    ``bmm_fp8_block_kernel``: the pipelined K loop, promotion per scale block, the store.
+
+    ``SPLIT_K > 1`` (serial split-K): each K part parks its fp32 tile in ``part [SPLIT_K, M,
+    G, N]`` and takes a ticket from the tile's counter in ``count_ptr``; the part that arrives
+    last adds the parts in K order (so the bits never depend on arrival order), writes ``y``
+    and sets the counter back to 0 for the next launch. Counters must start at 0.
+    """
     BLOCK_K: tl.constexpr = SB
     KB: tl.constexpr = K // SB
     offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -338,20 +346,41 @@ def _bmm_tile(x_ptr, w_ptr, xs_ptr, ws_ptr, M, y_ptr, pid_m, pid_n, g, pid_k,
         out = tl.trans(acc)
     else:
         out = acc
-    y_off = g * SYG + offs_m[:, None] * SYM + offs_n[None, :]
     ok = m_ok[:, None] & n_ok[None, :]
     if SPLIT_K > 1:
-        tl.atomic_add(y_ptr + y_off, out, mask=ok, sem="relaxed")
+        G = tl.num_programs(1)
+        part_off = (offs_m[:, None] * G + g) * N + offs_n[None, :]
+        part_stride = G.to(tl.int64) * M * N  # M may arrive as a constexpr 1
+        tl.store(part_ptr + pid_k * part_stride + part_off, out, mask=ok)
+        tl.debug_barrier()  # every thread's part is written before the ticket releases it
+        tile = (pid_m * ((N + BLOCK_N - 1) // BLOCK_N) + pid_n) * G + g
+        ticket = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel")
+        if ticket == SPLIT_K - 1:
+            out = tl.load(part_ptr + part_off, mask=ok, other=0.0, cache_modifier=".cg")
+            for k_part in tl.static_range(1, SPLIT_K):
+                out += tl.load(part_ptr + k_part * part_stride + part_off, mask=ok, other=0.0,
+                               cache_modifier=".cg")
+            tl.store(count_ptr + tile, 0)
+            _store_tile(y_ptr, out, offs_m, offs_n, g, ok, SYM, SYG, OUT_BF16)
     else:
-        if OUT_BF16:
-            out = _round_bf16_rne(out)
-        tl.store(y_ptr + y_off, out.to(y_ptr.dtype.element_ty), mask=ok)
+        _store_tile(y_ptr, out, offs_m, offs_n, g, ok, SYM, SYG, OUT_BF16)
+
+
+@triton.jit
+def _store_tile(y_ptr, out, offs_m, offs_n, g, ok, SYM: tl.constexpr, SYG: tl.constexpr,
+                OUT_BF16: tl.constexpr):
+    """Write one fp32 output tile to ``y``, rounded to nearest-even for a bf16 ``y``."""
+    if OUT_BF16:
+        out = _round_bf16_rne(out)
+    tl.store(y_ptr + g * SYG + offs_m[:, None] * SYM + offs_n[None, :],
+             out.to(y_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
 def inv_rope_quant_bmm_kernel(
     o_ptr, pos_ptr, cos_ptr, sin_ptr, w_ptr, ws_ptr, M, n_pos_rows,
     x_ptr, xs_ptr, y_ptr,  # outputs after inputs and scalars: jax_triton.triton_call's order
+    part_ptr, count_ptr,  # SPLIT_K > 1 only (see bmm_fp8_block_kernel)
     SOM: tl.constexpr,  # o [S, H, Dh] token stride; group g's K lanes start at g * K
     SCP: tl.constexpr, SSP: tl.constexpr,  # cos/sin row strides
     SWG: tl.constexpr, SWN: tl.constexpr,  # w [G, N, K] strides
@@ -408,9 +437,9 @@ def inv_rope_quant_bmm_kernel(
                  mask=row_ok[:, None])
         tl.store(xs_ptr + tok * (G * KB) + g * KB + kb, byte.to(tl.uint8), mask=row_ok)
     tl.debug_barrier()  # this block's x writes are visible to all its threads
-    _bmm_tile(x_ptr, w_ptr, xs_ptr, ws_ptr, M, y_ptr, pid_m, pid % NUM_N, g, pid_k, G * K, K,
-              G * KB, KB, SWG, SWN, SWSG, SWSN, SYM, SYG, N, K, SB, BLOCK_M, BLOCK_N, SPLIT_K,
-              True, OUT_BF16)
+    _bmm_tile(x_ptr, w_ptr, xs_ptr, ws_ptr, M, y_ptr, part_ptr, count_ptr, pid_m, pid % NUM_N,
+              g, pid_k, G * K, K, G * KB, KB, SWG, SWN, SWSG, SWSN, SYM, SYG, N, K, SB, BLOCK_M,
+              BLOCK_N, SPLIT_K, True, OUT_BF16)
 
 
 @triton.jit

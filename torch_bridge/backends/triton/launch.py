@@ -2,9 +2,9 @@
 
 The ops mutate preallocated outputs and return nothing, so ``torch.compile`` sees opaque calls
 (no stride baking, vllm issue #41106) and CUDA-graph capture sees fixed buffers: the launchers
-allocate nothing when outputs are given (except split-K's fp32 accumulator for a bf16 output,
-which a capture takes from its private pool), never synchronise, and read int32 or int64
-positions directly (no ``.to(int64)`` copy).
+allocate nothing when outputs are given (except split-K's fp32 parts, which a capture takes
+from its private pool), never synchronise, and read int32 or int64 positions directly (no
+``.to(int64)`` copy).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import logging
 import math
 
 import numpy as np
@@ -24,6 +25,7 @@ from ..torch_ref import fp8_max, fp8_max_reciprocal
 from . import kernels
 
 _LIB = "woa_triton"
+log = logging.getLogger("woa")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -364,10 +366,10 @@ def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
     16 tokens and by the copy engine (TMA) with 6 stages from 17 to 64. Above 64 tokens, 64 x 128
     TMA tiles with 4 warps and 4 stages were fastest (6-14 % ahead of pointer loads at M = 1024
     and 8192; 128 x 128 / 8 warps, persistent grids and warp specialization tied or lost). With
-    64 programs or fewer (G = 2, TP8) the SMs starve: K is split so that about 256 programs
-    stream the weight (G = 2: 9.2 -> 7.3 us at M = 1, 15.7 -> 11.1 us at M = 128).
-    Split-K adds fp32 partials atomically, so its bits depend on the order of arrival; it is not
-    used under ``torch.use_deterministic_algorithms(True)`` (see ``batched_gemm_a8w8_mxscale``).
+    64 programs or fewer (G = 2, TP8) the SMs starve: K is split (``_k_split``) so that about
+    256 programs stream the weight (G = 2: 9.2 -> 7.3 us at M = 1, 15.7 -> 11.1 us at M = 128).
+    The parts are added in the kernel in K order, so the bits do not depend on timing
+    (``_bmm_tile``), and no zeroing or rounding launch runs around the GEMM.
 
     ``wgmma``: the Gluon kernel can run (``wgmma_available``). Then it takes M > 64 when more
     than 64 tiles of 128 x 128 fill the GPU, with 8 warps, 4 stages and one persistent program
@@ -388,10 +390,18 @@ def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
         return cfg
     if not cfg.swap_ab:
         cfg = GemmConfig(64, 64, num_warps=4, num_stages=4)
-    split = max(1, min(8, 256 // _programs(cfg, m, g, n)))
-    while (k // block) % split:
+    return dataclasses.replace(cfg, split_k=_k_split(cfg, m, g, n, k // block), tma=False,
+                               num_stages=4)
+
+
+def _k_split(cfg: GemmConfig, m: int, g: int, n: int, k_blocks: int) -> int:
+    """K parts for a grid of 64 or fewer tiles: about 256 programs, at most 8 parts, at most
+    256 / block_m (the last part reads every part back: at G = 2, M = 64, 64 x 64 tiles took
+    12.9 us split 8 ways, 9.4 us split 4 ways), and a divisor of the K blocks."""
+    split = max(1, min(8, 256 // _programs(cfg, m, g, n), 256 // cfg.block_m))
+    while k_blocks % split:
         split //= 2
-    return dataclasses.replace(cfg, split_k=split, tma=False, num_stages=4)
+    return split
 
 
 def _programs(cfg: GemmConfig, m: int, g: int, n: int) -> int:
@@ -496,9 +506,10 @@ def _bmm_op(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: to
                 SWAP_AB=swap_ab, OUT_BF16=out.dtype == torch.bfloat16,
                 num_warps=num_warps, num_stages=num_stages)
             return
-        grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n), g, split_k)
-        kernels.bmm_fp8_block_kernel[grid](
-            x, w, x_scale, w_scale, m, out,
+        tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
+        split_k, parts, counters = _split_scratch(out, split_k, tiles * g)
+        kernels.bmm_fp8_block_kernel[(tiles, g, split_k)](
+            x, w, x_scale, w_scale, m, out, parts, counters,
             SXM=x.stride(0), SXG=x.stride(1), SXSM=x_scale.stride(0), SXSG=x_scale.stride(1),
             SWG=w.stride(0), SWN=w.stride(1), SWSG=w_scale.stride(0), SWSN=w_scale.stride(1),
             SYM=out.stride(0), SYG=out.stride(1), N=n, K=k, SB=block,
@@ -617,8 +628,7 @@ def batched_gemm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.T
       w_scale: ``[G, ceil(N / B), K / B]`` uint8 or float8_e8m0fnu (B x B blocks).
       dtype: bf16 or fp32 output.
       out: optional ``[M, G, N]`` output with N contiguous (written in place).
-      config: launch shape; ``None`` picks ``gemm_config`` by M and G (without split-K under
-        ``torch.use_deterministic_algorithms(True)``: then the bits never depend on timing).
+      config: launch shape; ``None`` picks ``gemm_config`` by M and G.
 
     Returns:
       ``out`` (or a new tensor) ``[M, G, N]`` in ``dtype``.
@@ -628,8 +638,6 @@ def batched_gemm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.T
     block = k // x_scale.shape[2]
     cfg = config or gemm_config(
         m, g, n, k, block, wgmma=x.is_cuda and wgmma_available(x.device.index)[0])
-    if config is None and cfg.split_k > 1 and torch.are_deterministic_algorithms_enabled():
-        cfg = dataclasses.replace(cfg, split_k=1)
     out = _output(out, (m, g, n), dtype, x.device)
     x = _rows_contiguous(x)
     w = _rows_contiguous(w)
@@ -640,10 +648,7 @@ def batched_gemm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.T
         raise ValueError(f"split_k={cfg.split_k} does not divide K / B = {k // block}")
     args = (cfg.block_m, cfg.block_n, cfg.split_k, cfg.swap_ab, cfg.num_warps, cfg.num_stages,
             cfg.tma, cfg.programs_per_sm, cfg.wgmma)
-    acc = _accumulator(out, cfg.split_k)
-    _run_mutating(_bmm_op, (acc,), x, w, xs, ws, acc, *args)
-    if acc is not out:
-        out.copy_(acc)
+    _run_mutating(_bmm_op, (out,), x, w, xs, ws, out, *args)
     return out
 
 
@@ -658,14 +663,73 @@ def _output(out: torch.Tensor | None, shape: tuple[int, int, int], dtype: torch.
     return out
 
 
-def _accumulator(out: torch.Tensor, split_k: int) -> torch.Tensor:
-    """Where a GEMM kernel writes: ``out`` itself, or with split-K (fp32 partials added
-    atomically) a zeroed fp32 buffer (``out`` when it is fp32) that the caller rounds once."""
+# ---------------------------------------------------------------------------------------------
+# Split-K scratch: fp32 parts, and tile counters that the kernel leaves at zero
+# ---------------------------------------------------------------------------------------------
+
+#: int32 tile counters per device (4 MiB). Serial split-K's last part sets its tile's counter
+#: back to 0, so eager launches on one stream (which never overlap) share one range. A launch
+#: captured in a CUDA graph gets a range of its own for good: graphs captured on one stream may
+#: replay concurrently on different streams.
+_SPLIT_COUNTERS = 1 << 20
+
+
+class _CounterPool:
+    def __init__(self, device: torch.device):
+        self.counters = torch.zeros(_SPLIT_COUNTERS, dtype=torch.int32, device=device)
+        self.used = 0
+        self.by_stream: dict[int, torch.Tensor] = {}
+
+    def _take(self, tiles: int) -> torch.Tensor | None:
+        if self.used + tiles > _SPLIT_COUNTERS:
+            return None
+        self.used += tiles
+        return self.counters[self.used - tiles:self.used]
+
+    def take(self, tiles: int, stream: int | None) -> torch.Tensor | None:
+        """``tiles`` zeroed counters for a launch on ``stream`` (``None``: being captured)."""
+        if stream is None:
+            return self._take(tiles)
+        mine = self.by_stream.get(stream)
+        if mine is None or mine.numel() < tiles:
+            mine = self._take(tiles)
+            if mine is not None:
+                self.by_stream[stream] = mine
+        return mine
+
+
+_COUNTER_POOLS: dict[torch.device, _CounterPool] = {}
+_SPLIT_FALLBACK_LOGGED: set[str] = set()
+
+
+def _split_scratch(out: torch.Tensor, split_k: int,
+                   tiles: int) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """``(split_k, parts, counters)`` for one pointer-kernel launch writing ``out [M, G, N]``
+    in ``tiles`` output tiles: fp32 ``parts [split_k, M, G, N]`` and int32 counters; without
+    split-K, ``(1, out, out)`` (unused). Runs unsplit, logged once, when no counters can be had:
+    the pool is created on the first split launch outside CUDA-graph capture, and a long run of
+    captures can use it up."""
     if split_k == 1:
-        return out
-    acc = out if out.dtype == torch.float32 else torch.empty(out.shape, dtype=torch.float32,
-                                                               device=out.device)
-    return acc.zero_()
+        return 1, out, out
+    capturing = out.is_cuda and torch.cuda.is_current_stream_capturing()
+    pool = _COUNTER_POOLS.get(out.device)
+    if pool is None and not capturing:
+        pool = _COUNTER_POOLS[out.device] = _CounterPool(out.device)
+    stream = None if capturing else (torch.cuda.current_stream(out.device).cuda_stream
+                                     if out.is_cuda else 0)
+    counters = pool.take(tiles, stream) if pool is not None else None
+    if counters is None:
+        why = ("its counters are created on the first split launch outside CUDA-graph capture; "
+               "run once before capturing" if pool is None else
+               f"its {_SPLIT_COUNTERS} counters are taken (each captured split launch keeps "
+               f"its own)")
+        if why not in _SPLIT_FALLBACK_LOGGED:
+            _SPLIT_FALLBACK_LOGGED.add(why)
+            log.warning("woa: triton GEMM runs without split-K (slower at small M): %s", why)
+        return 1, out, out
+    m, g, n = out.shape
+    parts = torch.empty((split_k, m, g, n), dtype=torch.float32, device=out.device)
+    return split_k, parts, counters
 
 
 # ---------------------------------------------------------------------------------------------
@@ -695,13 +759,9 @@ def fused_config(m: int, g: int, n: int, k: int, block: int) -> GemmConfig:
     then 4 stages, else 5 (the fastest shapes at G = 2 and 16, M = 1 and 4)."""
     block_m = min(64, max(16, triton.next_power_of_2(m)))
     cfg = GemmConfig(block_m, 128, swap_ab=True, num_warps=8, num_stages=5)
-    programs = _programs(cfg, m, g, n)
-    if programs > 64:
+    if _programs(cfg, m, g, n) > 64:
         return cfg
-    split = max(1, min(8, 256 // programs))
-    while (k // block) % split:
-        split //= 2
-    return dataclasses.replace(cfg, split_k=split, num_stages=4)
+    return dataclasses.replace(cfg, split_k=_k_split(cfg, m, g, n, k // block), num_stages=4)
 
 
 def _fusion_blocker(o: torch.Tensor, cos_cache: torch.Tensor, block: int,
@@ -731,11 +791,13 @@ def _fused_op(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
             return
         g, n, k = w.shape
         block = k // w_scale.shape[2]
-        grid = (triton.cdiv(s, block_m) * triton.cdiv(n, block_n), g, split_k)
-        kernels.inv_rope_quant_bmm_kernel[grid](
+        tiles = triton.cdiv(s, block_m) * triton.cdiv(n, block_n)
+        split_k, parts, counters = _split_scratch(out, split_k, tiles * g)
+        kernels.inv_rope_quant_bmm_kernel[(tiles, g, split_k)](
             o, positions, cos_cache, sin_cache, w, w_scale, s, cos_cache.shape[0], x_fp8,
-            x_scale, out, SOM=o.stride(0), SCP=cos_cache.stride(0), SSP=sin_cache.stride(0),
-            SWG=w.stride(0), SWN=w.stride(1), SWSG=w_scale.stride(0), SWSN=w_scale.stride(1),
+            x_scale, out, parts, counters, SOM=o.stride(0), SCP=cos_cache.stride(0),
+            SSP=sin_cache.stride(0), SWG=w.stride(0), SWN=w.stride(1), SWSG=w_scale.stride(0),
+            SWSN=w_scale.stride(1),
             SYM=out.stride(0), SYG=out.stride(1), G=g, N=n, K=k, SB=block, DH=dh,
             RD=2 * cos_cache.shape[1], **_quant_constants(w.dtype, amax_floor),
             BLOCK_M=block_m, BLOCK_N=block_n, SPLIT_K=split_k,
@@ -799,20 +861,15 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
         return batched_gemm_a8w8_mxscale(x_fp8, w, x_scale, w_scale, dtype=dtype, out=out,
                                          config=config)
     cfg = config or fused_config(s, g, n, k, block)
-    if config is None and cfg.split_k > 1 and torch.are_deterministic_algorithms_enabled():
-        cfg = dataclasses.replace(cfg, split_k=1)
     if (k // block) % cfg.split_k:
         raise ValueError(f"split_k={cfg.split_k} does not divide K / B = {k // block}")
     out = _output(out, (s, g, n), dtype, o.device)
-    acc = _accumulator(out, cfg.split_k)
     # The prologue's quantized activations (read back by the same program, never returned).
     x_fp8 = torch.empty((s, g, k), dtype=w.dtype, device=o.device)
     x_scale = torch.empty((s, g, k // block), dtype=torch.uint8, device=o.device)
-    _run_mutating(_fused_op, (x_fp8, x_scale, acc), _last_dims_contiguous(o),
+    _run_mutating(_fused_op, (x_fp8, x_scale, out), _last_dims_contiguous(o),
                   _rows_contiguous(positions), _rows_contiguous(cos_cache),
                   _rows_contiguous(sin_cache), _rows_contiguous(w),
-                  _rows_contiguous(_as_bytes(w_scale)), x_fp8, x_scale, acc, float(amax_floor),
+                  _rows_contiguous(_as_bytes(w_scale)), x_fp8, x_scale, out, float(amax_floor),
                   cfg.block_m, cfg.block_n, cfg.split_k, cfg.num_warps, cfg.num_stages)
-    if acc is not out:
-        out.copy_(acc)
     return out
