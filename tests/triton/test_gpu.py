@@ -328,8 +328,9 @@ def test_gemm_wgmma_relaunch_goes_straight_to_the_compiled_kernel():
 
 def test_operands_on_a_gpu_that_is_not_the_current_device():
     """Triton launches on torch's current device; the launchers switch to the operands' GPU
-    (and back). Quant, the decode GEMM and the Gluon GEMM on cuda:1 while cuda:0 is current
-    give the bytes they give on cuda:0 (all three are deterministic at these shapes)."""
+    (and back). Quant, the decode GEMM (split-K at G = 2 included: its counters are cuda:1's)
+    and the Gluon GEMM on cuda:1 while cuda:0 is current give the bytes they give on cuda:0
+    (all are deterministic)."""
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two GPUs")
     from torch_bridge.backends.triton import launch
@@ -343,11 +344,11 @@ def test_operands_on_a_gpu_that_is_not_the_current_device():
     for a, b in zip(here, there, strict=True):
         assert b.device == other
         assert torch.equal(a.view(torch.uint8).cpu(), b.view(torch.uint8).cpu()), f"seed {seed}"
-    for m in (1, 1024):
-        gemm = _gemm_inputs(m, 16, N, HPG * DH, seed)
+    for m, g in ((1, 16), (16, 2), (1024, 16)):
+        gemm = _gemm_inputs(m, g, N, HPG * DH, seed)
         y = launch.batched_gemm_a8w8_mxscale(*gemm)
         y_other = launch.batched_gemm_a8w8_mxscale(*(t.to(other) for t in gemm))
-        assert torch.equal(y.cpu(), y_other.cpu()), f"M {m}, seed {seed}"
+        assert torch.equal(y.cpu(), y_other.cpu()), f"M {m}, G {g}, seed {seed}"
     assert torch.cuda.current_device() == 0
 
 
