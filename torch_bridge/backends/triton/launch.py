@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import logging
 import math
+import threading
 
 import numpy as np
 import torch
@@ -679,6 +680,7 @@ class _CounterPool:
         self.counters = torch.zeros(_SPLIT_COUNTERS, dtype=torch.int32, device=device)
         self.used = 0
         self.by_stream: dict[int, torch.Tensor] = {}
+        self.lock = threading.Lock()  # threads launching on different streams get disjoint ranges
 
     def _take(self, tiles: int) -> torch.Tensor | None:
         if self.used + tiles > _SPLIT_COUNTERS:
@@ -688,14 +690,15 @@ class _CounterPool:
 
     def take(self, tiles: int, stream: int | None) -> torch.Tensor | None:
         """``tiles`` zeroed counters for a launch on ``stream`` (``None``: being captured)."""
-        if stream is None:
-            return self._take(tiles)
-        mine = self.by_stream.get(stream)
-        if mine is None or mine.numel() < tiles:
-            mine = self._take(tiles)
-            if mine is not None:
-                self.by_stream[stream] = mine
-        return mine
+        with self.lock:
+            if stream is None:
+                return self._take(tiles)
+            mine = self.by_stream.get(stream)
+            if mine is None or mine.numel() < tiles:
+                mine = self._take(tiles)
+                if mine is not None:
+                    self.by_stream[stream] = mine
+            return mine
 
 
 _COUNTER_POOLS: dict[torch.device, _CounterPool] = {}
