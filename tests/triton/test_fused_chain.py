@@ -204,3 +204,14 @@ def test_fused_op_is_opaque_to_torch_compile(rng):
     compiled = torch.compile(lambda o: launch.wo_a_fp8(o, pos, cos, sin, w, ws, 2),
                              backend="aot_eager", fullgraph=True)
     assert torch.equal(compiled(o), y)
+
+
+@pytest.mark.parametrize("fused", [None, True, False])
+def test_zero_tokens(rng, fused):
+    """An empty batch (a rank with no tokens) gives an empty output, fused or not."""
+    o, pos, cos, sin, w, ws = _chain_case(rng, 0)
+    y = launch.wo_a_fp8(o, pos, cos, sin, w, ws, 2, fused=fused)
+    assert y.shape == (0, 2, 128) and y.dtype == torch.bfloat16
+    x = torch.empty((0, 2, 1024), dtype=w.dtype, device=DEVICE)
+    xs = torch.empty((0, 2, 8), dtype=torch.uint8, device=DEVICE)
+    assert launch.batched_gemm_a8w8_mxscale(x, w, xs, ws).shape == (0, 2, 128)

@@ -399,7 +399,8 @@ def _k_split(cfg: GemmConfig, m: int, g: int, n: int, k_blocks: int) -> int:
     """K parts for a grid of 64 or fewer tiles: about 256 programs, at most 8 parts, at most
     256 / block_m (the last part reads every part back: at G = 2, M = 64, 64 x 64 tiles took
     12.9 us split 8 ways, 9.4 us split 4 ways), and a divisor of the K blocks."""
-    split = max(1, min(8, 256 // _programs(cfg, m, g, n), 256 // cfg.block_m))
+    programs = max(1, _programs(cfg, m, g, n))  # zero tokens: any shape, nothing launches
+    split = max(1, min(8, 256 // programs, 256 // cfg.block_m))
     while k_blocks % split:
         split //= 2
     return split
