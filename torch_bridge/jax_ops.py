@@ -105,6 +105,38 @@ def _native(op: str, backend_name: str, gemm: tuple[int, ...] | None = None) -> 
     return reason is None
 
 
+def _check_out_dtype(dtype) -> None:
+    if np.dtype(dtype) not in (np.dtype(jnp.bfloat16), np.dtype(jnp.float32)):
+        raise TypeError(f"dtype must be bfloat16 or float32, got {np.dtype(dtype).name}")
+
+
+def _fused_native(o, positions, cos_cache, sin_cache, w, w_scale, block: int, num_groups: int,
+                  amax_floor: float, dtype, backend: str | None) -> bool:
+    """Whether ``wo_a_fp8`` runs as one native fused launch: the dispatcher picks triton for
+    the quant and the GEMM, both would go native, and ``jax_launch.fused_fits``."""
+    if _use_oracle(backend):
+        return False
+    # The two-step path's checks, so that both paths reject the same inputs the same way.
+    s, h, dh, rd = _checks.check_rope_inputs(o, positions, cos_cache, sin_cache)
+    d = _checks.check_group_split(s, h, dh, num_groups, block)
+    _check_fp8_dtype(w.dtype)
+    _check_out_dtype(dtype)
+    _, g, n, k, _ = _checks.check_gemm_inputs(
+        jax.ShapeDtypeStruct((s, num_groups, d), w.dtype), w,
+        jax.ShapeDtypeStruct((s, num_groups, d // block), jnp.float8_e8m0fnu), w_scale)
+    rope = ops.rope_case(o, cos_cache, block, np.dtype(w.dtype), num_groups=num_groups,
+                         amax_floor=amax_floor, device_type=_device_type())
+    gemm = ops.gemm_case(jax.ShapeDtypeStruct((s, g, k), w.dtype), w, block, np.dtype(dtype),
+                         device_type=_device_type(), x_k_contiguous=True)
+    if (_dispatch.select("inverse_rope_group_quant", rope, backend).name != "triton"
+            or _dispatch.select("batched_gemm_a8w8_mxscale", gemm, backend).name != "triton"
+            or native_route_reason("triton", (s, g, n, k, block)) is not None):
+        return False
+    from .backends.triton import jax_launch
+
+    return jax_launch.fused_fits(s, g, n, k, block, dh, rd)
+
+
 def _use_oracle(backend: str | None) -> bool:
     return _device_type() == "cpu" and _dispatch.requested_backend(backend) == "auto"
 
@@ -203,8 +235,7 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=jnp.bfloat16, *,
     Agrees with the oracle to the output rounding (summation order is the kernel's).
     """
     m, g, n, k, block = _checks.check_gemm_inputs(x, w, x_scale, w_scale)
-    if np.dtype(dtype) not in (np.dtype(jnp.bfloat16), np.dtype(jnp.float32)):
-        raise TypeError(f"dtype must be bfloat16 or float32, got {np.dtype(dtype).name}")
+    _check_out_dtype(dtype)
     if _use_oracle(backend):
         return woa_jax.batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=dtype)
     # JAX arrays are dense row-major, so x is K-contiguous.
@@ -234,6 +265,10 @@ def wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: int, *,
              backend: str | None = None, command_buffer: bool | None = None):
     """The FP8 chain under ``jax.jit``: fused inverse RoPE + quant, then the block-scaled GEMM.
 
+    Where the torch launcher runs the chain as one fused kernel without splitting K (DeepSeek
+    V4 at M = 1, G >= 16) and both ops take the native route, this launches that kernel
+    natively too (``jax_launch.fused_fits``): the same bits, one launch.
+
     Args:
       o: ``[S, H, Dh]`` bf16; positions ``[S]``; cos/sin ``[P, rd / 2]`` (bf16 for AITER bytes).
       w: ``[G, N, K]`` fp8 weight; w_scale ``[G, N / B, K / B]`` E8M0 bytes (``woa_jax.
@@ -250,6 +285,12 @@ def wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: int, *,
         raise ValueError(f"w_scale [G, N / B, K / B] = {tuple(w_scale.shape)} does not tile "
                          f"K = {w.shape[2]} of w")
     block = w.shape[2] // ks
+    if _fused_native(o, positions, cos_cache, sin_cache, w, w_scale, block, num_groups,
+                     amax_floor, dtype, backend):
+        from .backends.triton import jax_launch
+
+        return jax_launch.wo_a_fp8(o, positions[:o.shape[0]], cos_cache, sin_cache, w, w_scale,
+                                   num_groups, amax_floor=amax_floor, dtype=dtype)
     x, xs = inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, block,
                                      fp8_dtype=w.dtype, amax_floor=amax_floor, backend=backend,
                                      command_buffer=command_buffer)

@@ -249,6 +249,74 @@ def test_gemm_spec_follows_gemm_config(m):
     assert not dict(fp32.constexprs)["OUT_BF16"] and fp32.out_shape[0].dtype == jnp.float32
 
 
+def _chain_shapes(s, g):
+    """Real rope inputs (small) and shape-only weights for the chain's route decision."""
+    o = jnp.zeros((s, g * HPG, DH), jnp.bfloat16)
+    pos = jnp.zeros((s,), jnp.int32)
+    cos = sin = jnp.zeros((64, RD // 2), jnp.bfloat16)
+    w = jax.ShapeDtypeStruct((g, N, HPG * DH), jnp.float8_e4m3fn)
+    ws = jax.ShapeDtypeStruct((g, N // 128, HPG * DH // 128), jnp.float8_e8m0fnu)
+    return o, pos, cos, sin, w, ws
+
+
+def test_chain_fuses_where_the_torch_launcher_fuses_without_split(native_ok):
+    """M = 1 at G = 16: one fused launch (no split-K there). G = 2 splits K, M = 2 does not
+    fuse, and another backend never fuses natively."""
+    def fused(s, g, backend="triton", dtype=jnp.bfloat16):
+        o, pos, cos, sin, w, ws = _chain_shapes(s, g)
+        return jax_ops._fused_native(o, pos, cos, sin, w, ws, 128, g, 1e-8, dtype, backend)
+
+    assert fused(1, 16) and fused(1, 16, dtype=jnp.float32)
+    assert launch.fused_config(1, 2, N, HPG * DH, 128).split_k > 1
+    assert not fused(1, 2) and not fused(2, 16) and not fused(1, 16, backend="torch")
+    assert jax_launch.fused_fits(1, 16, N, HPG * DH, 128, DH, RD)
+    assert not jax_launch.fused_fits(1, 16, N, HPG * DH, 128, 192, RD)  # Dh % B != 0
+
+
+def test_fused_chain_checks_inputs_like_the_two_steps(native_ok):
+    o, pos, cos, sin, w, _ = _chain_shapes(1, 16)
+    bad = jax.ShapeDtypeStruct((16, 4, HPG * DH // 128), jnp.float8_e8m0fnu)
+    with pytest.raises(ValueError, match=r"w_scale must be \[G, ceil\(N / 128\), K / 128\]"):
+        jax_ops._fused_native(o, pos, cos, sin, w, bad, 128, 16, 1e-8, jnp.bfloat16, "triton")
+    ws = jax.ShapeDtypeStruct((16, N // 128, HPG * DH // 128), jnp.float8_e8m0fnu)
+    with pytest.raises(TypeError, match="dtype must be bfloat16 or float32, got float16"):
+        jax_ops._fused_native(o, pos, cos, sin, w, ws, 128, 16, 1e-8, jnp.float16, "triton")
+
+
+def test_chain_takes_the_fused_launch(native_ok, monkeypatch):
+    calls = []
+
+    def fake(o, positions, cos, sin, w, ws, g, *, amax_floor, dtype):
+        calls.append((positions.shape, g, amax_floor, np.dtype(dtype).name))
+        return jnp.zeros((o.shape[0], g, N), dtype)
+
+    monkeypatch.setattr(jax_launch, "wo_a_fp8", fake)
+    o, pos, cos, sin, w, ws = _chain_shapes(1, 16)
+    y = jax_ops.wo_a_fp8(o, jnp.zeros((5,), jnp.int32), cos, sin, w, ws, 16, backend="triton",
+                         dtype=jnp.float32)
+    assert y.shape == (1, 16, N) and calls == [((1,), 16, woa_jax.AITER_AMAX_FLOOR, "float32")]
+
+
+def test_fused_spec_follows_fused_config():
+    call = jax_launch.fused_call(1, 16 * HPG, DH, RD, P, 16, N, HPG * DH, 128, N // 128,
+                                 fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8,
+                                 dtype=jnp.bfloat16)
+    cfg = launch.fused_config(1, 16, N, HPG * DH, 128)
+    cx = dict(call.constexprs)
+    assert call.kernel is jax_launch._fused_kernel and call.scalars == (1, P)
+    assert call.grid == (N // cfg.block_n, 16, 1)
+    assert (call.num_warps, call.num_stages) == (cfg.num_warps, cfg.num_stages)
+    assert (cx["BLOCK_M"], cx["BLOCK_N"], cx["SOM"], cx["SWSG"], cx["SYM"]) == (
+        cfg.block_m, cfg.block_n, 16 * HPG * DH, N // 128 * HPG * DH // 128, 16 * N)
+    assert cx["QUANT_ROWS"] == launch._FUSED_QUANT_LANES // 128 and cx["OUT_BF16"]
+    assert [(t.shape, t.dtype) for t in call.out_shape] == [
+        ((1, 16, HPG * DH), jnp.float8_e4m3fn), ((1, 16, HPG * DH // 128), jnp.uint8),
+        ((1, 16, N), jnp.bfloat16)]
+    with pytest.raises(ValueError, match="the native fused chain does not split K"):
+        jax_launch.fused_call(1, 2 * HPG, DH, RD, P, 2, N, HPG * DH, 128, N // 128,
+                              fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8, dtype=jnp.bfloat16)
+
+
 _COMPILE_SCRIPT = textwrap.dedent("""
     import re
     import jax.numpy as jnp
@@ -279,17 +347,24 @@ _COMPILE_SCRIPT = textwrap.dedent("""
         print(call.kernel.__name__, sorted(set(re.findall(r"ld\\.global\\.v\\d", ptx(call, rope)))))
     call = jax_launch.gemm_call(1, 2, 256, 512, 128, 2, dtype=jnp.bfloat16)
     print("gemm", "wgmma" in ptx(call, ["float8_e4m3fn"] * 2 + ["uint8"] * 2))
+    call = jax_launch.fused_call(1, 128, 512, 64, 1024, 16, 1024, 4096, 128, 8,
+                                 fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8,
+                                 dtype=jnp.bfloat16)
+    code = ptx(call, rope + ["float8_e4m3fn", "uint8"])
+    print("fused", "wgmma" in code, "cvt.rn.satfinite.e4m3x2.f32" in code)
 """)
 
 
 def test_specs_compile_for_sm90(tmp_path):
-    """Every native launch compiles to sm_90 PTX with vectorized ``o`` loads (constexpr strides)
-    and wgmma in the GEMM; a subprocess, since this session's kernels are interpreted."""
+    """Every native launch compiles to sm_90 PTX with vectorized ``o`` loads (constexpr strides),
+    wgmma in the GEMM, wgmma and the hardware fp8 cast in the fused chain; a subprocess, since
+    this session's kernels are interpreted."""
     lines = run_compile_script(_COMPILE_SCRIPT, tmp_path)
-    assert len(lines) == 3, lines
+    assert len(lines) == 4, lines
     assert lines[0].startswith("_quant_rows_kernel") and "ld.global.v4" in lines[0], lines
     assert lines[1].startswith("_quant_head_kernel") and "ld.global.v" in lines[1], lines
     assert lines[2] == "gemm True", lines
+    assert lines[3] == "fused True True", lines
 
 
 # ---------------------------------------------------------------------------------------------
@@ -391,6 +466,29 @@ def test_gpu_gemm_and_chain(on_gpu, s, g):
     y = jax.jit(chain)(*args, w, ws)
     assert y.dtype == jnp.bfloat16
     assert_close(y, ref, tolerance="gemm_bf16", name=f"chain (seed {seed})")
+
+
+@gpu
+@pytest.mark.parametrize("s,launches", [(1, 1), (2, 2)])
+def test_gpu_chain_fuses_at_decode_like_torch(on_gpu, s, launches):
+    """G = 16: M = 1 lowers to one fused launch, M = 2 to quant + GEMM; both give the torch
+    launcher's bits (the same kernels and tiles) and meet the oracle."""
+    import torch
+
+    from torch_bridge import interop
+
+    g = 16
+    seed = _seed()
+    args, w, ws = _inputs(s, g, seed)
+    chain = lambda *a: jax_ops.wo_a_fp8(*a, g)  # noqa: E731
+    assert jax.jit(chain).lower(*args, w, ws).as_text().count("triton_kernel_call") == launches
+    y = jax.jit(chain)(*args, w, ws)
+    t = [interop.to_torch(a) for a in (*args, w)] + [interop.to_torch(ws).view(torch.uint8)]
+    want = launch.wo_a_fp8(*t, g)
+    torch.cuda.synchronize()
+    assert_bitwise_equal(y, interop.to_jax(want), name=f"vs torch (seed {seed})")
+    x, xs = _oracle_quant(args, g)
+    assert_close(y, _oracle_gemm(x, w, xs, ws), tolerance="gemm_bf16", name=f"seed {seed}")
 
 
 @gpu

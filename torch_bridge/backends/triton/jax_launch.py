@@ -211,6 +211,82 @@ def _gemm_kernel(x_ptr, w_ptr, xs_ptr, ws_ptr, M, y_ptr, SXM: tl.constexpr, SXG:
         SPLIT_K=1, SWAP_AB=SWAP_AB, OUT_BF16=OUT_BF16)
 
 
+# ---------------------------------------------------------------------------------------------
+# The fused decode chain
+# ---------------------------------------------------------------------------------------------
+
+@triton.jit
+def _fused_kernel(o_ptr, pos_ptr, cos_ptr, sin_ptr, w_ptr, ws_ptr, M, n_pos_rows, x_ptr, xs_ptr,
+                  y_ptr, SOM: tl.constexpr, SCP: tl.constexpr, SSP: tl.constexpr,
+                  SWG: tl.constexpr, SWN: tl.constexpr, SWSG: tl.constexpr, SWSN: tl.constexpr,
+                  SYM: tl.constexpr, SYG: tl.constexpr, G: tl.constexpr, N: tl.constexpr,
+                  K: tl.constexpr, SB: tl.constexpr, DH: tl.constexpr, RD: tl.constexpr,
+                  INV_FP8_MAX: tl.constexpr, FP8_MAX: tl.constexpr,
+                  FP8_MIN_NORMAL_EXP: tl.constexpr, AMAX_FLOOR: tl.constexpr,
+                  HW_CAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  OUT_BF16: tl.constexpr, QUANT_ROWS: tl.constexpr):
+    """``kernels.inv_rope_quant_bmm_kernel`` without split-K, so without its scratch (inlined)."""
+    kernels.inv_rope_quant_bmm_kernel(
+        o_ptr=o_ptr, pos_ptr=pos_ptr, cos_ptr=cos_ptr, sin_ptr=sin_ptr, w_ptr=w_ptr,
+        ws_ptr=ws_ptr, M=M, n_pos_rows=n_pos_rows, x_ptr=x_ptr, xs_ptr=xs_ptr, y_ptr=y_ptr,
+        part_ptr=y_ptr, count_ptr=y_ptr, SOM=SOM, SCP=SCP, SSP=SSP, SWG=SWG, SWN=SWN,
+        SWSG=SWSG, SWSN=SWSN, SYM=SYM, SYG=SYG, G=G, N=N, K=K, SB=SB, DH=DH, RD=RD,
+        INV_FP8_MAX=INV_FP8_MAX, FP8_MAX=FP8_MAX, FP8_MIN_NORMAL_EXP=FP8_MIN_NORMAL_EXP,
+        AMAX_FLOOR=AMAX_FLOOR, HW_CAST=HW_CAST, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, SPLIT_K=1,
+        OUT_BF16=OUT_BF16, QUANT_ROWS=QUANT_ROWS)
+
+
+def fused_fits(s: int, g: int, n: int, k: int, block: int, dh: int, rd: int) -> bool:
+    """Whether the chain runs natively as one fused launch: where the torch launcher fuses
+    (``launch.fused_chosen``) without splitting K (this route keeps no split-K counters):
+    DeepSeek V4 at M = 1 and G >= 16."""
+    from . import launch
+
+    return (dh % block == 0 and rd <= dh and launch.fused_chosen(s, g, n, k, block)
+            and launch.fused_config(s, g, n, k, block).split_k == 1)
+
+
+def fused_call(s: int, h: int, dh: int, rd: int, n_pos: int, g: int, n: int, k: int,
+               block: int, n_blocks: int, *, fp8_dtype, amax_floor: float,
+               dtype) -> KernelCall:
+    """The fused chain's launch for dense ``o [S, H, Dh]``, positions ``[S]``, cos/sin
+    ``[n_pos, rd / 2]``, ``w [G, N, K]``, ``w_scale [G, n_blocks, K / B]`` (uint8). Outputs:
+    the quantized activations ``x_fp8 [S, G, K]``, ``x_scale [S, G, K / B]`` uint8 (scratch)
+    and ``y [S, G, N]`` in ``dtype``. The tile is ``launch.fused_config``'s."""
+    from . import launch
+
+    cfg = launch.fused_config(s, g, n, k, block)
+    if cfg.split_k != 1:
+        raise ValueError(f"the native fused chain does not split K; fused_config({s}, {g}, ...) "
+                         f"asks for split_k={cfg.split_k} (see fused_fits)")
+    kb = k // block
+    out_shape = (jax.ShapeDtypeStruct((s, g, k), fp8_dtype),
+                 jax.ShapeDtypeStruct((s, g, kb), jnp.uint8),
+                 jax.ShapeDtypeStruct((s, g, n), dtype))
+    constexprs = dict(
+        SOM=h * dh, SCP=rd // 2, SSP=rd // 2, SWG=n * k, SWN=k, SWSG=n_blocks * kb, SWSN=kb,
+        SYM=g * n, SYG=n, G=g, N=n, K=k, SB=block, DH=dh, RD=rd,
+        **_quant_constants(fp8_dtype, amax_floor), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        OUT_BF16=np.dtype(dtype) == np.dtype(jnp.bfloat16),
+        QUANT_ROWS=launch._FUSED_QUANT_LANES // block)
+    grid = (triton.cdiv(s, cfg.block_m) * triton.cdiv(n, cfg.block_n), g, 1)
+    return KernelCall(_fused_kernel, (s, n_pos), out_shape, grid, cfg.num_warps, cfg.num_stages,
+                      tuple(constexprs.items()))
+
+
+def wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: int, *,
+             amax_floor: float, dtype):
+    """``y [S, G, N]`` of the fused chain (``fused_fits`` must hold); inputs already checked,
+    ``positions`` ``[S]`` (the caller slices it)."""
+    s, h, dh = o.shape
+    g, n, k = w.shape
+    call = fused_call(s, h, dh, 2 * cos_cache.shape[1], cos_cache.shape[0], num_groups, n, k,
+                      k // w_scale.shape[2], w_scale.shape[1], fp8_dtype=w.dtype,
+                      amax_floor=amax_floor, dtype=dtype)
+    _, _, y = run(call, o, positions, cos_cache, sin_cache, w, _scale_bytes(w_scale))
+    return y
+
+
 def _scale_bytes(x):
     """E8M0 scales as uint8 (jax-triton has no Triton type for float8_e8m0fnu)."""
     return x if x.dtype == jnp.uint8 else jax.lax.bitcast_convert_type(x, jnp.uint8)
