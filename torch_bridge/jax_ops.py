@@ -7,7 +7,8 @@ launches it by one of two routes, chosen at trace time and logged once (logger `
 * native (the Triton backend on a CUDA JAX with ``jax_triton`` importable, unless
   ``WOA_JAX_TRITON=0``): ``jax_triton.triton_call`` lowers the same Triton kernels to XLA's
   ``triton_kernel_call`` custom call (``backends/triton/jax_launch.py``); XLA launches them on
-  its stream with no Python at run time.
+  its stream with no Python at run time. ``wo_a_fp8`` is one fused launch there where the torch
+  launcher fuses the chain without splitting K (M = 1 at G >= 16), else quant + GEMM.
 * ``jax.experimental.buffer_callback`` (every other case: AITER, the Triton interpreter on CPU,
   ROCm): XLA hands the callback its device buffers and its stream, the buffers are wrapped as
   torch tensors with DLPack (no copy) and the backend launches on XLA's stream, writing the

@@ -5,13 +5,14 @@ compiled once at lowering time and XLA launches it on its own stream with no Pyt
 inside ``jax.jit`` and command buffers. ``torch_bridge.jax_ops`` uses this route for the Triton
 backend on CUDA; everything else goes through ``buffer_callback``.
 
-The launch shapes are the torch launchers' (``launch.quant_config``, ``launch.gemm_config``, read
-at trace time), except that the GEMM always runs the pointer kernel with SPLIT_K = 1: jax-triton
-0.3.1 has no host-side TMA descriptors, and split-K needs counters that stay zeroed between
-launches (the torch launcher keeps them per device). jax-triton gives runtime ``int`` arguments
-no divisibility hint (torch's launcher marks multiples of 16), which turns the quant kernels'
-16-byte loads of ``o`` into 2-byte loads, so the quant kernels run through thin wrappers that
-pass the (fixed) row strides as constexprs.
+The launch shapes are the torch launchers' (``launch.quant_config``, ``launch.gemm_config``,
+``launch.fused_config``, read at trace time), except that the GEMM always runs the pointer kernel
+with SPLIT_K = 1 (and the fused chain runs only where the torch launcher would not split K):
+jax-triton 0.3.1 has no host-side TMA descriptors, and split-K needs counters that stay zeroed
+between launches (the torch launcher keeps them per device). jax-triton gives runtime ``int``
+arguments no divisibility hint (torch's launcher marks multiples of 16), which turns the quant
+kernels' 16-byte loads of ``o`` into 2-byte loads, so the quant kernels run through thin
+wrappers that pass the (fixed) row strides as constexprs.
 
 ``jax_triton`` is imported on first use only (``load_jax_triton``); nothing here touches a GPU.
 """
