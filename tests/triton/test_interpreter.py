@@ -218,6 +218,18 @@ def test_split_k_counter_pool_ranges():
     assert pool.take(launch._SPLIT_COUNTERS, stream=None) is None
 
 
+def test_split_k_counters_are_rearmed_for_launches_of_other_shapes(rng):
+    """Launches on one stream share counters: each leaves them at zero for the next, whatever
+    its tile count (2 groups x 2, 4 and 1 N tiles; 2 and 4 K parts)."""
+    x, w, xs, ws = _gemm_case(rng, 3, 2, 128, 512)
+    ref = woa_jax.batched_gemm_a8w8_mxscale(*_jx(x, w, xs, ws), dtype=jnp.float32)
+    for bn, split in ((64, 2), (32, 4), (128, 2), (64, 4)):
+        cfg = launch.GemmConfig(16, bn, split_k=split, swap_ab=True)
+        y = launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, config=cfg, dtype=torch.float32)
+        assert_close(y, ref, tolerance="gemm_fp32")
+        assert int(launch._COUNTER_POOLS[x.device].counters.count_nonzero()) == 0
+
+
 def test_split_k_without_counters_runs_unsplit_and_logs_why(rng, monkeypatch, caplog):
     monkeypatch.setattr(launch, "_SPLIT_COUNTERS", 4)
     monkeypatch.setattr(launch, "_COUNTER_POOLS", {})
