@@ -749,9 +749,11 @@ def fused_chosen(m: int, g: int, n: int, k: int, block: int) -> bool:
     """Whether ``wo_a_fp8`` fuses this chain by default: when each program's prologue is one
     step (at most ``_FUSED_QUANT_LANES`` activations: M = 1 at G = 16, M <= 8 at G = 2).
 
-    Measured on an H200 (benchmarks/RESULTS.md, session 5), fused against quant + GEMM:
-    G = 16, M = 1: 21.0 against 22.8 us; M = 4: 26.4 against 23.3. G = 2, M = 1: 8.8 against
-    10.8; M = 4: 9.6 against 11.4; M = 16: 12.4 against 11.9.
+    Measured on an H200 (benchmarks/RESULTS.md), fused against quant + GEMM: G = 16, M = 1:
+    21.0 against 22.8 us; M = 4: 26.4 against 23.3 (session 5; with the whole M = 4 prologue in
+    one step of 16384 activations, 25.7 against 23.9 in session 6). G = 2 (split-K reduced in
+    the kernel, session 6): M = 1: 7.4 against 10.0; M = 4: 8.1 against 10.0. G = 2, M = 16
+    (session 5, split-K by atomics then): 12.4 against 11.9.
     """
     cfg = fused_config(m, g, n, k, block)
     return m * (k // block) // cfg.split_k * block <= _FUSED_QUANT_LANES
