@@ -14,10 +14,10 @@ Kernels:
   activations of its tile before ``bmm_fp8_block_kernel``'s swapped product (small M).
 * ``inv_rope_inplace_kernel``: the BF16 chain's inverse RoPE, in place on the rope tail only.
 
-``bmm_fp8_block_kernel`` and ``inv_rope_quant_bmm_kernel`` (so far launched from torch only)
-take array inputs, runtime scalars, outputs (then split-K's scratch), then constexprs: the order
-``jax_triton.triton_call`` passes them in. JAX reaches the GEMM and the quant kernels through
-thin wrappers in ``jax_launch`` (constexpr strides, no split-K scratch). The large-M Hopper GEMM
+``bmm_fp8_block_kernel`` and ``inv_rope_quant_bmm_kernel`` take array inputs, runtime scalars,
+outputs (then split-K's scratch), then constexprs: the order ``jax_triton.triton_call`` passes
+them in. JAX reaches them and the quant kernels through thin wrappers in ``jax_launch``
+(constexpr strides, no split-K scratch). The large-M Hopper GEMM
 is in ``gluon_kernels``.
 
 E8M0 scales travel as uint8 (Triton rejects ``float8_e8m0fnu`` arguments) and are decoded here
@@ -89,6 +89,19 @@ def _inv_rope_pairs(x, c, s, is_rope, ROWS: tl.constexpr, GS: tl.constexpr):
 
 
 @triton.jit
+def _rope_cos_sin(lane, row_ok, pos, cos_ptr, sin_ptr, stride_cp, stride_sp,
+                  ROPE_FROM: tl.constexpr):
+    """``(cos, sin, is_rope)`` of the GPT-J pairs whose even lanes sit at head offsets
+    ``lane [ROWS, GS / 2]``: pairs from ``ROPE_FROM`` on rotate, in rows ``row_ok`` (cos/sin
+    rows ``pos``); the others get (1, 0), and ``is_rope`` False."""
+    is_rope = (lane >= ROPE_FROM) & row_ok[:, None]
+    col = (lane - ROPE_FROM) // 2
+    c = tl.load(cos_ptr + pos[:, None] * stride_cp + col, mask=is_rope, other=1.0).to(tl.float32)
+    s = tl.load(sin_ptr + pos[:, None] * stride_sp + col, mask=is_rope, other=0.0).to(tl.float32)
+    return c, s, is_rope
+
+
+@triton.jit
 def _inv_rope_group(x, lane0, pos, row_ok, cos_ptr, sin_ptr, stride_cp, stride_sp,
                     ROPE_FROM: tl.constexpr, ROWS: tl.constexpr, GS: tl.constexpr):
     """Inverse RoPE of one 1 x GS group per row, ``x [ROWS, GS]`` fp32 starting at head lane
@@ -140,10 +153,8 @@ def inv_rope_group_quant_kernel(
     # GPT-J pairs: (even, odd) neighbours; pair p sits at head offset d = (qg*GS + 2p) % DH.
     pairs = tl.arange(0, HALF)
     d = (qg[:, None] * GS + 2 * pairs[None, :]) % DH
-    is_rope = (d >= DH - RD) & row_ok[:, None]
-    col = (d - (DH - RD)) // 2
-    c = tl.load(cos_ptr + pos[:, None] * stride_cp + col, mask=is_rope, other=1.0).to(tl.float32)
-    s = tl.load(sin_ptr + pos[:, None] * stride_sp + col, mask=is_rope, other=0.0).to(tl.float32)
+    c, s, is_rope = _rope_cos_sin(d, row_ok, pos, cos_ptr, sin_ptr, stride_cp, stride_sp,
+                                  DH - RD)
     v = _inv_rope_pairs(x, c, s, is_rope, BLOCK_R, GS)
     q, byte = _quantize_group(v, INV_FP8_MAX, FP8_MAX, FP8_MIN_NORMAL_EXP, AMAX_FLOOR, HW_CAST,
                               q_ptr.dtype.element_ty)
@@ -299,9 +310,9 @@ def bmm_fp8_block_kernel(
     NUM_N: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
     pid = tl.program_id(0)
     _bmm_tile(x_ptr, w_ptr, xs_ptr, ws_ptr, M, y_ptr, part_ptr, count_ptr, pid // NUM_N,
-              pid % NUM_N,
-              tl.program_id(1).to(tl.int64), tl.program_id(2), SXM, SXG, SXSM, SXSG, SWG, SWN,
-              SWSG, SWSN, SYM, SYG, N, K, SB, BLOCK_M, BLOCK_N, SPLIT_K, SWAP_AB, OUT_BF16)
+              pid % NUM_N, tl.program_id(1).to(tl.int64), tl.program_id(2), SXM, SXG, SXSM,
+              SXSG, SWG, SWN, SWSG, SWSN, SYM, SYG, N, K, SB, BLOCK_M, BLOCK_N, SPLIT_K, SWAP_AB,
+              OUT_BF16)
 
 
 @triton.jit
@@ -426,10 +437,7 @@ def inv_rope_quant_bmm_kernel(
         pos = tl.minimum(tl.maximum(pos, 0), n_pos_rows - 1)  # AITER's clamp
         # Head offset of each even lane (a group may start inside a head when G > H).
         lane = (g * K + kb[:, None] * SB) % DH + 2 * pairs[None, :]
-        is_rope = (lane >= ROPE_FROM) & row_ok[:, None]
-        col = (lane - ROPE_FROM) // 2
-        c = tl.load(cos_ptr + pos[:, None] * SCP + col, mask=is_rope, other=1.0).to(tl.float32)
-        s = tl.load(sin_ptr + pos[:, None] * SSP + col, mask=is_rope, other=0.0).to(tl.float32)
+        c, s, is_rope = _rope_cos_sin(lane, row_ok, pos, cos_ptr, sin_ptr, SCP, SSP, ROPE_FROM)
         x = _inv_rope_pairs(x, c, s, is_rope, QUANT_ROWS, SB)
         q, byte = _quantize_group(x, INV_FP8_MAX, FP8_MAX, FP8_MIN_NORMAL_EXP, AMAX_FLOOR,
                                   HW_CAST, FP8_TY)
