@@ -243,7 +243,8 @@ def fused_fits(s: int, g: int, n: int, k: int, block: int, dh: int, rd: int) -> 
     DeepSeek V4 at M = 1 and G >= 16."""
     from . import launch
 
-    return (dh % block == 0 and rd <= dh and launch.fused_chosen(s, g, n, k, block)
+    return (launch.fusion_blocker(dh, rd, block) is None
+            and launch.fused_chosen(s, g, n, k, block)
             and launch.fused_config(s, g, n, k, block).split_k == 1)
 
 

@@ -770,14 +770,14 @@ def fused_config(m: int, g: int, n: int, k: int, block: int) -> GemmConfig:
     return dataclasses.replace(cfg, split_k=_k_split(cfg, m, g, n, k // block), num_stages=4)
 
 
-def _fusion_blocker(o: torch.Tensor, cos_cache: torch.Tensor, block: int,
-                    config: GemmConfig | None) -> str | None:
-    """Why the fused kernel cannot run this chain (``None`` when it can)."""
-    dh = o.shape[2]
+def fusion_blocker(dh: int, rd: int, block: int,
+                   config: GemmConfig | None = None) -> str | None:
+    """Why the fused kernel cannot run a chain of head dim ``dh``, rope dim ``rd`` and scale
+    block ``block`` at launch shape ``config`` (``None`` when it can)."""
     if dh % block:
         return f"head_dim {dh} is not a multiple of the scale block {block}"
-    if 2 * cos_cache.shape[1] > dh:
-        return f"rope dim {2 * cos_cache.shape[1]} exceeds head_dim {dh}"
+    if rd > dh:
+        return f"rope dim {rd} exceeds head_dim {dh}"
     if config is not None and (config.tma or config.wgmma or not config.swap_ab):
         return (f"the fused kernel has pointer-loaded, swapped tiles only (swap_ab=True, "
                 f"tma=False, wgmma=False), got {config}")
@@ -803,8 +803,8 @@ def _fused_op(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
             o, positions, cos_cache, sin_cache, w, w_scale, s, cos_cache.shape[0], x_fp8,
             x_scale, out, parts, counters, SOM=o.stride(0), SCP=cos_cache.stride(0),
             SSP=sin_cache.stride(0), SWG=w.stride(0), SWN=w.stride(1), SWSG=w_scale.stride(0),
-            SWSN=w_scale.stride(1),
-            SYM=out.stride(0), SYG=out.stride(1), G=g, N=n, K=k, SB=block, DH=dh,
+            SWSN=w_scale.stride(1), SYM=out.stride(0), SYG=out.stride(1), G=g, N=n, K=k, SB=block,
+            DH=dh,
             RD=2 * cos_cache.shape[1], **_quant_constants(w.dtype, amax_floor),
             BLOCK_M=block_m, BLOCK_N=block_n, SPLIT_K=split_k,
             OUT_BF16=out.dtype == torch.bfloat16, QUANT_ROWS=_FUSED_QUANT_LANES // block,
@@ -854,7 +854,8 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
     if g != num_groups or h * dh != g * k:
         raise ValueError(f"o [S, H, Dh] = {list(o.shape)} and w [G, N, K] = {list(w.shape)} "
                          f"do not make num_groups = {num_groups} groups of K (need H * Dh = G * K)")
-    blocker = _fusion_blocker(o, cos_cache, block, config if fused is not False else None)
+    blocker = fusion_blocker(dh, 2 * cos_cache.shape[1], block,
+                             config if fused is not False else None)
     if fused and blocker:
         raise ValueError(f"wo_a_fp8(fused=True) cannot fuse this chain: {blocker}")
     if fused is None:
