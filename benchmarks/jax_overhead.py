@@ -7,7 +7,9 @@ Times, per call of a jitted function, a ladder of callbacks that each add one st
 the Triton GEMM launch) and the real ``jax_ops`` GEMM at M = 1 (native ``jax_triton`` route
 when installed; the callback route with command buffers), two ways: ``latency`` waits for
 each call, ``throughput`` issues 100 calls then waits once. The difference between rungs is
-what each step costs.
+what each step costs. Also the device time of the GEMM (M = 1, 64, 8192) and of the whole FP8
+chain (``jax_ops.wo_a_fp8``, M = 1, 4, 64: fused natively at M = 1) inside one jitted
+program, each against the torch launcher on the same inputs.
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"G={g} M=1, {args.n} calls; torch eager launch loop: {torch_us:.1f} us/call")
     _device_time(g, n, k)
+    _chain_device_time(g)
     print(f"{'rung':34s} {'latency us':>11s} {'throughput us':>14s}")
     for name, fn in rungs.items():
         if "callback + cmd buffer" in name:  # trace with the native route off
@@ -159,32 +162,71 @@ def _device_time(g: int, n: int, k: int, reps: int = 20) -> None:
         xj, wj = (to_jax(t, jnp.float8_e4m3fn) for t in (xt, wt))
         xsj, wsj = (to_jax(t, jnp.float8_e8m0fnu) for t in (xst, wst))
 
-        def loop(x, w, xs, ws, count):
-            def body(i, acc):
-                # Depends on the carry (and is always 0) so XLA cannot hoist the GEMM.
-                bump = (acc > jnp.float32(3e38)).astype(jnp.uint8)
-                xs_i = jax.lax.bitcast_convert_type(
-                    jax.lax.bitcast_convert_type(xs, jnp.uint8) + bump, jnp.float8_e8m0fnu)
-                y = jax_ops.batched_gemm_a8w8_mxscale(x, w, xs_i, ws)
-                return acc + y[0, 0, 0].astype(jnp.float32)
-            # Unrolled: a rolled loop would sync the host on each trip, which a callback-route
-            # GEMM would pay for.
-            return jax.lax.fori_loop(0, count, body, jnp.float32(0), unroll=True)
+        def step(a, bump):
+            x, w, xs, ws = a
+            xs_i = jax.lax.bitcast_convert_type(
+                jax.lax.bitcast_convert_type(xs, jnp.uint8) + bump.astype(jnp.uint8),
+                jnp.float8_e8m0fnu)
+            return jax_ops.batched_gemm_a8w8_mxscale(x, w, xs_i, ws)
 
-        f = jax.jit(loop, static_argnums=4)
-        times = {}
-        for count in (1, reps + 1):
-            f(xj, wj, xsj, wsj, count).block_until_ready()
-            best = float("inf")
-            for _ in range(5):
-                t0 = time.perf_counter()
-                f(xj, wj, xsj, wsj, count).block_until_ready()
-                best = min(best, time.perf_counter() - t0)
-            times[count] = best
+        jax_us = _jit_loop_us(step, (xj, wj, xsj, wsj), reps)
         route = jax_ops.native_route_reason("triton", (m, g, n, k, 128))
-        row["jax native" if route is None else "jax callback"] = (
-            (times[reps + 1] - times[1]) / reps * 1e6)
+        row["jax native" if route is None else "jax callback"] = jax_us
         print(f"device time M={m}: " + ", ".join(f"{a} {b:.1f} us" for a, b in row.items()),
+              flush=True)
+
+
+def _jit_loop_us(step, args, reps: int = 20) -> float:
+    """Device time per ``step(args, bump)`` inside one jitted, unrolled loop of ``reps + 1``
+    calls less one call (best of 5 each). ``bump`` is 0, but XLA cannot know it, so no call is
+    hoisted out of the loop."""
+    import jax
+    import jax.numpy as jnp
+
+    def loop(args, count):
+        def body(i, acc):
+            y = step(args, (acc > jnp.float32(3e38)).astype(jnp.int32))
+            return acc + y[0, 0, 0].astype(jnp.float32)
+        # Unrolled: a rolled loop syncs the host on each trip, which a callback route pays for.
+        return jax.lax.fori_loop(0, count, body, jnp.float32(0), unroll=True)
+
+    f = jax.jit(loop, static_argnums=1)
+    best = {}
+    for count in (1, reps + 1):
+        f(args, count).block_until_ready()
+        best[count] = float("inf")
+        for _ in range(5):
+            t0 = time.perf_counter()
+            f(args, count).block_until_ready()
+            best[count] = min(best[count], time.perf_counter() - t0)
+    return (best[reps + 1] - best[1]) / reps * 1e6
+
+
+def _chain_device_time(g: int) -> None:
+    """Device time per FP8 chain call under ``jax.jit`` (``jax_ops.wo_a_fp8``) against the torch
+    launcher's (``launch.wo_a_fp8``) CUDA-graph replays, same inputs (L2-warm on both sides)."""
+    import torch
+
+    from benchmarks import bench, shapes
+    from benchmarks.timing import median, time_cuda
+    from torch_bridge import interop, jax_ops
+    from torch_bridge.backends.triton import launch
+
+    for m in (1, 4, 64):
+        p = bench.make_problem(shapes.GPU, g, m, "cuda", seed=m)
+        y = torch.empty((m, g, shapes.GPU.n), dtype=torch.bfloat16, device="cuda")
+        torch_us = median(time_cuda([lambda p=p, y=y: launch.wo_a_fp8(
+            p.o, p.pos, p.cos_bf16, p.sin_bf16, p.w, p.ws, g, out=y)], reps=10, fill_us=300.0))
+        args = tuple(interop.to_jax(t) for t in (p.o, p.pos, p.cos_bf16, p.sin_bf16, p.w, p.ws))
+
+        def step(a, bump, g=g):
+            o, pos, cos, sin, w, ws = a
+            return jax_ops.wo_a_fp8(o, pos + bump.astype(pos.dtype), cos, sin, w, ws, g)
+
+        jax_us = _jit_loop_us(step, args)
+        fused = launch.fused_chosen(m, g, shapes.GPU.n, shapes.GPU.k, 128)
+        print(f"chain device time G={g} M={m} ({'fused' if fused else 'quant + GEMM'}): "
+              f"torch {torch_us:.1f} us, jax {jax_us:.1f} us ({jax_us - torch_us:+.1f})",
               flush=True)
 
 

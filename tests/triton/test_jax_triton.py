@@ -219,7 +219,7 @@ def test_quant_spec_head_kernel(monkeypatch):
     monkeypatch.setattr(launch, "quant_config", lambda s: launch.QuantConfig(4, block_h=6))
     call = _quant_call(9, 2)  # H = 16: BLOCK_H = gcd(16, 6) = 2
     assert call.kernel is jax_launch._quant_head_kernel
-    assert call.grid == (3, 8) and call.scalars == (9, P)
+    assert call.grid == (3 * 8,) and call.scalars == (9, P)  # token blocks x head blocks
     cx = dict(call.constexprs)
     assert (cx["H"], cx["BLOCK_T"], cx["BLOCK_H"]) == (16, 4, 2)
     # GS not dividing Dh falls back to the rows kernel, as in the torch launcher

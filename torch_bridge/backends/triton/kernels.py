@@ -205,17 +205,23 @@ def inv_rope_group_quant_head_kernel(
     only those pay for the GPT-J pair split, the cos/sin loads and the rotation; the others are
     load -> amax -> scale -> store. ``x_fp8 [S, G, D]`` is ``o``'s packed (H, Dh) layout, so a
     group's output offset is its input offset without the token padding.
+
+    The 1D grid walks heads fastest: programs that run together read one token block's rows
+    end to end, and a token's scale bytes (one sector per group) are complete in L2 before it
+    evicts them (3.54 against 3.36 TB/s for tokens fastest at S = 8192, G = 16 on an H200).
     """
     NG: tl.constexpr = DH // GS
     ROPE_FROM: tl.constexpr = DH - RD
     FP8_TY: tl.constexpr = q_ptr.dtype.element_ty
-    toks = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    HEAD_BLOCKS: tl.constexpr = H // BLOCK_H
+    pid = tl.program_id(0)
+    toks = (pid // HEAD_BLOCKS).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     tok_ok = toks < n_tokens
     pos = tl.load(pos_ptr + toks, mask=tok_ok, other=0).to(tl.int64)
     pos = tl.minimum(tl.maximum(pos, 0), n_pos_rows - 1)  # AITER's clamp
     lanes = tl.arange(0, GS)
     for hh in range(BLOCK_H):
-        h = tl.program_id(1) * BLOCK_H + hh
+        h = (pid % HEAD_BLOCKS) * BLOCK_H + hh
         in_row = o_ptr + toks[:, None] * stride_os + h * DH
         out_row = q_ptr + toks[:, None] * (H * DH) + h * DH
         s_row = s_ptr + toks * (H * NG) + h * NG

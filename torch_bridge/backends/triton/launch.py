@@ -66,8 +66,10 @@ def _check_power_of_two(cfg, field: str, value: int, least: int) -> None:
 def quant_config(s: int) -> QuantConfig:
     """The quant launch shape for ``s`` tokens (tuned on an H200; see benchmarks/RESULTS.md).
 
-    The per-head kernel won at every S: 16 tokens x 1 head per program streamed 3.45 TB/s at
-    S = 8192, G = 16 (the flat-rows kernel 2.6); small S wants more, smaller programs.
+    The per-head kernel won at every S: 16 tokens x 1 head per program streamed 3.54 TB/s at
+    S = 8192, G = 16 with its heads-fastest grid (8 or 32 tokens, 2 or 8 heads, 8 warps,
+    evict-first loads: 3.16-3.30; the flat-rows kernel 2.6); small S wants more, smaller
+    programs.
     """
     if s <= 16:
         return QuantConfig(4, 4, block_h=1)
@@ -108,7 +110,7 @@ def quant_launch(s: int, h: int, dh: int, quant_group_size: int,
     divisor of H), else the flat-rows kernel."""
     if cfg.block_h and dh % quant_group_size == 0:
         block_h = math.gcd(h, cfg.block_h)
-        return QuantLaunch(True, (triton.cdiv(s, cfg.block_r), h // block_h), s,
+        return QuantLaunch(True, (triton.cdiv(s, cfg.block_r) * (h // block_h),), s,
                            dict(H=h, BLOCK_T=cfg.block_r, BLOCK_H=block_h))
     nq = h * dh // quant_group_size
     return QuantLaunch(False, (triton.cdiv(s * nq, cfg.block_r),), s * nq,
