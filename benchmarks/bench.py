@@ -582,8 +582,8 @@ def fused_candidates(m: int, g: int, n: int) -> list:
 def quant_candidates() -> list:
     from torch_bridge.backends.triton.launch import QuantConfig as Q
 
-    return [Q(32, 4), Q(8, 4), Q(4, 4, 1), Q(8, 4, 1), Q(16, 4, 1), Q(32, 8, 1), Q(8, 4, 4),
-            Q(16, 8, 2), Q(2, 4, 8), Q(1, 4, 16)]
+    return [Q(32, 4), Q(8, 4), Q(4, 1, 1), Q(8, 1, 1), Q(16, 1, 1), Q(8, 2, 1), Q(16, 2, 1),
+            Q(4, 4, 1), Q(16, 4, 1), Q(8, 4, 4), Q(2, 4, 8)]
 
 
 TUNE_KINDS = ("gemm", "quant", "chain")

@@ -66,16 +66,15 @@ def _check_power_of_two(cfg, field: str, value: int, least: int) -> None:
 def quant_config(s: int) -> QuantConfig:
     """The quant launch shape for ``s`` tokens (tuned on an H200; see benchmarks/RESULTS.md).
 
-    The per-head kernel won at every S: 16 tokens x 1 head per program streamed 3.54 TB/s at
-    S = 8192, G = 16 with its heads-fastest grid (8 or 32 tokens, 2 or 8 heads, 8 warps,
-    evict-first loads: 3.16-3.30; the flat-rows kernel 2.6); small S wants more, smaller
-    programs.
+    The per-head kernel with one warp per program: 8 tokens x 1 head streamed 3.99 TB/s at
+    S = 8192, G = 16 and 3.64 at S = 1024 (4 warps: 3.53 and 3.15; the flat-rows kernel 2.6).
+    One warp holds a whole 1 x 128 group per token row, so each thread keeps more loads in
+    flight and more programs fit on an SM. Up to 512 tokens, 4 tokens per program (more
+    programs) was as fast or faster.
     """
-    if s <= 16:
-        return QuantConfig(4, 4, block_h=1)
     if s <= 512:
-        return QuantConfig(8, 4, block_h=1)
-    return QuantConfig(16, 4, block_h=1)
+        return QuantConfig(4, 1, block_h=1)
+    return QuantConfig(8, 1, block_h=1)
 
 
 def _last_dims_contiguous(o: torch.Tensor) -> torch.Tensor:
