@@ -451,6 +451,27 @@ def test_launchers_bump_version_counters_of_what_they_write(rng):
         total.backward()
 
 
+def test_eager_calls_launch_directly_and_fake_tensors_take_the_op(rng, monkeypatch):
+    """Plain eager calls skip the custom op's dispatch (host time) and launch the kernel
+    function themselves; under a dispatch mode (here fake tensors) the op and its fake
+    implementation run and nothing launches."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    op = launch._inverse_rope_group_quant_op
+    launched = []
+    real = launch._LAUNCHERS[op]
+    monkeypatch.setitem(launch._LAUNCHERS, op, lambda *a: (launched.append(a[0]), real(*a)))
+    o, pos, cos, sin = _rope_case(rng, s=2, h=2)
+    q, sc = launch.inverse_rope_group_quant(o, pos, cos, sin, 2, 128)
+    assert len(launched) == 1 and launched[0] is o
+    _assert_quant_equal(q, sc, *woa_jax.inverse_rope_group_quant(*_jx(o, pos, cos, sin), 2, 128))
+    with FakeTensorMode() as mode:
+        fq, fs = launch.inverse_rope_group_quant(*(mode.from_tensor(t) for t in (o, pos, cos, sin)),
+                                                 2, 128)
+    assert len(launched) == 1
+    assert tuple(fq.shape) == (2, 2, 512) and tuple(fs.shape) == (2, 2, 4)
+
+
 def test_launchers_trace_under_torch_compile_without_graph_breaks(rng):
     """``fullgraph=True`` fails on any graph break: the launchers' eager fast path must not be
     traced (``torch.compiler.is_compiling()`` routes to the plain op call)."""
