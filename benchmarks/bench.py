@@ -19,7 +19,8 @@ Providers (rows of the table):
 * ``chain_fp8_triton``: ``launch.wo_a_fp8``, the fused one-kernel chain where
   ``launch.fused_chosen`` (M = 1 at G = 16, M <= 8 at G = 2), quant + GEMM elsewhere;
   ``chain_fp8_triton_2k``: always the two kernels.
-* ``chain_fp8_jax``: quant + GEMM under ``jax.jit``;
+* ``chain_fp8_jax``: ``jax_ops.wo_a_fp8`` under ``jax.jit`` (one fused native launch at M = 1,
+  G >= 16; quant + GEMM elsewhere);
   ``chain_fp8_jax_cb``: the ``buffer_callback`` route with its launches recorded in XLA's
   command buffers (CUDA graphs); skipped where the native ``jax_triton`` route runs (it has no
   callback to record; ``WOA_JAX_TRITON=0`` turns it off).

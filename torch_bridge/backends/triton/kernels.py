@@ -105,7 +105,11 @@ def _rope_cos_sin(lane, row_ok, pos, cos_ptr, sin_ptr, stride_cp, stride_sp,
 def _inv_rope_group(x, lane0, pos, row_ok, cos_ptr, sin_ptr, stride_cp, stride_sp,
                     ROPE_FROM: tl.constexpr, ROWS: tl.constexpr, GS: tl.constexpr):
     """Inverse RoPE of one 1 x GS group per row, ``x [ROWS, GS]`` fp32 starting at head lane
-    ``lane0``; lanes below ``ROPE_FROM`` pass through unchanged, cos/sin rows are ``pos``."""
+    ``lane0``; lanes below ``ROPE_FROM`` pass through unchanged, cos/sin rows are ``pos``.
+
+    Not ``_rope_cos_sin``: here the rotation's select depends on the lane only (rows out of
+    range rotate by cos 1, sin 0 and are never stored); a per-row select added a ``selp`` per
+    rotated value to the per-head kernel's sm_90 code."""
     lane = lane0 + 2 * tl.arange(0, GS // 2)  # head offset of each pair's even lane
     is_rope = lane >= ROPE_FROM
     col = (lane - ROPE_FROM) // 2

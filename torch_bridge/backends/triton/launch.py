@@ -458,6 +458,11 @@ def _k_split(cfg: GemmConfig, m: int, g: int, n: int, k_blocks: int) -> int:
     return split
 
 
+def _check_split(cfg: GemmConfig, k_blocks: int) -> None:
+    if k_blocks % cfg.split_k:
+        raise ValueError(f"split_k={cfg.split_k} does not divide K / B = {k_blocks}")
+
+
 def _programs(cfg: GemmConfig, m: int, g: int, n: int) -> int:
     return triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n) * g
 
@@ -698,8 +703,7 @@ def batched_gemm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.T
     xs, ws = _rows_contiguous(_as_bytes(x_scale)), _rows_contiguous(_as_bytes(w_scale))
     if config is not None and config.wgmma:
         _check_explicit_wgmma(config, x, w, out, block)
-    if (k // block) % cfg.split_k != 0:
-        raise ValueError(f"split_k={cfg.split_k} does not divide K / B = {k // block}")
+    _check_split(cfg, k // block)
     args = (cfg.block_m, cfg.block_n, cfg.split_k, cfg.swap_ab, cfg.num_warps, cfg.num_stages,
             cfg.tma, cfg.programs_per_sm, cfg.wgmma)
     _run_mutating(_bmm_op, (out,), x, w, xs, ws, out, *args)
@@ -920,8 +924,7 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
         return batched_gemm_a8w8_mxscale(x_fp8, w, x_scale, w_scale, dtype=dtype, out=out,
                                          config=config)
     cfg = config or fused_config(s, g, n, k, block)
-    if (k // block) % cfg.split_k:
-        raise ValueError(f"split_k={cfg.split_k} does not divide K / B = {k // block}")
+    _check_split(cfg, k // block)
     out = _output(out, (s, g, n), dtype, o.device)
     # The prologue's quantized activations (read back by the same program, never returned).
     x_fp8 = torch.empty((s, g, k), dtype=w.dtype, device=o.device)
