@@ -162,44 +162,56 @@ def _device_time(g: int, n: int, k: int, reps: int = 20) -> None:
         xj, wj = (to_jax(t, jnp.float8_e4m3fn) for t in (xt, wt))
         xsj, wsj = (to_jax(t, jnp.float8_e8m0fnu) for t in (xst, wst))
 
+        def bump_scales(a, bump):
+            return jax.lax.bitcast_convert_type(a[2], jnp.uint8) + bump.astype(jnp.uint8)
+
         def step(a, bump):
-            x, w, xs, ws = a
-            xs_i = jax.lax.bitcast_convert_type(
-                jax.lax.bitcast_convert_type(xs, jnp.uint8) + bump.astype(jnp.uint8),
-                jnp.float8_e8m0fnu)
+            x, w, _, ws = a
+            xs_i = jax.lax.bitcast_convert_type(bump_scales(a, bump), jnp.float8_e8m0fnu)
             return jax_ops.batched_gemm_a8w8_mxscale(x, w, xs_i, ws)
 
-        jax_us = _jit_loop_us(step, (xj, wj, xsj, wsj), reps)
+        jax_us, loop_us = _jit_loop_us(step, (xj, wj, xsj, wsj), reps, bump_scales)
         route = jax_ops.native_route_reason("triton", (m, g, n, k, 128))
         row["jax native" if route is None else "jax callback"] = jax_us
+        row["of which loop"] = loop_us
         print(f"device time M={m}: " + ", ".join(f"{a} {b:.1f} us" for a, b in row.items()),
               flush=True)
 
 
-def _jit_loop_us(step, args, reps: int = 20) -> float:
+def _jit_loop_us(step, args, reps: int, bump_input) -> tuple[float, float]:
     """Device time per ``step(args, bump)`` inside one jitted, unrolled loop of ``reps + 1``
-    calls less one call (best of 5 each). ``bump`` is 0, but XLA cannot know it, so no call is
-    hoisted out of the loop."""
+    calls less one call (best of 5 each), and the part of it that is the loop's own: the same
+    loop around ``bump_input(args, bump)`` alone (the input change ``step`` makes, written out
+    in full as ``step``'s kernel needs it), with nothing launched.
+
+    ``bump`` is 0, but XLA cannot know it, so no call is hoisted out of the loop; each trip
+    also reads one output element into the carry."""
     import jax
     import jax.numpy as jnp
 
-    def loop(args, count):
-        def body(i, acc):
-            y = step(args, (acc > jnp.float32(3e38)).astype(jnp.int32))
-            return acc + y[0, 0, 0].astype(jnp.float32)
-        # Unrolled: a rolled loop syncs the host on each trip, which a callback route pays for.
-        return jax.lax.fori_loop(0, count, body, jnp.float32(0), unroll=True)
+    def bump_only(a, bump):
+        return jax.lax.optimization_barrier(bump_input(a, bump)).reshape(-1)[:1].reshape(1, 1, 1)
 
-    f = jax.jit(loop, static_argnums=1)
-    best = {}
-    for count in (1, reps + 1):
-        f(args, count).block_until_ready()
-        best[count] = float("inf")
-        for _ in range(5):
-            t0 = time.perf_counter()
+    def per_call_us(fn):
+        def loop(args, count):
+            def body(i, acc):
+                y = fn(args, (acc > jnp.float32(3e38)).astype(jnp.int32))
+                return acc + y[0, 0, 0].astype(jnp.float32)
+            # Unrolled: a rolled loop syncs the host on each trip, which a callback route pays.
+            return jax.lax.fori_loop(0, count, body, jnp.float32(0), unroll=True)
+
+        f = jax.jit(loop, static_argnums=1)
+        best = {}
+        for count in (1, reps + 1):
             f(args, count).block_until_ready()
-            best[count] = min(best[count], time.perf_counter() - t0)
-    return (best[reps + 1] - best[1]) / reps * 1e6
+            best[count] = float("inf")
+            for _ in range(5):
+                t0 = time.perf_counter()
+                f(args, count).block_until_ready()
+                best[count] = min(best[count], time.perf_counter() - t0)
+        return (best[reps + 1] - best[1]) / reps * 1e6
+
+    return per_call_us(step), per_call_us(bump_only)
 
 
 def _chain_device_time(g: int) -> None:
@@ -219,15 +231,18 @@ def _chain_device_time(g: int) -> None:
             p.o, p.pos, p.cos_bf16, p.sin_bf16, p.w, p.ws, g, out=y)], reps=10, fill_us=300.0))
         args = tuple(interop.to_jax(t) for t in (p.o, p.pos, p.cos_bf16, p.sin_bf16, p.w, p.ws))
 
-        def step(a, bump, g=g):
-            o, pos, cos, sin, w, ws = a
-            return jax_ops.wo_a_fp8(o, pos + bump.astype(pos.dtype), cos, sin, w, ws, g)
+        def bump_positions(a, bump):
+            return a[1] + bump.astype(a[1].dtype)
 
-        jax_us = _jit_loop_us(step, args)
+        def step(a, bump, g=g):
+            o, _, cos, sin, w, ws = a
+            return jax_ops.wo_a_fp8(o, bump_positions(a, bump), cos, sin, w, ws, g)
+
+        jax_us, loop_us = _jit_loop_us(step, args, 20, bump_positions)
         fused = launch.fused_chosen(m, g, shapes.GPU.n, shapes.GPU.k, 128)
         print(f"chain device time G={g} M={m} ({'fused' if fused else 'quant + GEMM'}): "
-              f"torch {torch_us:.1f} us, jax {jax_us:.1f} us ({jax_us - torch_us:+.1f})",
-              flush=True)
+              f"torch {torch_us:.1f} us, jax {jax_us:.1f} us ({jax_us - torch_us:+.1f}), "
+              f"of which the loop's own ops {loop_us:.1f} us", flush=True)
 
 
 if __name__ == "__main__":

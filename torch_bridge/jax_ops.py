@@ -26,10 +26,12 @@ launcher's 18.7 / 24.3 us (its GEMM is the pointer kernel: jax-triton 0.3.1 take
 descriptors, and it never splits K), and the whole chain 28.5 / 41.2 us against 22.8 / 30.4.
 The callback route re-enters Python on every call (DLPack wrapping, a torch stream object, the
 torch launcher: about 200 us of host time per GEMM call); use it where the zero-copy
-``jax.jit`` integration matters more than latency. The GEMMs that the torch launcher runs on
-the Gluon wgmma kernel (Hopper, M > 64, benchmarks/RESULTS.md) take the callback route too:
-there the GPU time outweighs that host cost (M = 8192, G = 16: 953 us in one jitted program
-against 901-923 us from torch; the pointer kernel takes 1417 us).
+``jax.jit`` integration matters more than latency. The GEMMs above M = 128 that the torch
+launcher runs on the Gluon wgmma kernel (Hopper, benchmarks/RESULTS.md) take the callback route
+too: there the GPU time outweighs that host cost (M = 8192, G = 16: 953 us in one jitted
+program against 901-923 us from torch; the pointer kernel takes 1417 us). At decode sizes the
+Gluon kernel saves 2-8 us of GPU time, far less than the callback's host time, so they stay
+native.
 """
 
 from __future__ import annotations
@@ -52,6 +54,10 @@ from ._capability import env_flag
 __all__ = ["batched_gemm_a8w8_mxscale", "inverse_rope_group_quant", "wo_a_fp8"]
 
 log = logging.getLogger("woa")
+
+#: Up to this many tokens a GEMM stays on the native route even where the torch launcher would
+#: pick the Gluon kernel (see the module docstring).
+_NATIVE_DECODE_TOKENS = 128
 
 #: The routes already logged: ``(route, reason)``.
 _route_logged: set[tuple[str, str]] = set()
@@ -88,9 +94,10 @@ def native_route_reason(backend_name: str, gemm: tuple[int, ...] | None = None) 
     if gemm is not None:
         from .backends.triton import launch
 
-        if launch.wgmma_chosen(*gemm):
-            return ("the torch launcher runs this GEMM on the Gluon wgmma kernel (Hopper, "
-                    "M > 64), which jax_triton cannot launch (it takes no TMA descriptors)")
+        if gemm[0] > _NATIVE_DECODE_TOKENS and launch.wgmma_chosen(*gemm):
+            return (f"the torch launcher runs this GEMM on the Gluon wgmma kernel (Hopper, "
+                    f"M > {_NATIVE_DECODE_TOKENS}), which jax_triton cannot launch (it takes no "
+                    f"TMA descriptors)")
     return None
 
 

@@ -268,17 +268,19 @@ def test_split_k_captured_before_any_eager_launch_runs_unsplit(monkeypatch, capl
     assert err <= TOLERANCES["gemm_bf16"].rel, f"seed {seed}: relerr {err:.3g}"
 
 
-@pytest.mark.parametrize("cfg", ((128, 4, 1), (128, 5, 0), (64, 4, 2)),
+@pytest.mark.parametrize("cfg", ((128, 4, 1), (128, 5, 0), (64, 4, 2), (64, 6, 0)),
                          ids=lambda c: f"m{c[0]}st{c[1]}p{c[2]}")
-@pytest.mark.parametrize("m,g,dtype,k", ((65, 16, torch.bfloat16, HPG * DH),
+@pytest.mark.parametrize("m,g,dtype,k", ((33, 8, torch.bfloat16, HPG * DH),
+                                         (65, 16, torch.bfloat16, HPG * DH),
                                          (1000, 2, torch.float32, HPG * DH),
                                          (8192, 16, torch.bfloat16, HPG * DH),
                                          (300, 3, torch.bfloat16, 31 * 128),
                                          (200, 4, torch.bfloat16, 128)))
 def test_gemm_wgmma_kernel(m, g, dtype, k, cfg):
-    """The Gluon kernel itself (explicit config; ragged M tiles clip on the TMA store;
-    persistent programs carry the K pipeline across tiles; an odd number of K blocks ends on
-    the other register set, and one K block leaves the unrolled loop empty)."""
+    """The Gluon kernel itself (explicit config; ragged M tiles, and decode-size M below one
+    tile, clip on the TMA store; persistent programs carry the K pipeline across tiles; an odd
+    number of K blocks ends on the other register set, and one K block leaves the unrolled loop
+    empty)."""
     import jax.numpy as jnp
 
     from torch_bridge.backends.triton import launch

@@ -299,6 +299,15 @@ def test_wgmma_kernel_is_hopper_only(rng):
     assert not launch.gemm_config(8192, 16, 1024, 4096, 128).wgmma
     cfg = launch.gemm_config(8192, 16, 1024, 4096, 128, wgmma=True)
     assert cfg.wgmma and cfg.block_m == 16 * cfg.num_warps
+    # decode sizes: 64 x 128 tiles, one deep-pipelined program each, when they make one wave
+    one_wave = launch.GemmConfig(64, 128, num_warps=4, num_stages=6, wgmma=True)
+    for m, g in ((17, 16), (64, 16), (64, 8), (128, 8), (256, 2), (512, 2)):
+        assert launch.gemm_config(m, g, 1024, 4096, 128, wgmma=True) == one_wave, (m, g)
+    # more tiles than a wave: 128 x 128, one persistent program per SM
+    for m, g in ((128, 16), (1024, 2), (8192, 16)):
+        cfg = launch.gemm_config(m, g, 1024, 4096, 128, wgmma=True)
+        assert (cfg.block_m, cfg.programs_per_sm) == (128, 1), (m, g)
+    assert not launch.gemm_config(16, 16, 1024, 4096, 128, wgmma=True).wgmma  # pointer tiles
     # few tiles (G = 2, one M tile) and 32 x 32 scale blocks keep the Triton kernels
     assert not launch.gemm_config(128, 2, 1024, 4096, 128, wgmma=True).wgmma
     assert not launch.gemm_config(8192, 16, 1024, 4096, 32, wgmma=True).wgmma
