@@ -91,14 +91,18 @@ def native_route_reason(backend_name: str, gemm: tuple[int, ...] | None = None) 
     error = jax_launch.import_error()
     if error is not None:
         return f"jax_triton does not import ({error}); pip install 'woa[jax-triton]'"
-    if gemm is not None:
-        from .backends.triton import launch
-
-        if gemm[0] > _NATIVE_DECODE_TOKENS and launch.wgmma_chosen(*gemm):
-            return (f"the torch launcher runs this GEMM on the Gluon wgmma kernel (Hopper, "
-                    f"M > {_NATIVE_DECODE_TOKENS}), which jax_triton cannot launch (it takes no "
-                    f"TMA descriptors)")
+    if gemm is not None and _takes_gluon(gemm):
+        return (f"the torch launcher runs this GEMM on the Gluon wgmma kernel (Hopper, "
+                f"M > {_NATIVE_DECODE_TOKENS}), which jax_triton cannot launch (it takes no "
+                f"TMA descriptors)")
     return None
+
+
+def _takes_gluon(gemm: tuple[int, ...]) -> bool:
+    """Whether the GEMM ``(M, G, N, K, B)`` goes to the torch launcher's Gluon kernel."""
+    from .backends.triton import launch
+
+    return gemm[0] > _NATIVE_DECODE_TOKENS and launch.wgmma_chosen(*gemm)
 
 
 def _native(op: str, backend_name: str, gemm: tuple[int, ...] | None = None) -> bool:
@@ -180,8 +184,8 @@ def _bytes(x):
     return jax.lax.bitcast_convert_type(x, jnp.uint8) if np.dtype(x.dtype).itemsize == 1 else x
 
 
-def _command_buffer(flag: bool | None) -> bool:
-    return flag if flag is not None else env_flag("WOA_JAX_COMMAND_BUFFER", False)
+def _command_buffer(flag: bool | None, default: bool = False) -> bool:
+    return flag if flag is not None else env_flag("WOA_JAX_COMMAND_BUFFER", default)
 
 
 def _callback(fn, out_types, command_buffer: bool, *args):
@@ -242,6 +246,10 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=jnp.bfloat16, *,
     """``woa_jax.batched_gemm_a8w8_mxscale`` on a torch backend's kernel -> ``[M, G, N]``.
 
     Agrees with the oracle to the output rounding (summation order is the kernel's).
+    ``command_buffer``: as ``inverse_rope_group_quant``'s, except that it defaults to on for the
+    GEMMs that go to the Gluon kernel: without a command buffer such a call ran 4-7 % slower on
+    the GPU than the same kernel launched from torch (M = 8192, G = 16, H200), with one
+    -0.7 % to +1.0 %.
     """
     m, g, n, k, block = _checks.check_gemm_inputs(x, w, x_scale, w_scale)
     _check_out_dtype(dtype)
@@ -265,8 +273,9 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=jnp.bfloat16, *,
                 _to_torch(x_b, f8), _to_torch(w_b, f8), _to_torch(xs_b), _to_torch(ws_b),
                 dtype=_torch_dtype(dtype), out=_to_torch(out))
 
-    return _callback(launch, out_type, _command_buffer(command_buffer), _bytes(x), _bytes(w),
-                     _bytes(x_scale), _bytes(w_scale))
+    gluon = be.name == "triton" and _device_type() == "cuda" and _takes_gluon((m, g, n, k, block))
+    return _callback(launch, out_type, _command_buffer(command_buffer, gluon), _bytes(x),
+                     _bytes(w), _bytes(x_scale), _bytes(w_scale))
 
 
 def wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: int, *,

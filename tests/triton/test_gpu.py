@@ -523,7 +523,7 @@ def test_jax_jit_path(s):
     _assert_bytes_equal(q, rq, "fp8", seed)
     _assert_bytes_equal(sc, rs, "scale", seed)
     ref = _chain_oracle(o, pos, cos, sin, weight, scale, g)
-    for cb in (False, True):
+    for cb in (None, False, True):  # None: on for the Gluon GEMM (s = 8192), else off
         fn = jax.jit(lambda *a, cb=cb: jax_ops.wo_a_fp8(*a, g, command_buffer=cb))
         y = fn(*args, w, ws)
         assert y.dtype == jnp.bfloat16

@@ -524,6 +524,22 @@ def test_jax_entry_points_oracle_and_callback(rng, monkeypatch):
         jax_ops.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, backend="triton")
 
 
+def test_command_buffer_default(monkeypatch):
+    """Unset, ``WOA_JAX_COMMAND_BUFFER`` leaves each op its own default (on for the Gluon
+    GEMMs); set, it decides; an explicit argument beats both."""
+    from torch_bridge import jax_ops
+
+    monkeypatch.delenv("WOA_JAX_COMMAND_BUFFER", raising=False)
+    assert jax_ops._command_buffer(None) is False
+    assert jax_ops._command_buffer(None, True) is True
+    monkeypatch.setenv("WOA_JAX_COMMAND_BUFFER", "0")
+    assert jax_ops._command_buffer(None, True) is False
+    assert jax_ops._command_buffer(True, False) is True
+    monkeypatch.setenv("WOA_JAX_COMMAND_BUFFER", "1")
+    assert jax_ops._command_buffer(None, False) is True
+    assert jax_ops._command_buffer(False, True) is False
+
+
 def test_benchmark_harness_smoke(tmp_path):
     """The CPU sweep and the prefill scenario run, check providers and write JSON and a plot."""
     from benchmarks import bench
