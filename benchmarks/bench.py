@@ -560,10 +560,10 @@ def gemm_candidates(m: int) -> list:
         out += [C(t, bn, 1, True, 4, st, tma=True) for bn in (64, 128) for st in (4, 6, 8)]
         if t == 16:
             out += [C(16, 64, 1, False, 4, 4), C(16, 64, 1, False, 4, 4, tma=True)]
-        return out
+        return out + [C(64, 128, num_warps=4, num_stages=st, wgmma=True) for st in (4, 6, 8)]
     wgmma = [C(bm, 128, num_warps=bm // 16, num_stages=st, wgmma=True, programs_per_sm=pps)
              for bm, st, pps in ((128, 4, 0), (128, 4, 1), (128, 5, 1), (64, 3, 2),
-                                 (64, 4, 0), (64, 4, 2))]
+                                 (64, 4, 0), (64, 4, 2), (64, 6, 0))]
     return wgmma + [C(64, 128, 1, False, 4, 4), C(64, 128, 1, False, 4, 4, tma=True),
             C(64, 128, 1, False, 4, 4, tma=True, programs_per_sm=2),
             C(128, 128, 1, False, 8, 4, tma=True),

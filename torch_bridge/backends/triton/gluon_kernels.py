@@ -1,4 +1,4 @@
-"""Gluon (explicit-layout Triton) kernel for the large-M block-scaled FP8 GEMM on Hopper.
+"""Gluon (explicit-layout Triton) kernel for the block-scaled FP8 GEMM on Hopper (M > 16).
 
 ``tl.dot`` cannot overlap the per-scale-block fp32 promotion with the tensor cores: the product
 of one K block must be waited for before it is scaled, so the warpgroups idle while they
