@@ -273,9 +273,15 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=jnp.bfloat16, *,
                 _to_torch(x_b, f8), _to_torch(w_b, f8), _to_torch(xs_b), _to_torch(ws_b),
                 dtype=_torch_dtype(dtype), out=_to_torch(out))
 
-    gluon = be.name == "triton" and _device_type() == "cuda" and _takes_gluon((m, g, n, k, block))
-    return _callback(launch, out_type, _command_buffer(command_buffer, gluon), _bytes(x),
-                     _bytes(w), _bytes(x_scale), _bytes(w_scale))
+    return _callback(launch, out_type,
+                     _gemm_command_buffer(command_buffer, be.name, (m, g, n, k, block)),
+                     _bytes(x), _bytes(w), _bytes(x_scale), _bytes(w_scale))
+
+
+def _gemm_command_buffer(flag: bool | None, backend_name: str, gemm: tuple[int, ...]) -> bool:
+    """The GEMM callback's ``command_buffer``: on by default where it runs the Gluon kernel."""
+    gluon = backend_name == "triton" and _device_type() == "cuda" and _takes_gluon(gemm)
+    return _command_buffer(flag, gluon)
 
 
 def wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: int, *,

@@ -538,6 +538,17 @@ def test_command_buffer_default(monkeypatch):
     monkeypatch.setenv("WOA_JAX_COMMAND_BUFFER", "1")
     assert jax_ops._command_buffer(None, False) is True
     assert jax_ops._command_buffer(False, True) is False
+    # the GEMM's default: on where the callback runs the Gluon kernel (CUDA, triton backend)
+    monkeypatch.delenv("WOA_JAX_COMMAND_BUFFER")
+    monkeypatch.setattr(jax_ops, "_device_type", lambda: "cuda")
+    monkeypatch.setattr(jax_ops, "_takes_gluon", lambda gemm: gemm[0] > 128)
+    big, small = (8192, 16, 1024, 4096, 128), (64, 16, 1024, 4096, 128)
+    assert jax_ops._gemm_command_buffer(None, "triton", big) is True
+    assert jax_ops._gemm_command_buffer(None, "triton", small) is False
+    assert jax_ops._gemm_command_buffer(None, "aiter", big) is False
+    assert jax_ops._gemm_command_buffer(False, "triton", big) is False
+    monkeypatch.setattr(jax_ops, "_device_type", lambda: "cpu")
+    assert jax_ops._gemm_command_buffer(None, "triton", big) is False
 
 
 def test_benchmark_harness_smoke(tmp_path):

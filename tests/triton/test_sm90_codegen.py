@@ -121,12 +121,14 @@ _GLUON_SCRIPT = textwrap.dedent("""
 
     g, n, sb = 16, 1024, 128
     cfg = launch.gemm_config(8192, g, n, 4096, sb, wgmma=True)
-    assert cfg.wgmma, cfg
+    decode = launch.gemm_config(64, g, n, 4096, sb, wgmma=True)
+    assert cfg.wgmma and decode.wgmma, (cfg, decode)
     # K blocks: 32 (V4), 31 (ends on the other register set), 1 (no unrolled loop); the last
     # two ask for more stages than shared memory holds, so the launcher's cap decides.
     cases = ((cfg.block_m, cfg.num_warps, cfg.num_stages, "bf16", 4096),
              (64, 4, 4, "fp32", 4096), (128, 8, 4, "bf16", 31 * sb), (128, 8, 1, "bf16", sb),
-             (128, 8, 99, "fp32", 4096), (64, 4, 99, "bf16", 4096))
+             (128, 8, 99, "fp32", 4096), (64, 4, 99, "bf16", 4096),
+             (decode.block_m, decode.num_warps, decode.num_stages, "bf16", 4096))
     for bm, warps, stages, out, k in cases:
         stages = launch.wgmma_stages(stages, k // sb, bm, 128, sb, 4 if out == "fp32" else 2)
         def desc(dtype, tile):
@@ -157,14 +159,14 @@ _GLUON_SCRIPT = textwrap.dedent("""
 
 
 def test_gluon_gemm_compiles_for_sm90_without_serialized_wgmma(tmp_path):
-    """The Gluon GEMM (default Hopper shape, the 4-warp fp32-output shape, odd and single K
-    block counts, the deepest pipelines the launcher allows) fits Hopper's shared memory and
-    compiles to sm_90a
-    with async wgmma and TMA copies, no register spills, and no ptxas C7514 warning: with it,
+    """The Gluon GEMM (the default large-M and decode shapes, the 4-warp fp32-output shape,
+    odd and single K block counts, the deepest pipelines the launcher allows) fits Hopper's
+    shared memory and compiles to sm_90a with async wgmma and TMA copies, no register spills,
+    and no ptxas C7514 warning: with it,
     ptxas serializes every wgmma of the kernel and the promotion overlap is lost (measured:
     1.6-1.8 ms instead of 0.94 ms at M = 8192, G = 16)."""
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     lines = run_compile_script(_GLUON_SCRIPT, tmp_path)
     assert lines == [f"{shape} True True True True" for shape in (
         "m128 bf16 k32 st4", "m64 fp32 k32 st4", "m128 bf16 k31 st4", "m128 bf16 k1 st1",
-        "m128 fp32 k32 st5", "m64 bf16 k32 st8")], lines
+        "m128 fp32 k32 st5", "m64 bf16 k32 st8", "m64 bf16 k32 st6")], lines
