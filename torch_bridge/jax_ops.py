@@ -28,10 +28,10 @@ The callback route re-enters Python on every call (DLPack wrapping, a torch stre
 torch launcher: about 200 us of host time per GEMM call); use it where the zero-copy
 ``jax.jit`` integration matters more than latency. The GEMMs above M = 128 that the torch
 launcher runs on the Gluon wgmma kernel (Hopper, benchmarks/RESULTS.md) take the callback route
-too: there the GPU time outweighs that host cost (M = 8192, G = 16: 953 us in one jitted
-program against 901-923 us from torch; the pointer kernel takes 1417 us). At decode sizes the
-Gluon kernel saves 2-8 us of GPU time, far less than the callback's host time, so they stay
-native.
+too, recorded in XLA's command buffers by default: there the GPU time outweighs that host cost
+(M = 8192, G = 16: 912-928 us in one jitted program against 919 us from torch, 956-986 us when
+not recorded; the pointer kernel takes 1417 us). At decode sizes the Gluon kernel saves 2-8 us
+of GPU time, far less than the callback's host time, so they stay native.
 """
 
 from __future__ import annotations
