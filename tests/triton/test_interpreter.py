@@ -301,8 +301,13 @@ def test_wgmma_kernel_is_hopper_only(rng):
     assert cfg.wgmma and cfg.block_m == 16 * cfg.num_warps
     # decode sizes: 64 x 128 tiles, one deep-pipelined program each, when they make one wave
     one_wave = launch.GemmConfig(64, 128, num_warps=4, num_stages=6, wgmma=True)
-    for m, g in ((17, 16), (64, 16), (64, 8), (128, 8), (256, 2), (512, 2)):
+    for m, g in ((17, 16), (64, 16), (128, 8), (256, 2), (512, 2)):
         assert launch.gemm_config(m, g, 1024, 4096, 128, wgmma=True) == one_wave, (m, g)
+    # up to 64 tokens, 64 tiles (G = 8) ran faster as 64 x 64 pointer tiles
+    pointer_64 = launch.GemmConfig(64, 64, num_warps=4, num_stages=6)
+    for m, g in ((17, 8), (64, 8), (64, 16)):
+        assert launch.gemm_config(m, g, 1024, 4096, 128) == pointer_64, (m, g)
+    assert launch.gemm_config(64, 8, 1024, 4096, 128, wgmma=True) == pointer_64
     # more tiles than a wave: 128 x 128, one persistent program per SM
     for m, g in ((128, 16), (1024, 2), (8192, 16)):
         cfg = launch.gemm_config(m, g, 1024, 4096, 128, wgmma=True)

@@ -418,9 +418,13 @@ def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
                 wgmma: bool = False) -> GemmConfig:
     """The launch shape for one problem, by M and G (tuned on an H200; benchmarks/RESULTS.md).
 
-    Small M is weight-bandwidth-bound: the tokens become the MMA's N side (``swap_ab``; wgmma
-    needs 64 rows on its M side) and each program streams 64 weight rows, by pointer loads up to
-    16 tokens and by the copy engine (TMA) with 6 stages from 17 to 64. Above 64 tokens, 64 x 128
+    Small M is weight-bandwidth-bound: up to 16 tokens they become the MMA's N side
+    (``swap_ab``; wgmma needs 64 rows on its M side) and each program streams 64 weight rows by
+    pointer loads. From 17 to 64 tokens, 64 x 64 pointer tiles (tokens on the M side, 6 stages)
+    were fastest where they give more than 64 programs (session 9, H200, G = 16: M = 64
+    23.3 us against 27.6 for the swapped pointer tiles, M = 32 21.5 against 24.3; G = 8, M = 64:
+    14.2 against 17.9); this is also the tile of the JAX native route, which cannot take TMA or
+    Gluon kernels. Above 64 tokens, 64 x 128
     TMA tiles with 4 warps and 4 stages were fastest (6-14 % ahead of pointer loads at M = 1024
     and 8192; 128 x 128 / 8 warps, persistent grids and warp specialization tied or lost). With
     64 programs or fewer (G = 2, TP8) the SMs starve: K is split (``_k_split``) so that about
@@ -429,18 +433,20 @@ def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
     (``_bmm_tile``), and no zeroing or rounding launch runs around the GEMM.
 
     ``wgmma``: the Gluon kernel can run (``wgmma_available``). Above 16 tokens, when 64 x 128
-    tiles make one wave (64 to ``_ONE_WAVE_TILES``), it takes them with 6 stages, one program
-    per tile: G = 16, M = 64: 21.7 us against 24.1 for the swapped TMA tiles; G = 8, M = 128:
-    14.7 against 18.7; G = 2, M = 512: 13.5 against 16.2 (at M <= 16 it tied or lost to the
-    pointer tiles). Beyond one wave, above M = 64, it takes 128 x 128 tiles with 8 warps,
-    4 stages and one persistent program per SM when more than 64 tiles fill the GPU: at
-    M = 8192, G = 16 it ran in 942 us against 1334 us for the 64 x 128 TMA kernel, and it was
-    the fastest shape at M = 128, 512 and 8192 for G = 16 and G = 2 too.
+    tiles make one wave (64 to ``_ONE_WAVE_TILES``; above 64 for M <= 64), it takes them with
+    6 stages, one program per tile: G = 16, M = 64: 21.7 us against 23.0 for the 64 x 64
+    pointer tiles; G = 8, M = 128: 14.7 against 18.7; G = 2, M = 512: 13.5 against 16.2. At
+    M <= 16 it tied or lost to the pointer tiles, and so it did at M <= 64 with only 64 tiles
+    (G = 8, M = 32: 13.9 against 12.9 us; M = 64: 14.6 against 14.1). Beyond one wave, above
+    M = 64, it takes 128 x 128 tiles with 8 warps, 4 stages and one persistent program per SM
+    when more than 64 tiles fill the GPU: at M = 8192, G = 16 it ran in 942 us against 1334 us
+    for the 64 x 128 TMA kernel, and it was the fastest shape at M = 128, 512 and 8192 for
+    G = 16 and G = 2 too.
     """
     if wgmma and block == 128 and n % 128 == 0:
         if m > 16:
             cfg = GemmConfig(64, 128, num_warps=4, num_stages=6, wgmma=True)
-            if 64 <= _programs(cfg, m, g, n) <= _ONE_WAVE_TILES:
+            if (64 if m > 64 else 65) <= _programs(cfg, m, g, n) <= _ONE_WAVE_TILES:
                 return cfg
         if m > 64:
             cfg = GemmConfig(128, 128, num_warps=8, num_stages=4, wgmma=True, programs_per_sm=1)
@@ -449,7 +455,10 @@ def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
     if m <= 16:
         cfg = GemmConfig(16, 64, swap_ab=True, num_warps=4, num_stages=5)
     elif m <= 64:
-        cfg = GemmConfig(64, 64, swap_ab=True, num_warps=4, num_stages=6, tma=True)
+        cfg = GemmConfig(64, 64, num_warps=4, num_stages=6)
+        if _programs(cfg, m, g, n) > 64:
+            return cfg
+        cfg = GemmConfig(64, 64, swap_ab=True, num_warps=4, num_stages=6)  # split below
     else:
         cfg = GemmConfig(64, 128, num_warps=4, num_stages=4, tma=True)
     if _programs(cfg, m, g, n) > 64:
