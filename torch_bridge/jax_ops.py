@@ -21,10 +21,10 @@ pass ``backend="triton"`` with ``TRITON_INTERPRET=1`` to run the callback route 
 Limits: no autodiff (forward only) and no ``vmap``. Cost, measured on an H200 (jax 0.11.2,
 triton 3.6, jax-triton 0.3.1; benchmarks/RESULTS.md): the native route adds no host work per
 call beyond XLA's own dispatch (a jitted GEMM call: 36 us, the same as a jitted ``a + 1``); inside
-one jitted program its G = 16 GEMM took 25.2 / 35.4 us at M = 1 / 64 against the torch
-launcher's 18.8 / 22.2 us (its GEMM is the pointer kernel: jax-triton 0.3.1 takes no TMA
-descriptors, and it never splits K), and the whole chain 27-31 / 41-57 us against 22-23 / 29-30
-(session 8; the M = 64 chain varied between runs).
+one jitted program its G = 16 GEMM took 21.4 / 27.3 us at M = 1 / 64 against the torch
+launcher's 19.7 / 22.1 us (its GEMM is the pointer kernel: jax-triton 0.3.1 takes no TMA
+descriptors, and it never splits K), and the whole chain 31.5 / 36.2 us against 22.6 / 29.0
+(session 9; session 8's M = 64 chain, before the 64 x 64 pointer tile: 41-57 us).
 The callback route re-enters Python on every call (DLPack wrapping, a torch stream object, the
 torch launcher: about 200 us of host time per GEMM call); use it where the zero-copy
 ``jax.jit`` integration matters more than latency. The GEMMs above M = 128 that the torch
