@@ -33,7 +33,8 @@ _SCRIPT = textwrap.dedent("""
 
     g, n, k, sb = 16, 1024, 4096, 128
     scales = dict(SXSM=g * k // sb, SXSG=k // sb, SWSG=n // sb * k // sb, SWSN=k // sb)
-    for cfg in (launch.gemm_config(8192, g, n, k, sb), launch.gemm_config(64, g, n, k, sb)):
+    for cfg in (launch.gemm_config(8192, g, n, k, sb),
+                launch.GemmConfig(64, 64, swap_ab=True, num_stages=6, tma=True)):
         assert cfg.tma, cfg
         sig = {"x_desc": f"tensordesc<fp8e4nv[{cfg.block_m}, {sb}]>",
                "w_desc": f"tensordesc<fp8e4nv[{cfg.block_n}, {sb}]>",
@@ -44,6 +45,19 @@ _SCRIPT = textwrap.dedent("""
         code = ptx(kernels.bmm_fp8_block_tma_kernel, sig, cx, ("xs_ptr", "ws_ptr"),
                    cfg.num_warps, cfg.num_stages)
         print("tma", cfg.label(), "wgmma" in code, "cp.async.bulk.tensor" in code)
+
+    # The decode tile without Gluon (17-64 tokens): pointer loads pipelined by cp.async.
+    cfg = launch.gemm_config(64, g, n, k, sb)
+    assert not (cfg.tma or cfg.wgmma or cfg.swap_ab) and cfg.split_k == 1, cfg
+    sig = {"x_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "xs_ptr": "*u8", "ws_ptr": "*u8",
+           "M": "i32", "y_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32"}
+    cx = dict(scales, SXM=g * k, SXG=k, SWG=n * k, SWN=k, SYM=g * n, SYG=n, N=n, K=k, SB=sb,
+              BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SPLIT_K=1, SWAP_AB=False,
+              OUT_BF16=True)
+    code = ptx(kernels.bmm_fp8_block_kernel, sig, cx, ("x_ptr", "w_ptr", "xs_ptr", "ws_ptr",
+                                                       "M", "y_ptr"),
+               cfg.num_warps, cfg.num_stages)
+    print("pointer", cfg.label(), "wgmma" in code, "cp.async.cg.shared.global" in code)
 
     cfg = launch.gemm_config(1, 2, n, k, sb)
     assert cfg.split_k > 1, cfg
@@ -97,17 +111,19 @@ _SCRIPT = textwrap.dedent("""
 
 
 def test_gpu_only_paths_compile_for_sm90(tmp_path):
-    """TMA GEMM tiles (large M and decode) use wgmma and the bulk tensor copy; split-K uses
-    wgmma, an acquire-release ticket and L2 reads of the parts; the per-head quant kernel uses
-    the hardware RNE fp8 cast and 16-byte loads. The fused chain uses wgmma, serial split-K and
-    the hardware cast."""
+    """TMA GEMM tiles (large M and the swapped decode tile) use wgmma and the bulk tensor
+    copy; the default decode tile without Gluon (64 x 64 pointer loads) uses wgmma fed by
+    cp.async; split-K uses wgmma, an acquire-release ticket and L2 reads of the parts; the
+    per-head quant kernel uses the hardware RNE fp8 cast and 16-byte loads. The fused chain uses
+    wgmma, serial split-K and the hardware cast."""
     lines = run_compile_script(_SCRIPT, tmp_path)
-    assert len(lines) == 5, lines
+    assert len(lines) == 6, lines
     assert lines[0].startswith("tma ") and lines[0].endswith("True True"), lines
     assert lines[1].startswith("tma ") and lines[1].endswith("True True"), lines
-    assert lines[2].startswith("split ") and lines[2].endswith("True True"), lines
-    assert lines[3] == "quant True True", lines
-    assert lines[4].startswith("fused ") and lines[4].endswith("True True True"), lines
+    assert lines[2].startswith("pointer ") and lines[2].endswith("True True"), lines
+    assert lines[3].startswith("split ") and lines[3].endswith("True True"), lines
+    assert lines[4] == "quant True True", lines
+    assert lines[5].startswith("fused ") and lines[5].endswith("True True True"), lines
 
 
 _GLUON_SCRIPT = textwrap.dedent("""

@@ -446,7 +446,9 @@ def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
     if wgmma and block == 128 and n % 128 == 0:
         if m > 16:
             cfg = GemmConfig(64, 128, num_warps=4, num_stages=6, wgmma=True)
-            if (64 if m > 64 else 65) <= _programs(cfg, m, g, n) <= _ONE_WAVE_TILES:
+            # Up to 64 tokens, 64 such tiles (G = 8) lost to the 64 x 64 pointer tiles below.
+            fewest = 64 if m > 64 else 65
+            if fewest <= _programs(cfg, m, g, n) <= _ONE_WAVE_TILES:
                 return cfg
         if m > 64:
             cfg = GemmConfig(128, 128, num_warps=8, num_stages=4, wgmma=True, programs_per_sm=1)
