@@ -560,6 +560,8 @@ def gemm_candidates(m: int) -> list:
         out += [C(t, bn, 1, True, 4, st, tma=True) for bn in (64, 128) for st in (4, 6, 8)]
         if t == 16:
             out += [C(16, 64, 1, False, 4, 4), C(16, 64, 1, False, 4, 4, tma=True)]
+        else:  # the default without Gluon from 17 tokens: unswapped 64 x 64 pointer tiles
+            out += [C(64, 64, 1, False, 4, st) for st in (4, 6)]
         return out + [C(64, 128, num_warps=4, num_stages=st, wgmma=True) for st in (4, 6, 8)]
     wgmma = [C(bm, 128, num_warps=bm // 16, num_stages=st, wgmma=True, programs_per_sm=pps)
              for bm, st, pps in ((128, 4, 0), (128, 4, 1), (128, 5, 1), (64, 3, 2),

@@ -230,9 +230,9 @@ def test_quant_spec_head_kernel(monkeypatch):
     assert _quant_call(9, 1, gs=128, dh=192).kernel is jax_launch._quant_rows_kernel
 
 
-@pytest.mark.parametrize("m", [1, 16, 64, 1000])
-def test_gemm_spec_follows_gemm_config(m):
-    g, n, k = 2, 1024, 4096
+@pytest.mark.parametrize("m,g", [(1, 2), (16, 2), (64, 2), (1000, 2), (32, 8), (64, 16)])
+def test_gemm_spec_follows_gemm_config(m, g):
+    n, k = 1024, 4096
     call = jax_launch.gemm_call(m, g, n, k, 128, n // 128, dtype=jnp.bfloat16)
     cfg = launch.gemm_config(m, g, n, k, 128)
     cx = dict(call.constexprs)
@@ -248,6 +248,8 @@ def test_gemm_spec_follows_gemm_config(m):
     assert call.kernel is jax_launch._gemm_kernel and "SPLIT_K" not in cx
     assert cx["OUT_BF16"] and call.scalars == (m,)
     assert (call.num_warps, call.num_stages) == (cfg.num_warps, cfg.num_stages)
+    if g > 2 and 16 < m <= 64:  # the unswapped 64 x 64 pointer tile, 6 stages
+        assert (cfg.block_m, cfg.block_n, cfg.swap_ab, cfg.num_stages) == (64, 64, False, 6)
     assert call.grid == (-(-m // cfg.block_m) * (n // cfg.block_n), g, 1)
     fp32 = jax_launch.gemm_call(m, g, n, k, 128, n // 128, dtype=jnp.float32)
     assert not dict(fp32.constexprs)["OUT_BF16"] and fp32.out_shape[0].dtype == jnp.float32
