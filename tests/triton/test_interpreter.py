@@ -146,6 +146,7 @@ CONFIGS = [
     launch.GemmConfig(16, 64, split_k=2),
     launch.GemmConfig(16, 128, swap_ab=True, num_stages=5),
     launch.GemmConfig(32, 64, swap_ab=True),
+    launch.GemmConfig(64, 64, num_stages=6),  # the decode tile from 17 tokens without Gluon
     launch.GemmConfig(16, 64, tma=True),
     launch.GemmConfig(16, 64, swap_ab=True, tma=True, programs_per_sm=1),
     launch.GemmConfig(32, 128, tma=True, programs_per_sm=2),
