@@ -460,7 +460,8 @@ def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
         cfg = GemmConfig(64, 64, num_warps=4, num_stages=6)
         if _programs(cfg, m, g, n) > 64:
             return cfg
-        cfg = GemmConfig(64, 64, swap_ab=True, num_warps=4, num_stages=6)  # split below
+        # 64 programs or fewer (G = 2): K is split below, on the swapped tile tuned there.
+        cfg = GemmConfig(64, 64, swap_ab=True, num_warps=4, num_stages=4)
     else:
         cfg = GemmConfig(64, 128, num_warps=4, num_stages=4, tma=True)
     if _programs(cfg, m, g, n) > 64:
