@@ -65,6 +65,17 @@ def test_quant_bit_exact(rng, gs, g, pos_dtype, config):
     _assert_quant_equal(q, sc, *woa_jax.inverse_rope_group_quant(*_jx(o, pos, cos, sin), g, gs))
 
 
+@pytest.mark.parametrize("dh,gs", [(128, 128), (128, 64), (192, 64), (256, 32)])
+def test_quant_heads_of_fewer_or_more_groups_than_the_load_window(rng, dh, gs):
+    """The per-head kernel loads up to four groups ahead of its stores: heads of 1, 2, 3 and 8
+    groups give the oracle's bytes too."""
+    o, pos, cos, sin = _rope_case(rng, s=5, dh=dh)
+    cfg = launch.QuantConfig(4, 1, block_h=1)
+    assert launch.quant_launch(5, 4, dh, gs, cfg).per_head
+    q, sc = launch.inverse_rope_group_quant(o, pos, cos, sin, 2, gs, config=cfg)
+    _assert_quant_equal(q, sc, *woa_jax.inverse_rope_group_quant(*_jx(o, pos, cos, sin), 2, gs))
+
+
 def test_strided_positions_are_read_as_values_not_memory(rng):
     """The kernels read positions with unit stride; a strided view (here every other entry of
     a longer vector) must give the bytes of its values, not of its neighbours in memory."""

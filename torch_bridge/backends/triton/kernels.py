@@ -213,6 +213,11 @@ def inv_rope_group_quant_head_kernel(
     The 1D grid walks heads fastest: programs that run together read one token block's rows
     end to end, and a token's scale bytes (one sector per group) are complete in L2 before it
     evicts them (3.54 against 3.36 TB/s for tokens fastest at S = 8192, G = 16 on an H200).
+
+    Loads run four groups ahead of the stores (``w0`` .. ``w3``): the compiler keeps a load
+    after a store that may alias it, so a load written next to its group waited for the group
+    before it to be stored (H200, 4 tokens per program: 4.19 against 3.88 TB/s at S = 8192,
+    G = 16; 2.99 against 3.24 us at S = 16).
     """
     NG: tl.constexpr = DH // GS
     ROPE_FROM: tl.constexpr = DH - RD
@@ -226,12 +231,24 @@ def inv_rope_group_quant_head_kernel(
     lanes = tl.arange(0, GS)
     for hh in range(BLOCK_H):
         h = (pid % HEAD_BLOCKS) * BLOCK_H + hh
-        in_row = o_ptr + toks[:, None] * stride_os + h * DH
+        in_row = o_ptr + toks[:, None] * stride_os + h * DH + lanes[None, :]
         out_row = q_ptr + toks[:, None] * (H * DH) + h * DH
         s_row = s_ptr + toks * (H * NG) + h * NG
+        w0 = tl.load(in_row, mask=tok_ok[:, None], other=0.0)
+        w1 = w0  # past the last group: never read
+        w2 = w0
+        w3 = w0
+        if NG > 1:
+            w1 = tl.load(in_row + GS, mask=tok_ok[:, None], other=0.0)
+        if NG > 2:
+            w2 = tl.load(in_row + 2 * GS, mask=tok_ok[:, None], other=0.0)
+        if NG > 3:
+            w3 = tl.load(in_row + 3 * GS, mask=tok_ok[:, None], other=0.0)
         for j in tl.static_range(NG):
-            x = tl.load(in_row + j * GS + lanes[None, :], mask=tok_ok[:, None],
-                        other=0.0).to(tl.float32)
+            x = w0.to(tl.float32)
+            w0, w1, w2 = w1, w2, w3
+            if j + 4 < NG:
+                w3 = tl.load(in_row + (j + 4) * GS, mask=tok_ok[:, None], other=0.0)
             if (j + 1) * GS > ROPE_FROM:  # this group holds rope lanes
                 x = _inv_rope_group(x, j * GS, pos, tok_ok, cos_ptr, sin_ptr, stride_cp,
                                     stride_sp, ROPE_FROM, BLOCK_T, GS)

@@ -66,15 +66,14 @@ def _check_power_of_two(cfg, field: str, value: int, least: int) -> None:
 def quant_config(s: int) -> QuantConfig:
     """The quant launch shape for ``s`` tokens (tuned on an H200; see benchmarks/RESULTS.md).
 
-    The per-head kernel with one warp per program: 8 tokens x 1 head streamed 3.99 TB/s at
-    S = 8192, G = 16 and 3.64 at S = 1024 (4 warps: 3.53 and 3.15; the flat-rows kernel 2.6).
-    One warp holds a whole 1 x 128 group per token row, so each thread keeps more loads in
-    flight and more programs fit on an SM. Up to 512 tokens, 4 tokens per program (more
-    programs) was as fast or faster.
+    The per-head kernel with one warp per program and 4 tokens x 1 head: 4.19 TB/s at
+    S = 8192, G = 16 and 3.85 at S = 1024 (session 10, with the kernel's loads four groups
+    ahead of its stores; 8 tokens: 4.02 and 3.63 before that change). One warp holds a whole
+    1 x 128 group per token row, so each thread keeps more loads in flight and more programs
+    fit on an SM (4 warps: 3.53 and 3.15 TB/s; the flat-rows kernel 2.6). 2 tokens per program
+    lost everywhere from S = 64 (3.14 TB/s at S = 8192).
     """
-    if s <= 512:
-        return QuantConfig(4, 1, block_h=1)
-    return QuantConfig(8, 1, block_h=1)
+    return QuantConfig(4, 1, block_h=1)
 
 
 def _last_dims_contiguous(o: torch.Tensor) -> torch.Tensor:
