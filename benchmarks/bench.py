@@ -57,6 +57,9 @@ _GEMM_TOL = "gemm_bf16"
 _L2_COLD_BYTES = 200e6  # ~3x the H200's 60 MB L2
 #: GPU work per timed graph replay (see ``timing.time_cuda``): short sequences repeat.
 _FILL_US = 300.0
+#: ``--sustained``: GPU work per replay and seconds of replays before timing (see time_cuda).
+_SUSTAINED_FILL_US = 20_000.0
+_SUSTAINED_WARM_S = 1.0
 
 
 class Skip(Exception):
@@ -372,7 +375,7 @@ PROVIDER_FNS = {
 }
 
 
-def _time(timed, on_gpu: bool, reps: int) -> list[float]:
+def _time(timed, on_gpu: bool, reps: int, sustained: bool = False) -> list[float]:
     if isinstance(timed, _JaxTimed):
         import jax
 
@@ -380,6 +383,9 @@ def _time(timed, on_gpu: bool, reps: int) -> list[float]:
         return time_wall(lambda: timed.fn(timed.args), per_call=per, reps=reps, warmup=2,
                          sync=jax.block_until_ready)
     if on_gpu:
+        if sustained:
+            return time_cuda(timed, reps=reps, fill_us=_SUSTAINED_FILL_US,
+                             warm_s=_SUSTAINED_WARM_S)
         return time_cuda(timed, reps=reps, fill_us=_FILL_US)
     return time_wall(lambda: [f() for f in timed], per_call=len(timed), reps=min(reps, 3))
 
@@ -435,8 +441,10 @@ def measure_copy(on_gpu: bool, reps: int) -> dict:
 
 def run_sweep(sweep: shapes.Sweep, providers: list[str], *, on_gpu: bool, reps: int,
               progress, copy_gbps: float | None, seed: int,
-              on_shape: Callable[[list[dict]], None] | None = None) -> list[dict]:
-    """Check and time every provider at every (G, M); ``on_shape(rows)`` after each shape."""
+              on_shape: Callable[[list[dict]], None] | None = None,
+              sustained: bool = False) -> list[dict]:
+    """Check and time every provider at every (G, M); ``on_shape(rows)`` after each shape;
+    ``sustained``: GPU providers timed at the clock of a long back-to-back run."""
     import torch
 
     device = "cuda" if on_gpu else "cpu"
@@ -453,7 +461,7 @@ def run_sweep(sweep: shapes.Sweep, providers: list[str], *, on_gpu: bool, reps: 
                    "N": sweep.n, "K": sweep.k, "sets": len(sets)}
             try:
                 timed, msg = PROVIDER_FNS[name](sets, g, on_gpu)
-                times = _time(timed, on_gpu, reps)
+                times = _time(timed, on_gpu, reps, sustained)
                 row.update(us=median(times), times_us=times, check=msg)
                 _row_metrics(row, sweep, copy_gbps)
             except Skip as e:
@@ -672,7 +680,7 @@ def run_tune(sweep: shapes.Sweep, *, on_gpu: bool, reps: int, progress, seed: in
 # ----------------------------------------------------------------------------------------------
 
 
-def metadata(on_gpu: bool) -> dict:
+def metadata(on_gpu: bool, sustained: bool = False) -> dict:
     import jax
     import torch
     import triton
@@ -684,14 +692,20 @@ def metadata(on_gpu: bool) -> dict:
         "device": torch.cuda.get_device_name() if on_gpu else "cpu (TRITON_INTERPRET=1)",
         "commit": os.environ.get("WOA_COMMIT") or _git_commit(),
         "source": source_digest(),
-        "timing": f"CUDA-graph replays, short sequences captured to ~{_FILL_US:.0f} us per replay"
-                  if on_gpu else "wall clock",
+        "timing": _timing_label(sustained) if on_gpu else "wall clock",
     }
     if on_gpu:
         props = torch.cuda.get_device_properties(0)
         meta.update(sms=props.multi_processor_count, cuda=torch.version.cuda,
                     capability=".".join(map(str, torch.cuda.get_device_capability())))
     return meta
+
+
+def _timing_label(sustained: bool) -> str:
+    if sustained:
+        return (f"CUDA-graph replays of ~{_SUSTAINED_FILL_US:.0f} us of back-to-back calls, "
+                f"timed after {_SUSTAINED_WARM_S:g} s of them (sustained clock)")
+    return f"CUDA-graph replays, short sequences captured to ~{_FILL_US:.0f} us per replay"
 
 
 #: The code a benchmark row measures: a copied tree (the device machine's) may have no git
@@ -851,6 +865,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill", action="store_true",
                    help="run the 100K-token prefill scenario instead of the sweep")
     p.add_argument("--tune", action="store_true", help="sweep Triton launch shapes instead")
+    p.add_argument("--sustained", action="store_true",
+                   help="sweep: time each provider at the clock the GPU holds under sustained "
+                        "load (~20 ms replays after 1 s of them; a power-capped H200 slows "
+                        "down under long runs of large GEMMs)")
     p.add_argument("--tune-kinds", default=",".join(TUNE_KINDS),
                    help=f"with --tune: comma-separated subset of {','.join(TUNE_KINDS)}")
     p.add_argument("--json", metavar="FILE", help="write rows and metadata as JSON")
@@ -889,12 +907,15 @@ def main(argv: list[str] | None = None) -> int:
     if set(tune_kinds) - set(TUNE_KINDS):
         raise SystemExit(f"unknown --tune-kinds {sorted(set(tune_kinds) - set(TUNE_KINDS))}; "
                          f"expected a subset of {list(TUNE_KINDS)}")
+    if args.sustained and (args.tune or args.prefill):
+        raise SystemExit("--sustained applies to the sweep, not to --tune or --prefill (the "
+                         "prefill runs its chunks back to back already)")
     if args.tuned:
         use_tuned(args.tuned)
     base = shapes.GPU if on_gpu else shapes.CPU
     sweep = dataclasses.replace(base, groups=args.groups or base.groups, ms=args.ms or base.ms)
     console = Console(width=max(Console().width, 150))
-    meta = metadata(on_gpu)
+    meta = metadata(on_gpu, args.sustained)
     console.print(f"[bold]woa bench[/] on {meta['device']}: torch {meta['torch']}, triton "
                   f"{meta['triton']}, jax {meta['jax']}, commit {meta['commit']}")
     rows: list[dict] = []
@@ -921,7 +942,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             rows += run_sweep(sweep, [p for p in providers if p != "copy"], on_gpu=on_gpu,
                               reps=args.reps, progress=progress, copy_gbps=copy_gbps,
-                              seed=args.seed, on_shape=save)
+                              seed=args.seed, on_shape=save, sustained=args.sustained)
     print_table(rows, console)
     save([])
     if args.plot:

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 
 
 def time_cuda(fns: Sequence[Callable[[], object]], *, reps: int = 20, warmup: int = 3,
-              graph: bool = True, fill_us: float = 0.0) -> list[float]:
+              graph: bool = True, fill_us: float = 0.0, warm_s: float = 0.0) -> list[float]:
     """Microseconds per call of each replay of ``fns`` (one call per input set, run in order).
 
     The calls are captured once in a CUDA graph (no launch gaps, as a serving loop replays them)
@@ -19,6 +19,10 @@ def time_cuda(fns: Sequence[Callable[[], object]], *, reps: int = 20, warmup: in
     ``fill_us``: capture the sequence repeatedly, so that one replay holds at least about this
     much GPU work. The event pair around a replay also times the graph's launch, which would
     otherwise be charged to each call of a short sequence.
+
+    ``warm_s``: after the ``warmup`` replays, keep replaying for this many seconds before
+    timing, so that the GPU runs at the clock it holds under sustained load (a power-capped
+    GPU slows down within a fraction of a second of large GEMMs; benchmarks/RESULTS.md).
     """
     import torch
 
@@ -56,6 +60,11 @@ def time_cuda(fns: Sequence[Callable[[], object]], *, reps: int = 20, warmup: in
                 f()
     for _ in range(warmup):
         run()
+    if warm_s > 0:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < warm_s:
+            _event_us(run)  # one replay at a time, as the timed ones run
     return [_event_us(run) / (len(fns) * copies) for _ in range(reps)]
 
 

@@ -25,3 +25,15 @@ def test_bench_tiny_cpu_run_writes_json_and_plot(woa, tmp_path):
 
 def test_bench_usage_error_is_one_line(woa, one_line_error):
     one_line_error(woa("bench", "--providers", "nope"), "unknown providers")
+
+
+def test_bench_sustained_is_for_the_sweep_only(woa, one_line_error):
+    one_line_error(woa("bench", "--sustained", "--tune"), "--sustained applies to the sweep")
+    one_line_error(woa("bench", "--sustained", "--prefill"), "--sustained applies to the sweep")
+
+
+def test_bench_sustained_timing_is_named_in_the_json():
+    from benchmarks import bench
+
+    assert "sustained clock" in bench._timing_label(True)
+    assert "sustained" not in bench._timing_label(False)
