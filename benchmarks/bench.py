@@ -4,6 +4,7 @@ Usage (``woa bench`` forwards its arguments to ``main``)::
 
     python -m benchmarks.bench                      # H200 sweep (or the CPU smoke sweep)
     python -m benchmarks.bench --groups 16 --ms 1,8192 --json out.json --plot out.png
+    python -m benchmarks.bench --sustained --ms 8192  # at the clock of a long run (power cap)
     python -m benchmarks.bench --prefill            # 100K-token prefill in 8K chunks, TP1/TP8
     python -m benchmarks.bench --tune               # GEMM / quant / fused-chain launch shapes
 
@@ -26,7 +27,10 @@ Providers (rows of the table):
   callback to record; ``WOA_JAX_TRITON=0`` turns it off).
 
 GPU times are medians of CUDA-graph replays over enough input sets to keep inputs out of L2
-(JAX rows: wall clock of one jitted call over the same sets). CPU runs use the Triton
+(JAX rows: wall clock of one jitted call over the same sets). Each timing lasts some tens of
+milliseconds after idle time (the burst clock); ``--sustained`` times after 1 s of back-to-back
+replays instead, where a power-capped GPU runs slower (an H200 at M = 8192: ~1400 instead of
+1980 MHz). CPU runs use the Triton
 interpreter and wall clock: they check that the harness works, not speed.
 """
 

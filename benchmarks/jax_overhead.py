@@ -22,7 +22,7 @@ import os
 import time
 
 #: Seconds of back-to-back work before a sustained timing. An H200 running large GEMMs without
-#: pause reaches its power cap (about 700 W) within about 0.3 s; its SM clock then drops from
+#: pause reaches its power cap (700 W) within tens of milliseconds; its SM clock then drops from
 #: 1980 to about 1400 MHz and an M = 8192 GEMM takes ~1090 instead of ~940 us (session 10).
 _WARM_S = 1.0
 
