@@ -562,7 +562,7 @@ def run_prefill(sweep: shapes.Sweep, cfg: shapes.Prefill, *, on_gpu: bool, progr
 
 def gemm_candidates(m: int) -> list:
     """Launch shapes worth timing for one M (``label()``: m, n, split-K, s=swap, warps, stages,
-    T = TMA tiles [programs per SM], W = the Gluon wgmma kernel, Hopper only)."""
+    T = TMA tiles [programs per SM], W = the Gluon wgmma kernel [programs per SM], Hopper only)."""
     from torch_bridge.backends.triton.launch import GemmConfig as C
 
     if m <= 64:
@@ -605,9 +605,9 @@ TUNE_KINDS = ("gemm", "quant", "chain")
 
 
 def run_tune(sweep: shapes.Sweep, *, on_gpu: bool, reps: int, progress, seed: int,
-             kinds: tuple[str, ...] = TUNE_KINDS) -> list[dict]:
+             kinds: tuple[str, ...] = TUNE_KINDS, sustained: bool = False) -> list[dict]:
     """Time every candidate launch shape of ``kinds`` (GEMM, quant, fused chain up to M = 64)
-    at every (G, M) of ``sweep``."""
+    at every (G, M) of ``sweep``; ``sustained`` as in ``run_sweep``."""
     import torch
 
     from torch_bridge.backends.triton import launch
@@ -633,7 +633,7 @@ def run_tune(sweep: shapes.Sweep, *, on_gpu: bool, reps: int, progress, seed: in
                 fns = [(lambda p=p, y=y, cfg=cfg: launch.batched_gemm_a8w8_mxscale(
                     p.x, p.w, p.xs, p.ws, out=y, config=cfg))
                     for p, y in zip(sets, outs, strict=True)]
-                times = _time(fns, on_gpu, reps)
+                times = _time(fns, on_gpu, reps, sustained)
                 row.update(us=median(times), times_us=times,
                            **{"TFLOP/s": 2.0 * m * g * sweep.n * sweep.k / median(times) / 1e6})
             except Exception as e:  # a shape that fails to compile (shared memory) is data too
@@ -653,7 +653,7 @@ def run_tune(sweep: shapes.Sweep, *, on_gpu: bool, reps: int, progress, seed: in
             fns = [(lambda p=p, qc=qc, g=g: launch.inverse_rope_group_quant(
                 p.o, p.pos, p.cos_bf16, p.sin_bf16, g, 128, x_fp8=p.x, x_scale=p.xs,
                 config=qc)) for p in sets]
-            times = _time(fns, on_gpu, reps)
+            times = _time(fns, on_gpu, reps, sustained)
             nbytes = m * g * sweep.k * 3 + m * g * sweep.k // 128
             row.update(us=median(times), check="bytes exact",
                        **{"GB/s": nbytes / median(times) / 1e3})
@@ -666,7 +666,7 @@ def run_tune(sweep: shapes.Sweep, *, on_gpu: bool, reps: int, progress, seed: in
                 try:
                     timed, msg = prov_chain_fp8_triton(sets, g, on_gpu, fused=cfg is not None,
                                                        config=cfg)
-                    times = _time(timed, on_gpu, reps)
+                    times = _time(timed, on_gpu, reps, sustained)
                     row.update(us=median(times), times_us=times, check=msg)
                 except Exception as e:  # a shape that fails to compile is data too
                     row.update(us=None, check=f"FAILED: {type(e).__name__}: {str(e)[:200]}")
@@ -870,7 +870,7 @@ def parser() -> argparse.ArgumentParser:
                    help="run the 100K-token prefill scenario instead of the sweep")
     p.add_argument("--tune", action="store_true", help="sweep Triton launch shapes instead")
     p.add_argument("--sustained", action="store_true",
-                   help="sweep: time each provider at the clock the GPU holds under sustained "
+                   help="sweep and --tune: time at the clock the GPU holds under sustained "
                         "load (~20 ms replays after 1 s of them; a power-capped H200 slows "
                         "down under long runs of large GEMMs)")
     p.add_argument("--tune-kinds", default=",".join(TUNE_KINDS),
@@ -911,8 +911,8 @@ def main(argv: list[str] | None = None) -> int:
     if set(tune_kinds) - set(TUNE_KINDS):
         raise SystemExit(f"unknown --tune-kinds {sorted(set(tune_kinds) - set(TUNE_KINDS))}; "
                          f"expected a subset of {list(TUNE_KINDS)}")
-    if args.sustained and (args.tune or args.prefill):
-        raise SystemExit("--sustained applies to the sweep, not to --tune or --prefill (the "
+    if args.sustained and args.prefill:
+        raise SystemExit("--sustained applies to the sweep and --tune, not to --prefill (the "
                          "prefill runs its chunks back to back already)")
     if args.tuned:
         use_tuned(args.tuned)
@@ -937,7 +937,7 @@ def main(argv: list[str] | None = None) -> int:
         copy_gbps = copy["GB/s"] if copy and on_gpu else None
         if args.tune:
             rows += run_tune(sweep, on_gpu=on_gpu, reps=args.reps, progress=progress,
-                             seed=args.seed, kinds=tune_kinds)
+                             seed=args.seed, kinds=tune_kinds, sustained=args.sustained)
         elif args.prefill:
             cfg = shapes.GPU_PREFILL if on_gpu else shapes.CPU_PREFILL
             if args.groups:

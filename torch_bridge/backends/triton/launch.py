@@ -382,7 +382,7 @@ class GemmConfig:
                              f"(64, 128), got {self}")
 
     def label(self) -> str:
-        tma = "W" if self.wgmma else ""
+        tma = f"W{self.programs_per_sm or ''}" if self.wgmma else ""
         if self.tma:
             tma = f"T{self.programs_per_sm or ''}"
         return (f"m{self.block_m}n{self.block_n}k{self.split_k}{'s' if self.swap_ab else ''}"
