@@ -11,7 +11,8 @@ what each step costs. Also the device time of the GEMM (M = 1, 64, 8192) and of 
 chain (``jax_ops.wo_a_fp8``, M = 1, 4, 64: fused natively at M = 1) inside one jitted
 program, each against the torch launcher on the same inputs. At M = 8192 both sides are timed
 at the clock the GPU holds under sustained load (``_WARM_S``), in three rounds that alternate
-which side runs first; the torch burst figure (idle between calls) is printed beside them.
+which side runs first; the torch burst figure (a short timing after idle time) is printed
+beside them.
 """
 
 from __future__ import annotations
@@ -163,8 +164,9 @@ def _device_time(g: int, n: int, k: int, reps: int = 20) -> None:
 
         def torch_us(c, a=args, y=yt, sustained=sustained) -> tuple[float, float]:
             """(burst, sustained) us per call: replays of about 300 us of work (one call at
-            M = 8192, idle between replays), then, at large M, replays of ``reps`` calls back
-            to back after ``_WARM_S`` of them, as the JAX loop runs (else burst twice)."""
+            M = 8192; ten of them after idle time run at the burst clock), then, at large M,
+            replays of ``reps`` calls back to back after ``_WARM_S`` of them, as the JAX loop
+            runs (else the burst figure twice)."""
             fn = [lambda: launch.batched_gemm_a8w8_mxscale(*a, out=y, config=c)]
             burst = median(time_cuda(fn, reps=10, fill_us=300.0))
             if not sustained:
