@@ -598,7 +598,7 @@ def quant_candidates() -> list:
     from torch_bridge.backends.triton.launch import QuantConfig as Q
 
     return [Q(32, 4), Q(8, 4), Q(4, 1, 1), Q(8, 1, 1), Q(16, 1, 1), Q(8, 2, 1), Q(16, 2, 1),
-            Q(4, 4, 1), Q(16, 4, 1), Q(8, 4, 4), Q(2, 4, 8)]
+            Q(4, 4, 1), Q(16, 4, 1), Q(8, 4, 4), Q(2, 4, 8), Q(4, 1, 2), Q(4, 2, 2), Q(2, 1, 1)]
 
 
 TUNE_KINDS = ("gemm", "quant", "chain")
