@@ -215,9 +215,10 @@ def inv_rope_group_quant_head_kernel(
     evicts them (3.54 against 3.36 TB/s for tokens fastest at S = 8192, G = 16 on an H200).
 
     Loads run four groups ahead of the stores (``w0`` .. ``w3``): the compiler keeps a load
-    after a store that may alias it, so a load written next to its group waited for the group
-    before it to be stored (H200, 4 tokens per program: 4.19 against 3.88 TB/s at S = 8192,
-    G = 16; 2.99 against 3.24 us at S = 16).
+    after a store that may alias it, so a load written next to its group was issued only once
+    the group before it had arrived and been stored, one memory round trip per group (H200,
+    4 tokens per program: 4.19 against 3.88 TB/s at S = 8192, G = 16; 2.99 against 3.24 us at
+    S = 16).
     """
     NG: tl.constexpr = DH // GS
     ROPE_FROM: tl.constexpr = DH - RD
