@@ -872,7 +872,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sustained", action="store_true",
                    help="sweep and --tune: time at the clock the GPU holds under sustained "
                         "load (~20 ms replays after 1 s of them; a power-capped H200 slows "
-                        "down under long runs of large GEMMs)")
+                        "down under long runs of large GEMMs); GPU only, CPU runs time wall "
+                        "clock either way")
     p.add_argument("--tune-kinds", default=",".join(TUNE_KINDS),
                    help=f"with --tune: comma-separated subset of {','.join(TUNE_KINDS)}")
     p.add_argument("--json", metavar="FILE", help="write rows and metadata as JSON")

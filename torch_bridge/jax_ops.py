@@ -30,10 +30,11 @@ torch launcher: about 200 us of host time per GEMM call); use it where the zero-
 ``jax.jit`` integration matters more than latency. The GEMMs above M = 128 that the torch
 launcher runs on the Gluon wgmma kernel (Hopper, benchmarks/RESULTS.md) take the callback route
 too, recorded in XLA's command buffers by default: there the GPU time outweighs that host cost
-(M = 8192, G = 16: 912-928 us in one jitted program against 919 us from torch, 956-986 us when
-not recorded, session 8; session 9's five runs: +0.6 to +8.8 % over torch, a spread not yet
-explained; the pointer kernel takes 1417 us). At decode sizes the Gluon kernel saves 2-8 us
-of GPU time, far less than the callback's host time, so they stay native.
+(M = 8192, G = 16, both at the clock of a long back-to-back run: -2.5 to 0.0 % against torch
+in session 10; earlier runs that timed torch briefly and JAX in long loops read -0.7 to
++8.8 %; 4-7 % slower when not recorded, session 8; the pointer kernel takes 1417 us). At
+decode sizes the Gluon kernel saves 2-8 us of GPU time, far less than the callback's host
+time, so they stay native.
 """
 
 from __future__ import annotations
@@ -251,7 +252,8 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=jnp.bfloat16, *,
     ``command_buffer``: as ``inverse_rope_group_quant``'s, except that it defaults to on for the
     GEMMs that go to the Gluon kernel: without a command buffer such a call ran 4-7 % slower on
     the GPU than the same kernel launched from torch (M = 8192, G = 16, H200), with one
-    -0.7 % to +1.0 % (session 8; +0.6 to +8.8 % over five runs in session 9).
+    -0.7 % to +1.0 % (session 8); timed alike at the sustained clock, -2.5 to 0.0 %
+    (session 10).
     """
     m, g, n, k, block = _checks.check_gemm_inputs(x, w, x_scale, w_scale)
     _check_out_dtype(dtype)

@@ -32,7 +32,7 @@ def test_bench_sustained_is_not_for_the_prefill(woa, one_line_error):
                    "--sustained applies to the sweep and --tune")
 
 
-def test_bench_sustained_timing_is_named_in_the_json():
+def test_bench_timing_label_names_the_sustained_clock():
     from benchmarks import bench
 
     assert "sustained clock" in bench._timing_label(True)
