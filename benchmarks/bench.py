@@ -574,7 +574,12 @@ def gemm_candidates(m: int) -> list:
             out += [C(16, 64, 1, False, 4, 4), C(16, 64, 1, False, 4, 4, tma=True)]
         else:  # the default without Gluon from 17 tokens: unswapped 64 x 64 pointer tiles
             out += [C(64, 64, 1, False, 4, st) for st in (4, 6)]
-        return out + [C(64, 128, num_warps=4, num_stages=st, wgmma=True) for st in (4, 6, 8)]
+        out += [C(64, 128, num_warps=4, num_stages=st, wgmma=True) for st in (4, 6, 8)]
+        tokens = max(8, 1 << (m - 1).bit_length())  # the swapped Gluon tile (spills at 64)
+        if tokens <= 32:
+            out += [C(tokens, bn, swap_ab=True, num_warps=4, num_stages=st, wgmma=True)
+                    for bn in (64, 128) for st in (6, 8)]
+        return out
     wgmma = [C(bm, 128, num_warps=bm // 16, num_stages=st, wgmma=True, programs_per_sm=pps)
              for bm, st, pps in ((128, 4, 0), (128, 4, 1), (128, 5, 1), (64, 3, 2),
                                  (64, 4, 0), (64, 4, 2), (64, 6, 0))]

@@ -301,6 +301,41 @@ def test_gemm_wgmma_kernel(m, g, dtype, k, cfg):
     assert err <= tol, f"seed {seed}: relerr {err:.3g}"
 
 
+@pytest.mark.parametrize("cfg", ((8, 64, 8, 0), (16, 64, 6, 0), (16, 128, 6, 1), (32, 128, 6, 0)),
+                         ids=lambda c: f"t{c[0]}n{c[1]}st{c[2]}p{c[3]}")
+@pytest.mark.parametrize("m,g,dtype,k", ((1, 16, torch.bfloat16, HPG * DH),
+                                         (5, 8, torch.float32, HPG * DH),
+                                         (16, 2, torch.bfloat16, 31 * 128),
+                                         (40, 3, torch.bfloat16, 128)))
+def test_gemm_wgmma_swapped_kernel(m, g, dtype, k, cfg):
+    """The Gluon kernel's swapped decode tile (tokens on the MMA's N side): fewer tokens than
+    the tile (the TMA load zero-fills, the store clips), several token tiles (walked by
+    persistent programs too), odd and single K block counts, fp32 output. Within the oracle's
+    tolerance, and bit-equal to the pointer kernel's swapped tile, which promotes the same
+    K blocks in the same order."""
+    import jax.numpy as jnp
+
+    from torch_bridge.backends.triton import launch
+    from woa_jax.testing import TOLERANCES
+
+    ok, why = launch.wgmma_available(torch.cuda.current_device())
+    if not ok:
+        pytest.skip(why)
+    seed = _seed()
+    x, w, xs, ws = _gemm_inputs(m, g, N, k, seed)
+    y = torch.full((m, g, N), float("nan"), dtype=dtype, device="cuda")
+    config = launch.GemmConfig(cfg[0], cfg[1], swap_ab=True, num_warps=4, num_stages=cfg[2],
+                               wgmma=True, programs_per_sm=cfg[3])
+    launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, dtype=dtype, out=y, config=config)
+    ref = _oracle("batched_gemm_a8w8_mxscale")(_j(x), _j(w), _j(xs), _j(ws), dtype=jnp.float32)
+    err = _relerr(y, ref)
+    tol = TOLERANCES["gemm_bf16"].rel if dtype == torch.bfloat16 else FP32_OUT_ON_GPU
+    assert err <= tol, f"seed {seed}: relerr {err:.3g}"
+    pointer = launch.batched_gemm_a8w8_mxscale(
+        x, w, xs, ws, dtype=dtype, config=launch.GemmConfig(16, 64, swap_ab=True))
+    assert torch.equal(y, pointer), f"seed {seed}"
+
+
 def test_gemm_wgmma_relaunch_goes_straight_to_the_compiled_kernel():
     """After its first launch, a specialization of the Gluon kernel launches without Triton's
     dispatch: M 1024, 2048 and 1040 share one compiled kernel (M % 16 == 0, same grid), M 1000
@@ -536,7 +571,8 @@ def test_jax_jit_path(s):
         assert _relerr(y2, ref2) <= TOLERANCES["gemm_bf16"].rel, f"seed {seed}, replay cb={cb}"
 
 
-@pytest.mark.parametrize("s", (64, 256))  # 256: the Gluon GEMM on Hopper
+# On Hopper every GEMM here is Gluon's: the swapped tile at 4, 64- and 128-row tiles above.
+@pytest.mark.parametrize("s", (4, 64, 256))
 def test_cuda_graph_and_torch_compile(s):
     from torch_bridge.backends.triton import launch
 

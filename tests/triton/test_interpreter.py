@@ -283,7 +283,12 @@ def test_gemm_rejects_bad_out_and_split(rng):
     (dict(block_m=16, block_n=64, tma=True, split_k=2), "TMA kernel does not split K"),
     (dict(block_m=128, block_n=128, num_warps=4, wgmma=True), "block_m = 16 \\* num_warps"),
     (dict(block_m=32, block_n=128, num_warps=2, wgmma=True), "in \\(64, 128\\)"),
-    (dict(block_m=64, block_n=128, swap_ab=True, wgmma=True), "swap_ab=False"),
+    (dict(block_m=128, block_n=128, swap_ab=True, wgmma=True), "block_m in 8..64"),
+    (dict(block_m=16, block_n=32, swap_ab=True, wgmma=True), "block_n in \\(64, 128\\)"),
+    (dict(block_m=16, block_n=64, swap_ab=True, num_warps=8, wgmma=True),
+     "a multiple of 16 \\* num_warps"),
+    (dict(block_m=4, block_n=64, swap_ab=True, wgmma=True), "block_m must be a power of two >= 8"),
+    (dict(block_m=8, block_n=64, swap_ab=True), "block_m must be a power of two >= 16"),
     (dict(block_m=64, block_n=128, tma=True, wgmma=True), "wgmma is its own kernel"),
 ])
 def test_gemm_config_rejects_bad_fields(fields, match):
@@ -300,6 +305,18 @@ def test_gemm_config_rejects_bad_fields(fields, match):
 def test_quant_config_rejects_bad_fields(fields, match):
     with pytest.raises(ValueError, match=match):
         launch.QuantConfig(**fields)
+
+
+def test_default_gluon_shape_runs_the_triton_kernels_when_x_has_no_tma_view(rng):
+    """A default Gluon shape reaches the launch op before the operands' layout is known; when
+    x cannot be viewed as TMA tiles (transposed from [G, M, K]) the op runs the Triton
+    kernels' own shape, not the 8-token swapped tile, which ``tl.dot`` cannot take."""
+    x, w, xs, ws = _gemm_case(rng, 3, 2, 128, 256)
+    xt = x.transpose(0, 1).contiguous().transpose(0, 1)
+    out = torch.full((3, 2, 128), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    swapped = launch.GemmConfig(8, 64, swap_ab=True, num_warps=4, num_stages=8, wgmma=True)
+    launch._LAUNCHERS[launch._bmm_op](xt, w, xs, ws, out, *dataclasses.astuple(swapped))
+    assert torch.equal(out, launch.batched_gemm_a8w8_mxscale(x, w, xs, ws))
 
 
 def test_wgmma_kernel_is_hopper_only(rng):
@@ -324,8 +341,16 @@ def test_wgmma_kernel_is_hopper_only(rng):
     for m, g in ((128, 16), (1024, 2), (8192, 16)):
         cfg = launch.gemm_config(m, g, 1024, 4096, 128, wgmma=True)
         assert (cfg.block_m, cfg.programs_per_sm) == (128, 1), (m, g)
-    assert not launch.gemm_config(16, 16, 1024, 4096, 128, wgmma=True).wgmma  # pointer tiles
-    # few tiles (G = 2, one M tile) and 32 x 32 scale blocks keep the Triton kernels
+    # up to 16 tokens: the swapped tile (64 weight rows x 8 or 16 tokens) from 128 programs,
+    # 8 stages at one program per SM, 6 at two
+    for m, g, tokens, stages in ((1, 16, 8, 6), (8, 16, 8, 6), (9, 16, 16, 6), (16, 16, 16, 6),
+                                 (1, 8, 8, 8), (16, 8, 16, 8)):
+        assert launch.gemm_config(m, g, 1024, 4096, 128, wgmma=True) == launch.GemmConfig(
+            tokens, 64, swap_ab=True, num_warps=4, num_stages=stages, wgmma=True), (m, g)
+    # few tiles (G = 2, one M tile; G 4 at decode) and 32 x 32 scale blocks keep the Triton
+    # kernels (split-K at G = 2)
+    assert launch.gemm_config(16, 2, 1024, 4096, 128, wgmma=True).split_k > 1
+    assert not launch.gemm_config(1, 4, 1024, 4096, 128, wgmma=True).wgmma
     assert not launch.gemm_config(128, 2, 1024, 4096, 128, wgmma=True).wgmma
     assert not launch.gemm_config(8192, 16, 1024, 4096, 32, wgmma=True).wgmma
     x, w, xs, ws = _gemm_case(rng, 65, 2, 128, 256)

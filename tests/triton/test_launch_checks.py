@@ -83,7 +83,7 @@ def test_gluon_relaunch_passes_every_argument_in_kernel_order(monkeypatch):
     for m in (64, 128, 80, 72):
         x, xs = _fp8(m, g, k), torch.full((m, g, k // 128), 127, dtype=torch.uint8)
         out = torch.empty((m, g, n), dtype=torch.bfloat16)
-        launch._launch_wgmma(x, w, xs, ws, out, 64, 128, 128, 4, 4, 1)
+        launch._launch_wgmma(x, w, xs, ws, out, 64, 128, 128, 4, 4, 1, False)
         if m == 80:
             xs_80 = xs
     # M 64, 128 and 80 share a specialization (M % 16 == 0; 4 programs, one per interpreter
@@ -103,6 +103,7 @@ def test_gluon_relaunch_passes_every_argument_in_kernel_order(monkeypatch):
     assert values["w_desc"].shape == [g * n, k] and values["y_desc"].shape == [80, g * n]
     assert values["xs_ptr"].data_ptr() == xs_80.data_ptr() and values["M"] == 80
     assert values["STAGES"] == 4 and values["num_warps"] == 4 and values["G"] == g
+    assert values["SWAP_AB"] is False
 
 
 def test_tune_candidates_have_distinct_labels():

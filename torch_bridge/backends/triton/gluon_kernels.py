@@ -1,4 +1,4 @@
-"""Gluon (explicit-layout Triton) kernel for the block-scaled FP8 GEMM on Hopper (M > 16).
+"""Gluon (explicit-layout Triton) kernel for the block-scaled FP8 GEMM on Hopper.
 
 ``tl.dot`` cannot overlap the per-scale-block fp32 promotion with the tensor cores: the product
 of one K block must be waited for before it is scaled, so the warpgroups idle while they
@@ -41,6 +41,27 @@ def _block_scale(x_bytes, w_byte):
 
 
 @gluon.jit
+def _mma(a_bufs, b_bufs, s, product, SWAP_AB: gl.constexpr):
+    """Start the MMA of stage ``s`` into ``product`` (overwritten): ``x @ w^T`` or, swapped,
+    ``w @ x^T``."""
+    if SWAP_AB:
+        return warpgroup_mma(b_bufs.index(s), a_bufs.index(s).permute((1, 0)), product,
+                             use_acc=False, is_async=True)
+    else:
+        return warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), product,
+                             use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _promote(acc, product, token_scales, SWAP_AB: gl.constexpr):
+    """``acc + product * scale`` with the per-token scales along the tokens' axis."""
+    if SWAP_AB:
+        return acc + product * token_scales[None, :]
+    else:
+        return acc + product * token_scales[:, None]
+
+
+@gluon.jit
 def _tile_origin(tile, tiles_per_group, NUM_N: gl.constexpr, BLOCK_M: gl.constexpr,
                  BLOCK_N: gl.constexpr):
     """(group, first row, first column) of a tile; tiles run group by group, N fastest."""
@@ -71,7 +92,7 @@ def bmm_fp8_block_wgmma_kernel(
     SXSM: gl.constexpr, SXSG: gl.constexpr,  # x_scale [M, G, K/SB] strides (last contiguous)
     SWSG: gl.constexpr, SWSN: gl.constexpr,  # w_scale [G, N/SB, K/SB] strides
     G: gl.constexpr, N: gl.constexpr, K: gl.constexpr,
-    STAGES: gl.constexpr, num_warps: gl.constexpr,
+    STAGES: gl.constexpr, num_warps: gl.constexpr, SWAP_AB: gl.constexpr = False,
 ):
     """``y [M, G, N] = dq(x) @ dq(w)^T`` per group in ``BLOCK_M x BLOCK_N`` tiles.
 
@@ -81,14 +102,19 @@ def bmm_fp8_block_wgmma_kernel(
     ``num_programs`` programs take every ``num_programs``-th tile; the copy engine keeps
     ``STAGES`` K blocks in flight across tile boundaries, so the next tile's first blocks load
     while this one finishes, and each tile's store drains while the next one computes.
+
+    ``SWAP_AB`` (decode): the tile's weight rows take the MMA's M side and its tokens the N
+    side, which wgmma lets be as narrow as 8, so a few tokens do not pad to 64 rows.
     """
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
     KB: gl.constexpr = K // BLOCK_K
     NUM_N: gl.constexpr = N // BLOCK_N
+    MMA_M: gl.constexpr = BLOCK_N if SWAP_AB else BLOCK_M
+    MMA_N: gl.constexpr = BLOCK_M if SWAP_AB else BLOCK_N
     gl.static_assert(BLOCK_K % BLOCK_N == 0, "a tile's weight rows share one scale block")
-    gl.static_assert(BLOCK_M == 16 * num_warps, "each warp owns 16 rows of the tile")
+    gl.static_assert(MMA_M % (16 * num_warps) == 0, "each warp owns 16-row slices of the MMA")
 
     pid = gl.program_id(0)
     tiles_per_group = gl.cdiv(M, BLOCK_M) * NUM_N
@@ -107,50 +133,45 @@ def bmm_fp8_block_wgmma_kernel(
                         tiles_per_group, K, N, KB, NUM_N, STAGES)
 
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 32])
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, MMA_N, 32])
+    token_layout: gl.constexpr = gl.SliceLayout(0 if SWAP_AB else 1, mma_layout)
     for t in range(my_tiles):
         g, m0, n0 = _tile_origin(pid + t * num_programs, tiles_per_group, NUM_N, BLOCK_M,
                                  BLOCK_N)
-        rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_layout))
+        rows = m0 + gl.arange(0, BLOCK_M, layout=token_layout)
         xs_rows = xs_ptr + g * SXSG + rows.to(gl.int64) * SXSM
         rows_ok = rows < M
         ws_row = ws_ptr + g * SWSG + (n0 // BLOCK_K) * SWSN
         base = t * KB
-        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
+        acc = gl.zeros([MMA_M, MMA_N], gl.float32, mma_layout)
         # Two register sets, A and B, take the K blocks' products in turn. A step issues the
         # MMA of block kb into its set (overwriting the product it promoted one step earlier),
         # waits for the other set's block kb - 1, refills that block's stage and promotes it
         # while block kb runs. Scale bytes are loaded two steps before their use. The K loop is
         # unrolled at compile time: in a runtime loop ptxas cannot tell which wgmma group a
         # wait retires and serializes every wgmma of the kernel (its warning C7514).
-        spent = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
+        spent = gl.zeros([MMA_M, MMA_N], gl.float32, mma_layout)
         xs_a = gl.load(xs_rows, mask=rows_ok, other=127)
         ws_a = gl.load(ws_row)
         xs_b = gl.load(xs_rows + 1, mask=rows_ok & (KB > 1), other=127)
         ws_b = gl.load(ws_row + 1, mask=KB > 1, other=127)
         mbarrier.wait(ready.index(base % STAGES), (base // STAGES) & 1)
-        pending = warpgroup_mma(a_bufs.index(base % STAGES),
-                                b_bufs.index(base % STAGES).permute((1, 0)), acc,
-                                use_acc=False, is_async=True)
+        pending = _mma(a_bufs, b_bufs, base % STAGES, acc, SWAP_AB)
         for kb in gl.static_range(1, KB - 1, 2):
             i = base + kb
             mbarrier.wait(ready.index(i % STAGES), (i // STAGES) & 1)
-            in_b = warpgroup_mma(a_bufs.index(i % STAGES),
-                                 b_bufs.index(i % STAGES).permute((1, 0)), spent,
-                                 use_acc=False, is_async=True)
+            in_b = _mma(a_bufs, b_bufs, i % STAGES, spent, SWAP_AB)
             xs_far = gl.load(xs_rows + (kb + 1), mask=rows_ok, other=127)
             ws_far = gl.load(ws_row + (kb + 1))
             prod_a = warpgroup_mma_wait(num_outstanding=1, deps=(pending,))
             if i - 1 + STAGES < total:
                 _issue_load(x_desc, w_desc, a_bufs, b_bufs, ready, i - 1 + STAGES, pid,
                             num_programs, tiles_per_group, K, N, KB, NUM_N, STAGES)
-            acc += prod_a * _block_scale(xs_a, ws_a)[:, None]
+            acc = _promote(acc, prod_a, _block_scale(xs_a, ws_a), SWAP_AB)
             xs_a, ws_a = xs_far, ws_far
 
             mbarrier.wait(ready.index((i + 1) % STAGES), ((i + 1) // STAGES) & 1)
-            pending = warpgroup_mma(a_bufs.index((i + 1) % STAGES),
-                                    b_bufs.index((i + 1) % STAGES).permute((1, 0)), prod_a,
-                                    use_acc=False, is_async=True)
+            pending = _mma(a_bufs, b_bufs, (i + 1) % STAGES, prod_a, SWAP_AB)
             ahead = kb + 2 < KB
             xs_far = gl.load(xs_rows + (kb + 2), mask=rows_ok & ahead, other=127)
             ws_far = gl.load(ws_row + (kb + 2), mask=ahead, other=127)
@@ -158,35 +179,36 @@ def bmm_fp8_block_wgmma_kernel(
             if i + STAGES < total:
                 _issue_load(x_desc, w_desc, a_bufs, b_bufs, ready, i + STAGES, pid,
                             num_programs, tiles_per_group, K, N, KB, NUM_N, STAGES)
-            acc += spent * _block_scale(xs_b, ws_b)[:, None]
+            acc = _promote(acc, spent, _block_scale(xs_b, ws_b), SWAP_AB)
             xs_b, ws_b = xs_far, ws_far
         if KB % 2 == 0:  # one block left for set B
             i = base + KB - 1
             mbarrier.wait(ready.index(i % STAGES), (i // STAGES) & 1)
-            in_b = warpgroup_mma(a_bufs.index(i % STAGES),
-                                 b_bufs.index(i % STAGES).permute((1, 0)), spent,
-                                 use_acc=False, is_async=True)
+            in_b = _mma(a_bufs, b_bufs, i % STAGES, spent, SWAP_AB)
             prod_a = warpgroup_mma_wait(num_outstanding=1, deps=(pending,))
             if i - 1 + STAGES < total:
                 _issue_load(x_desc, w_desc, a_bufs, b_bufs, ready, i - 1 + STAGES, pid,
                             num_programs, tiles_per_group, K, N, KB, NUM_N, STAGES)
-            acc += prod_a * _block_scale(xs_a, ws_a)[:, None]
+            acc = _promote(acc, prod_a, _block_scale(xs_a, ws_a), SWAP_AB)
             prod_b = warpgroup_mma_wait(num_outstanding=0, deps=(in_b,))
             if i + STAGES < total:
                 _issue_load(x_desc, w_desc, a_bufs, b_bufs, ready, i + STAGES, pid,
                             num_programs, tiles_per_group, K, N, KB, NUM_N, STAGES)
-            acc += prod_b * _block_scale(xs_b, ws_b)[:, None]
+            acc = _promote(acc, prod_b, _block_scale(xs_b, ws_b), SWAP_AB)
         else:
             i = base + KB - 1
             prod_a = warpgroup_mma_wait(num_outstanding=0, deps=(pending,))
             if i + STAGES < total:
                 _issue_load(x_desc, w_desc, a_bufs, b_bufs, ready, i + STAGES, pid,
                             num_programs, tiles_per_group, K, N, KB, NUM_N, STAGES)
-            acc += prod_a * _block_scale(xs_a, ws_a)[:, None]
+            acc = _promote(acc, prod_a, _block_scale(xs_a, ws_a), SWAP_AB)
         # The previous tile's store must have read y_smem before it is overwritten; the copy
         # engine clips rows past M.
         tma.store_wait(pendings=0)
-        y_smem.store(acc.to(y_desc.dtype))
+        if SWAP_AB:
+            y_smem.store(gl.permute(acc.to(y_desc.dtype), (1, 0)))
+        else:
+            y_smem.store(acc.to(y_desc.dtype))
         fence_async_shared()
         _tma_store(y_desc, [m0, g * N + n0], y_smem)
     tma.store_wait(pendings=0)

@@ -356,13 +356,16 @@ class GemmConfig:
     #: tile).
     programs_per_sm: int = 0
     #: The Gluon kernel (``gluon_kernels``; Hopper only): async MMAs, each K block's fp32
-    #: promotion overlapped with the next block's MMA. Needs ``block_m == 16 * num_warps``
-    #: (64 or 128) and ``block_n`` dividing the scale block.
+    #: promotion overlapped with the next block's MMA. Needs ``block_n`` dividing the scale
+    #: block, and ``block_m == 16 * num_warps`` (64 or 128); swapped (``swap_ab``, the
+    #: decode tile: tokens on the MMA's N side), 8 to 64 tokens and ``block_n`` (64 or 128) a
+    #: multiple of ``16 * num_warps``.
     wgmma: bool = False
 
     def __post_init__(self):
-        # tl.dot needs every tile dim >= 16.
-        _check_power_of_two(self, "block_m", self.block_m, 16)
+        # tl.dot needs every tile dim >= 16; wgmma takes 8 tokens on its N side.
+        _check_power_of_two(self, "block_m", self.block_m,
+                            8 if self.wgmma and self.swap_ab else 16)
         _check_power_of_two(self, "block_n", self.block_n, 16)
         _check_power_of_two(self, "num_warps", self.num_warps, 1)
         if self.split_k < 1 or self.num_stages < 1 or self.programs_per_sm < 0:
@@ -374,12 +377,11 @@ class GemmConfig:
         if self.programs_per_sm and not (self.tma or self.wgmma):
             raise ValueError("GemmConfig.programs_per_sm applies to the TMA and wgmma kernels "
                              "only; set tma=True, wgmma=True or programs_per_sm=0")
-        if self.wgmma and (self.tma or self.swap_ab or self.split_k > 1
-                           or self.block_m not in (64, 128)
-                           or self.block_m != 16 * self.num_warps):
+        if self.wgmma and (self.tma or self.split_k > 1 or not _wgmma_tile_ok(self)):
             raise ValueError(f"GemmConfig.wgmma is its own kernel: it needs tma=False, "
-                             f"swap_ab=False, split_k=1 and block_m = 16 * num_warps in "
-                             f"(64, 128), got {self}")
+                             f"split_k=1 and either block_m = 16 * num_warps in (64, 128), "
+                             f"or swap_ab=True with block_m in 8..64 and block_n in (64, 128) "
+                             f"a multiple of 16 * num_warps; got {self}")
 
     def label(self) -> str:
         tma = f"W{self.programs_per_sm or ''}" if self.wgmma else ""
@@ -387,6 +389,15 @@ class GemmConfig:
             tma = f"T{self.programs_per_sm or ''}"
         return (f"m{self.block_m}n{self.block_n}k{self.split_k}{'s' if self.swap_ab else ''}"
                 f"w{self.num_warps}st{self.num_stages}{tma}")
+
+
+def _wgmma_tile_ok(cfg: GemmConfig) -> bool:
+    """The Gluon kernel's tiles: the MMA's M side (tokens, or weight rows when swapped) in
+    16-row slices per warp."""
+    if cfg.swap_ab:
+        return (cfg.block_m <= 64 and cfg.block_n in (64, 128)
+                and cfg.block_n % (16 * cfg.num_warps) == 0)
+    return cfg.block_m in (64, 128) and cfg.block_m == 16 * cfg.num_warps
 
 
 def _memoized(fn):
@@ -431,11 +442,16 @@ def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
     The parts are added in the kernel in K order, so the bits do not depend on timing
     (``_bmm_tile``), and no zeroing or rounding launch runs around the GEMM.
 
-    ``wgmma``: the Gluon kernel can run (``wgmma_available``). Above 16 tokens, when 64 x 128
+    ``wgmma``: the Gluon kernel can run (``wgmma_available``). Up to 16 tokens it takes the
+    swapped tile, 64 weight rows x 8 or 16 tokens, where that gives 128 programs or more (G >= 8;
+    fewer would need split-K, which this kernel lacks): bit-equal to the pointer tiles and
+    faster in session 12 (G = 16: 18.1 against 18.4 us at M = 1, 19.3 against 19.7 at
+    M = 16; G = 8: 11.1 against 11.8 at M = 1, 12.2 against 12.9 at M = 16), with 8 stages
+    at one program per SM and 6 at two (G = 8 / 16). Above 16 tokens, when 64 x 128
     tiles make one wave (64 to ``_ONE_WAVE_TILES``; above 64 for M <= 64), it takes them with
     6 stages, one program per tile: G = 16, M = 64: 21.7 us against 23.0 for the 64 x 64
     pointer tiles; G = 8, M = 128: 14.7 against 18.7; G = 2, M = 512: 13.5 against 16.2. At
-    M <= 16 it tied or lost to the pointer tiles, and so it did at M <= 64 with only 64 tiles
+    M <= 16 that tile tied or lost to the pointer tiles, and so it did at M <= 64 with 64 tiles
     (G = 8, M = 32: 13.9 against 12.9 us; M = 64: 14.6 against 14.1). Beyond one wave, above
     M = 64, it takes 128 x 128 tiles with 8 warps, 4 stages and one persistent program per SM
     when more than 64 tiles fill the GPU: at M = 8192, G = 16 it ran in 942 us against 1334 us
@@ -443,6 +459,12 @@ def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
     G = 16 and G = 2 too.
     """
     if wgmma and block == 128 and n % 128 == 0:
+        if m <= 16:
+            cfg = GemmConfig(8 if m <= 8 else 16, 64, swap_ab=True, num_warps=4, wgmma=True)
+            programs = _programs(cfg, m, g, n)
+            if programs >= _ONE_WAVE_TILES:
+                return dataclasses.replace(
+                    cfg, num_stages=8 if programs <= _ONE_WAVE_TILES else 6)
         if m > 16:
             cfg = GemmConfig(64, 128, num_warps=4, num_stages=6, wgmma=True)
             # Up to 64 tokens, 64 such tiles (G = 8) lost to the 64 x 64 pointer tiles below.
@@ -571,10 +593,16 @@ def _bmm_op(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: to
         if m == 0:
             return
         block = k // x_scale.shape[2]
-        if wgmma and block % block_n == 0 and _tma_ok(x, w, out, block_n):
-            _launch_wgmma(x, w, x_scale, w_scale, out, block_m, block_n, block, num_warps,
-                          num_stages, programs_per_sm)
-            return
+        if wgmma:
+            if block % block_n == 0 and _tma_ok(x, w, out, block_n):
+                _launch_wgmma(x, w, x_scale, w_scale, out, block_m, block_n, block, num_warps,
+                              num_stages, programs_per_sm, swap_ab)
+                return
+            # A default shape whose operands the Gluon kernel cannot view (x transposed from
+            # [G, M, K], a misaligned base; explicit ones were refused before): the Triton
+            # kernels' own shape, as the swapped decode tile is too narrow for tl.dot.
+            (block_m, block_n, split_k, swap_ab, num_warps, num_stages, tma,
+             programs_per_sm) = dataclasses.astuple(gemm_config(m, g, n, k, block))[:8]
         if tma and split_k == 1 and _tma_ok(x, w, out, block_n):
             from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -640,7 +668,7 @@ _GLUON_KERNELS: dict[tuple, object] = {}
 
 
 def _launch_wgmma(x, w, x_scale, w_scale, out, block_m, block_n, block, num_warps,
-                  num_stages, programs_per_sm) -> None:
+                  num_stages, programs_per_sm, swap_ab) -> None:
     from triton import knobs
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -651,7 +679,8 @@ def _launch_wgmma(x, w, x_scale, w_scale, out, block_m, block_n, block, num_warp
     programs = _tile_programs(m, g, n, block_m, block_n, programs_per_sm, x.device.index)
     stages = wgmma_stages(num_stages, k // block, block_m, block_n, block, out.element_size())
     args = dict(SXSM=x_scale.stride(0), SXSG=x_scale.stride(1), SWSG=w_scale.stride(0),
-                SWSN=w_scale.stride(1), G=g, N=n, K=k, STAGES=stages, num_warps=num_warps)
+                SWSN=w_scale.stride(1), G=g, N=n, K=k, STAGES=stages, num_warps=num_warps,
+                SWAP_AB=swap_ab)
     # Everything Triton specializes this kernel on: the constexprs, the descriptors' tiles and
     # dtypes, the integers' value classes (== 1, % 16) and the scale pointers' alignment; the
     # row strides are in too (the descriptors' shapes and strides are runtime values).
