@@ -328,16 +328,15 @@ def test_wgmma_kernel_is_hopper_only(rng):
     assert not launch.gemm_config(8192, 16, 1024, 4096, 128).wgmma
     cfg = launch.gemm_config(8192, 16, 1024, 4096, 128, wgmma=True)
     assert cfg.wgmma and cfg.block_m == 16 * cfg.num_warps
-    # 17 to 64 tokens: 64 x 64 tiles from 128 programs (the pointer kernel's tile without Gluon)
-    gluon_64 = launch.GemmConfig(64, 64, num_warps=4, num_stages=6, wgmma=True)
-    pointer_64 = launch.GemmConfig(64, 64, num_warps=4, num_stages=6)
-    for m, g in ((17, 8), (64, 8), (17, 16), (64, 16)):
-        assert launch.gemm_config(m, g, 1024, 4096, 128, wgmma=True) == gluon_64, (m, g)
-        assert launch.gemm_config(m, g, 1024, 4096, 128) == pointer_64, (m, g)
-    # above 64 tokens: 64 x 128 tiles, one deep-pipelined program each, when they make a wave
+    # decode sizes: 64 x 128 tiles, one deep-pipelined program each, when they make one wave
     one_wave = launch.GemmConfig(64, 128, num_warps=4, num_stages=6, wgmma=True)
-    for m, g in ((65, 8), (128, 8), (256, 2), (512, 2)):
+    for m, g in ((17, 16), (64, 16), (128, 8), (256, 2), (512, 2)):
         assert launch.gemm_config(m, g, 1024, 4096, 128, wgmma=True) == one_wave, (m, g)
+    # up to 64 tokens, 64 tiles (G = 8) ran faster as 64 x 64 pointer tiles
+    pointer_64 = launch.GemmConfig(64, 64, num_warps=4, num_stages=6)
+    for m, g in ((17, 8), (64, 8), (64, 16)):
+        assert launch.gemm_config(m, g, 1024, 4096, 128) == pointer_64, (m, g)
+    assert launch.gemm_config(64, 8, 1024, 4096, 128, wgmma=True) == pointer_64
     # more tiles than a wave: 128 x 128, one persistent program per SM
     for m, g in ((128, 16), (1024, 2), (8192, 16)):
         cfg = launch.gemm_config(m, g, 1024, 4096, 128, wgmma=True)
@@ -350,8 +349,7 @@ def test_wgmma_kernel_is_hopper_only(rng):
             tokens, 64, swap_ab=True, num_warps=4, num_stages=stages, wgmma=True), (m, g)
     # few tiles (G = 2, one M tile; G 4 at decode) and 32 x 32 scale blocks keep the Triton
     # kernels (split-K at G = 2)
-    for m in (16, 64):
-        assert launch.gemm_config(m, 2, 1024, 4096, 128, wgmma=True).split_k > 1
+    assert launch.gemm_config(16, 2, 1024, 4096, 128, wgmma=True).split_k > 1
     assert not launch.gemm_config(1, 4, 1024, 4096, 128, wgmma=True).wgmma
     assert not launch.gemm_config(128, 2, 1024, 4096, 128, wgmma=True).wgmma
     assert not launch.gemm_config(8192, 16, 1024, 4096, 32, wgmma=True).wgmma

@@ -442,26 +442,21 @@ def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
     The parts are added in the kernel in K order, so the bits do not depend on timing
     (``_bmm_tile``), and no zeroing or rounding launch runs around the GEMM.
 
-    ``wgmma``: the Gluon kernel can run (``wgmma_available``). Up to 64 tokens it takes 64
-    weight rows per program where that gives 128 programs or more (G >= 8; fewer would need
-    split-K, which this kernel lacks; G = 2 keeps the split pointer kernel), bit-equal to the
-    pointer tiles (session 12, H200, three rounds, us):
-
-    * up to 16 tokens the swapped tile, 8 or 16 tokens on the MMA's N side, with 8 stages at
-      one program per SM and 6 at two: G = 16: 18.1 against 18.4 for the pointer tiles at
-      M = 1, 19.3 against 19.7 at M = 16; G = 8: 11.1 against 11.8 and 12.2 against 12.9;
-    * from 17 tokens 64 x 64 tiles with 6 stages: G = 16, M = 32: 21.0 against 21.3 for
-      64 x 128 Gluon tiles; M = 64: 21.9 against 22.2; G = 8, M = 64: 13.3 against 13.8 for
-      64 x 64 pointer tiles. 8 or 10 stages lost 14-18 % at G = 16, and 64-token swapped
-      tiles 30 %.
-
-    Above 64 tokens, when 64 x 128 tiles make one wave (64 to ``_ONE_WAVE_TILES``) it takes
-    them with 6 stages, one program per tile: G = 8, M = 128: 14.7 us against 18.7 for the
-    pointer tiles; G = 2, M = 512: 13.5 against 16.2 (at G = 16, M = 128, 64 x 64 and 64 x 128
-    tiles lost 18-25 % to the tiles below). Beyond one wave it takes 128 x 128 tiles with 8
-    warps, 4 stages and one persistent program per SM when more than 64 tiles fill the GPU:
-    at M = 8192, G = 16 it ran in 942 us against 1334 us for the 64 x 128 TMA kernel, and it
-    was the fastest shape at M = 128, 512 and 8192 for G = 16 and G = 2 too.
+    ``wgmma``: the Gluon kernel can run (``wgmma_available``). Up to 16 tokens it takes the
+    swapped tile, 64 weight rows x 8 or 16 tokens, where that gives 128 programs or more (G >= 8;
+    fewer would need split-K, which this kernel lacks): bit-equal to the pointer tiles and
+    faster in session 12 (G = 16: 18.1 against 18.4 us at M = 1, 19.3 against 19.7 at
+    M = 16; G = 8: 11.1 against 11.8 at M = 1, 12.2 against 12.9 at M = 16), with 8 stages
+    at one program per SM and 6 at two (G = 8 / 16). Above 16 tokens, when 64 x 128
+    tiles make one wave (64 to ``_ONE_WAVE_TILES``; above 64 for M <= 64), it takes them with
+    6 stages, one program per tile: G = 16, M = 64: 21.7 us against 23.0 for the 64 x 64
+    pointer tiles; G = 8, M = 128: 14.7 against 18.7; G = 2, M = 512: 13.5 against 16.2. At
+    M <= 16 that tile tied or lost to the pointer tiles, and so it did at M <= 64 with 64 tiles
+    (G = 8, M = 32: 13.9 against 12.9 us; M = 64: 14.6 against 14.1). Beyond one wave, above
+    M = 64, it takes 128 x 128 tiles with 8 warps, 4 stages and one persistent program per SM
+    when more than 64 tiles fill the GPU: at M = 8192, G = 16 it ran in 942 us against 1334 us
+    for the 64 x 128 TMA kernel, and it was the fastest shape at M = 128, 512 and 8192 for
+    G = 16 and G = 2 too.
     """
     if wgmma and block == 128 and n % 128 == 0:
         if m <= 16:
@@ -470,14 +465,13 @@ def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
             if programs >= _ONE_WAVE_TILES:
                 return dataclasses.replace(
                     cfg, num_stages=8 if programs <= _ONE_WAVE_TILES else 6)
-        elif m <= 64:
-            cfg = GemmConfig(64, 64, num_warps=4, num_stages=6, wgmma=True)
-            if _programs(cfg, m, g, n) >= _ONE_WAVE_TILES:
-                return cfg
-        else:
+        if m > 16:
             cfg = GemmConfig(64, 128, num_warps=4, num_stages=6, wgmma=True)
-            if 64 <= _programs(cfg, m, g, n) <= _ONE_WAVE_TILES:
+            # Up to 64 tokens, 64 such tiles (G = 8) lost to the 64 x 64 pointer tiles below.
+            fewest = 64 if m > 64 else 65
+            if fewest <= _programs(cfg, m, g, n) <= _ONE_WAVE_TILES:
                 return cfg
+        if m > 64:
             cfg = GemmConfig(128, 128, num_warps=8, num_stages=4, wgmma=True, programs_per_sm=1)
             if _programs(cfg, m, g, n) > 64:
                 return cfg
