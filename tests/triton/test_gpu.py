@@ -281,6 +281,16 @@ def test_gemm_wgmma_kernel(m, g, dtype, k, cfg):
     tile, clip on the TMA store; persistent programs carry the K pipeline across tiles; an odd
     number of K blocks ends on the other register set, and one K block leaves the unrolled loop
     empty)."""
+    from torch_bridge.backends.triton import launch
+
+    _check_wgmma(m, g, dtype, k, launch.GemmConfig(
+        cfg[0], 128, num_warps=cfg[0] // 16, num_stages=cfg[1], wgmma=True,
+        programs_per_sm=cfg[2]))
+
+
+def _check_wgmma(m, g, dtype, k, config):
+    """Run the Gluon kernel at ``config`` on fresh inputs, check it against the oracle and
+    return ``(inputs, output, seed)``."""
     import jax.numpy as jnp
 
     from torch_bridge.backends.triton import launch
@@ -292,13 +302,12 @@ def test_gemm_wgmma_kernel(m, g, dtype, k, cfg):
     seed = _seed()
     x, w, xs, ws = _gemm_inputs(m, g, N, k, seed)
     y = torch.full((m, g, N), float("nan"), dtype=dtype, device="cuda")
-    config = launch.GemmConfig(cfg[0], 128, num_warps=cfg[0] // 16, num_stages=cfg[1],
-                               wgmma=True, programs_per_sm=cfg[2])
     launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, dtype=dtype, out=y, config=config)
     ref = _oracle("batched_gemm_a8w8_mxscale")(_j(x), _j(w), _j(xs), _j(ws), dtype=jnp.float32)
     err = _relerr(y, ref)
     tol = TOLERANCES["gemm_bf16"].rel if dtype == torch.bfloat16 else FP32_OUT_ON_GPU
     assert err <= tol, f"seed {seed}: relerr {err:.3g}"
+    return (x, w, xs, ws), y, seed
 
 
 @pytest.mark.parametrize("cfg", ((8, 64, 8, 0), (16, 64, 6, 0), (16, 128, 6, 1), (32, 128, 6, 0)),
@@ -313,24 +322,11 @@ def test_gemm_wgmma_swapped_kernel(m, g, dtype, k, cfg):
     persistent programs too), odd and single K block counts, fp32 output. Within the oracle's
     tolerance, and bit-equal to the pointer kernel's swapped tile, which promotes the same
     K blocks in the same order."""
-    import jax.numpy as jnp
-
     from torch_bridge.backends.triton import launch
-    from woa_jax.testing import TOLERANCES
 
-    ok, why = launch.wgmma_available(torch.cuda.current_device())
-    if not ok:
-        pytest.skip(why)
-    seed = _seed()
-    x, w, xs, ws = _gemm_inputs(m, g, N, k, seed)
-    y = torch.full((m, g, N), float("nan"), dtype=dtype, device="cuda")
-    config = launch.GemmConfig(cfg[0], cfg[1], swap_ab=True, num_warps=4, num_stages=cfg[2],
-                               wgmma=True, programs_per_sm=cfg[3])
-    launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, dtype=dtype, out=y, config=config)
-    ref = _oracle("batched_gemm_a8w8_mxscale")(_j(x), _j(w), _j(xs), _j(ws), dtype=jnp.float32)
-    err = _relerr(y, ref)
-    tol = TOLERANCES["gemm_bf16"].rel if dtype == torch.bfloat16 else FP32_OUT_ON_GPU
-    assert err <= tol, f"seed {seed}: relerr {err:.3g}"
+    (x, w, xs, ws), y, seed = _check_wgmma(m, g, dtype, k, launch.GemmConfig(
+        cfg[0], cfg[1], swap_ab=True, num_warps=4, num_stages=cfg[2], wgmma=True,
+        programs_per_sm=cfg[3]))
     pointer = launch.batched_gemm_a8w8_mxscale(
         x, w, xs, ws, dtype=dtype, config=launch.GemmConfig(16, 64, swap_ab=True))
     assert torch.equal(y, pointer), f"seed {seed}"

@@ -17,8 +17,8 @@ Kernels:
 ``bmm_fp8_block_kernel`` and ``inv_rope_quant_bmm_kernel`` take array inputs, runtime scalars,
 outputs (then split-K's scratch), then constexprs: the order ``jax_triton.triton_call`` passes
 them in. JAX reaches them and the quant kernels through thin wrappers in ``jax_launch``
-(constexpr strides, no split-K scratch). The Hopper GEMM above M = 16 (where it has enough
-tiles) is in ``gluon_kernels``.
+(constexpr strides, no split-K scratch). The Hopper GEMM where it has enough tiles is in
+``gluon_kernels``.
 
 E8M0 scales travel as uint8 (Triton rejects ``float8_e8m0fnu`` arguments) and are decoded here
 by placing the byte in the fp32 exponent field.
