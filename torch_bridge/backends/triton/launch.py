@@ -601,8 +601,10 @@ def _bmm_op(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: to
             # A default shape whose operands the Gluon kernel cannot view (x transposed from
             # [G, M, K], a misaligned base; explicit ones were refused before): the Triton
             # kernels' own shape, as the swapped decode tile is too narrow for tl.dot.
-            (block_m, block_n, split_k, swap_ab, num_warps, num_stages, tma,
-             programs_per_sm) = dataclasses.astuple(gemm_config(m, g, n, k, block))[:8]
+            cfg = gemm_config(m, g, n, k, block)
+            block_m, block_n, split_k, swap_ab = cfg.block_m, cfg.block_n, cfg.split_k, cfg.swap_ab
+            num_warps, num_stages, tma = cfg.num_warps, cfg.num_stages, cfg.tma
+            programs_per_sm = cfg.programs_per_sm
         if tma and split_k == 1 and _tma_ok(x, w, out, block_n):
             from triton.tools.tensor_descriptor import TensorDescriptor
 
