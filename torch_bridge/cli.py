@@ -43,7 +43,7 @@ EXIT_OK, EXIT_BROKEN, EXIT_USAGE = 0, 1, 2
 
 _FP8_BACKENDS = ("aiter", "triton", "torch")
 _QUANT, _GEMM = "inverse_rope_group_quant", "batched_gemm_a8w8_mxscale"
-#: safetensors dtype tags -> the names ``woa_jax._checks`` uses.
+#: safetensors dtype tags -> the names ``woa_jax.checks`` uses.
 _ST_DTYPES = {"F8_E4M3": "float8_e4m3fn", "F8_E8M0": "float8_e8m0fnu", "U8": "uint8",
               "BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64",
               "I32": "int32", "I64": "int64", "F8_E5M2": "float8_e5m2"}
@@ -207,7 +207,7 @@ def fp8_eligibility(weight_dtype: str, weight_shape: tuple[int, ...], scale_dtyp
     """Whether a checkpoint ``wo_a`` can take the FP8 path, and why not.
 
     Args:
-      weight_dtype, weight_shape: the weight's dtype name (``woa_jax._checks`` spelling) and
+      weight_dtype, weight_shape: the weight's dtype name (``woa_jax.checks`` spelling) and
         ``[G * N, K]`` shape.
       scale_dtype, scale_shape: the block scale's, or ``None`` when the checkpoint has none.
       num_groups: G of the whole layer.

@@ -48,8 +48,8 @@ import numpy as np
 from jax.experimental.buffer_callback import buffer_callback
 
 import woa_jax
-from woa_jax import AITER_AMAX_FLOOR, _checks
-from woa_jax._spec import _check_fp8_dtype
+from woa_jax import AITER_AMAX_FLOOR, checks
+from woa_jax.checks import check_fp8_dtype
 
 from . import _dispatch, ops
 from ._capability import env_flag
@@ -133,11 +133,11 @@ def _fused_native(o, positions, cos_cache, sin_cache, w, w_scale, block: int, nu
     if _use_oracle(backend):
         return False
     # The two-step path's checks, so that both paths reject the same inputs the same way.
-    s, h, dh, rd = _checks.check_rope_inputs(o, positions, cos_cache, sin_cache)
-    d = _checks.check_group_split(s, h, dh, num_groups, block)
-    _check_fp8_dtype(w.dtype)
+    s, h, dh, rd = checks.check_rope_inputs(o, positions, cos_cache, sin_cache)
+    d = checks.check_group_split(s, h, dh, num_groups, block)
+    check_fp8_dtype(w.dtype)
     _check_out_dtype(dtype)
-    _, g, n, k, _ = _checks.check_gemm_inputs(
+    _, g, n, k, _ = checks.check_gemm_inputs(
         jax.ShapeDtypeStruct((s, num_groups, d), w.dtype), w,
         jax.ShapeDtypeStruct((s, num_groups, d // block), jnp.float8_e8m0fnu), w_scale)
     rope = ops.rope_case(o, cos_cache, block, np.dtype(w.dtype), num_groups=num_groups,
@@ -208,9 +208,9 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
     Args and returns as the oracle: ``(x_fp8 [S, G, D] fp8_dtype, x_scale [S, G, D / GS]
     float8_e8m0fnu)``; bit-identical to it (the backends' quant is bit-exact).
     """
-    s, h, dh, rd = _checks.check_rope_inputs(o, positions, cos_cache, sin_cache)
-    d = _checks.check_group_split(s, h, dh, num_groups, quant_group_size)
-    _check_fp8_dtype(fp8_dtype)
+    s, h, dh, rd = checks.check_rope_inputs(o, positions, cos_cache, sin_cache)
+    d = checks.check_group_split(s, h, dh, num_groups, quant_group_size)
+    check_fp8_dtype(fp8_dtype)
     if _use_oracle(backend):
         return woa_jax.inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups,
                                                 quant_group_size, fp8_dtype=fp8_dtype,
@@ -255,7 +255,7 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=jnp.bfloat16, *,
     -0.7 % to +1.0 % (session 8); timed alike at the sustained clock, -2.5 to 0.0 %
     (session 10).
     """
-    m, g, n, k, block = _checks.check_gemm_inputs(x, w, x_scale, w_scale)
+    m, g, n, k, block = checks.check_gemm_inputs(x, w, x_scale, w_scale)
     _check_out_dtype(dtype)
     if _use_oracle(backend):
         return woa_jax.batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=dtype)
@@ -307,8 +307,8 @@ def wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: int, *,
     Returns:
       ``[S, G, N]`` in ``dtype``.
     """
-    _checks.check_rank(w, 3, "w", "[G, N, K]")
-    _, _, ks = _checks.check_rank(w_scale, 3, "w_scale", "[G, N / B, K / B]")
+    checks.check_rank(w, 3, "w", "[G, N, K]")
+    _, _, ks = checks.check_rank(w_scale, 3, "w_scale", "[G, N / B, K / B]")
     if ks < 1 or w.shape[2] % ks != 0:
         raise ValueError(f"w_scale [G, N / B, K / B] = {tuple(w_scale.shape)} does not tile "
                          f"K = {w.shape[2]} of w")

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from woa_jax import ScaleLayout, scale_shape
-from woa_jax._spec import as_enum
+from woa_jax.checks import as_enum
 from woa_jax.layouts import _addresses, _check_layout_buffer, _check_row_scales
 
 

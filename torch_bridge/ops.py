@@ -2,7 +2,7 @@
 
 Every function accepts torch tensors or (concrete) JAX arrays; JAX inputs are exchanged zero-copy
 through DLPack (``torch_bridge.interop``) and the results come back as JAX arrays. Validation
-happens here, with ``woa_jax._checks`` (the same messages as the oracle); backends assume valid
+happens here, with ``woa_jax.checks`` (the same messages as the oracle); backends assume valid
 input.
 """
 
@@ -12,8 +12,8 @@ from typing import Literal
 
 import torch
 
-from woa_jax import AITER_AMAX_FLOOR, ScaleLayout, _checks, scale_shape
-from woa_jax._spec import as_enum
+from woa_jax import AITER_AMAX_FLOOR, ScaleLayout, checks, scale_shape
+from woa_jax.checks import as_enum
 
 from . import _dispatch, interop, layouts
 from ._dispatch import Case
@@ -69,9 +69,9 @@ def rope_case(o, cos_cache, quant_group_size: int, fp8_dtype, *, num_groups: int
     builds its cases here too, passing ``device_type`` (default: ``o.device.type``)."""
     return Case(
         device_type=device_type or o.device.type,
-        fp8_dtype=_checks.dtype_name(fp8_dtype),
-        act_dtype=_checks.dtype_name(o),
-        rope_dtype=_checks.dtype_name(cos_cache),
+        fp8_dtype=checks.dtype_name(fp8_dtype),
+        act_dtype=checks.dtype_name(o),
+        rope_dtype=checks.dtype_name(cos_cache),
         head_dim=int(o.shape[2]),
         rope_dim=2 * int(cos_cache.shape[1]),
         quant_group_size=quant_group_size,
@@ -123,8 +123,8 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
     if layout not in _PUBLIC_LAYOUTS:
         raise ValueError(
             f"scale_layout must be 'row', 'mfma_tile' or 'n32k4', got {layout.value!r}")
-    s, h, dh, _ = _checks.check_rope_inputs(o, positions, cos_cache, sin_cache)
-    d = _checks.check_group_split(s, h, dh, num_groups, quant_group_size)
+    s, h, dh, _ = checks.check_rope_inputs(o, positions, cos_cache, sin_cache)
+    d = checks.check_group_split(s, h, dh, num_groups, quant_group_size)
     check_contiguous(o, "o")
     device = _one_device(o=o, positions=positions, cos_cache=cos_cache, sin_cache=sin_cache,
                          x_fp8=x_fp8, x_scale=x_scale)
@@ -134,7 +134,7 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
     if x_scale is not None:
         if x_scale.dtype not in _SCALE_DTYPES:
             raise TypeError(f"x_scale must be uint8 or float8_e8m0fnu, got "
-                            f"{_checks.dtype_name(x_scale)}")
+                            f"{checks.dtype_name(x_scale)}")
         if tuple(x_scale.shape) != sshape:
             raise ValueError(f"x_scale for scale_layout={layout.value!r} must have shape "
                              f"{sshape}, got {tuple(x_scale.shape)}")
@@ -172,7 +172,7 @@ def _resolve_fp8(x_fp8, fp8_dtype, shape: tuple[int, int, int]) -> torch.dtype:
         return fp8_dtype or torch.float8_e4m3fn
     if x_fp8.dtype not in _FP8:
         raise TypeError(f"x_fp8 must be float8_e4m3fn or float8_e4m3fnuz, got "
-                        f"{_checks.dtype_name(x_fp8)}")
+                        f"{checks.dtype_name(x_fp8)}")
     if fp8_dtype is not None and fp8_dtype != x_fp8.dtype:
         raise TypeError(f"fp8_dtype={fp8_dtype} contradicts x_fp8.dtype={x_fp8.dtype}")
     if tuple(x_fp8.shape) != shape:
@@ -190,9 +190,9 @@ def gemm_case(x, w, block: int, dtype, *, device_type: str | None = None,
         x_k_contiguous = x.stride(2) == 1 or k == 1
     return Case(
         device_type=device_type or x.device.type,
-        fp8_dtype=_checks.dtype_name(x),
+        fp8_dtype=checks.dtype_name(x),
         quant_group_size=block,
-        out_dtype=_checks.dtype_name(dtype),
+        out_dtype=checks.dtype_name(dtype),
         extra=(("num_groups", g), ("m", m), ("n", int(w.shape[1])), ("k", k),
                ("x_k_contiguous", x_k_contiguous)),
     )
@@ -222,7 +222,7 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype: torch.dtype = torch
             *(interop.to_torch(a) for a in (x, w, x_scale, w_scale)), dtype, backend=backend)
         return interop.to_jax(y)
     _require_torch(x=x, w=w, x_scale=x_scale, w_scale=w_scale, out=out)
-    m, g, n, k, block = _checks.check_gemm_inputs(x, w, x_scale, w_scale)
+    m, g, n, k, block = checks.check_gemm_inputs(x, w, x_scale, w_scale)
     if dtype not in (torch.bfloat16, torch.float32):
         raise TypeError(f"dtype must be torch.bfloat16 or torch.float32, got {dtype}")
     device = _one_device(x=x, w=w, x_scale=x_scale, w_scale=w_scale, out=out)

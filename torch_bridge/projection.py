@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 import woa_jax
-from woa_jax import AITER_AMAX_FLOOR, _checks
+from woa_jax import AITER_AMAX_FLOOR, checks
 
 from . import _dispatch, interop, ops
 from ._dispatch import Case
@@ -64,15 +64,15 @@ class WoAProjection:
         weight, cos_cache, sin_cache = (interop.to_torch(t) for t in (weight, cos_cache,
                                                                      sin_cache))
         scale = interop.to_torch(scale) if scale is not None else None
-        rows, k = _checks.check_rank(weight, 2, "weight", "[G * N, K]")
+        rows, k = checks.check_rank(weight, 2, "weight", "[G * N, K]")
         if not isinstance(num_groups, int) or num_groups < 1 or rows % num_groups != 0:
             raise ValueError(f"weight rows {rows} are not divisible by num_groups={num_groups!r}")
-        cshape = _checks.check_rank(cos_cache, 2, "cos_cache", "[P, rope_dim / 2]")
+        cshape = checks.check_rank(cos_cache, 2, "cos_cache", "[P, rope_dim / 2]")
         if tuple(sin_cache.shape) != cshape:
             raise ValueError(f"cos_cache and sin_cache must have the same shape, got {cshape} "
                              f"and {tuple(sin_cache.shape)}")
-        _checks.check_dtype(cos_cache, _PLAIN_NAMES, "cos_cache")
-        _checks.check_dtype(sin_cache, _PLAIN_NAMES, "sin_cache")
+        checks.check_dtype(cos_cache, _PLAIN_NAMES, "cos_cache")
+        checks.check_dtype(sin_cache, _PLAIN_NAMES, "sin_cache")
         _dispatch.requested_backend(backend)  # reject a bad name now, not at the first call
         self.num_groups = num_groups
         self.n = rows // num_groups
@@ -82,7 +82,7 @@ class WoAProjection:
         self._backend = backend
         self._weight2d = weight
         self._scale = scale
-        wname = _checks.dtype_name(weight)
+        wname = checks.dtype_name(weight)
         self.block: int | None = None
         self.weight_fp8: torch.Tensor | None = None
         self.weight_scale_e8m0: torch.Tensor | None = None
@@ -224,9 +224,9 @@ class WoAProjection:
             extra.append(("fp8_unavailable", self._fp8_unavailable))
         return Case(
             device_type=torch.device(device).type,
-            fp8_dtype=_checks.dtype_name(self._weight2d) if self.weight_fp8 is not None else None,
-            act_dtype=_checks.dtype_name(act_dtype),
-            rope_dtype=_checks.dtype_name(self.cos_cache),
+            fp8_dtype=checks.dtype_name(self._weight2d) if self.weight_fp8 is not None else None,
+            act_dtype=checks.dtype_name(act_dtype),
+            rope_dtype=checks.dtype_name(self.cos_cache),
             head_dim=head_dim,
             rope_dim=2 * int(self.cos_cache.shape[1]),
             quant_group_size=self.block,
@@ -271,7 +271,7 @@ class WoAProjection:
         if interop.is_jax_array(o) or interop.is_jax_array(positions):
             return interop.to_jax(self(interop.to_torch(o), interop.to_torch(positions)))
         ops._require_torch(o=o, positions=positions)
-        s, h, dh, _ = _checks.check_rope_inputs(o, positions, self.cos_cache, self.sin_cache)
+        s, h, dh, _ = checks.check_rope_inputs(o, positions, self.cos_cache, self.sin_cache)
         if h * dh != self.num_groups * self.k:
             raise ValueError(
                 f"o [S, H, Dh] = {tuple(o.shape)} gives G * K = {h * dh}, but the weight expects "
@@ -304,7 +304,7 @@ class WoAProjection:
                                             self._on("ws", device), dtype=torch.bfloat16)
 
     def __repr__(self) -> str:
-        kind = _checks.dtype_name(self._weight2d)
+        kind = checks.dtype_name(self._weight2d)
         return (f"WoAProjection(G={self.num_groups}, N={self.n}, K={self.k}, weight={kind}, "
                 f"block={self.block})")
 

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 import woa_jax
-from woa_jax import AITER_AMAX_FLOOR, _checks
+from woa_jax import AITER_AMAX_FLOOR, checks
 from woa_jax import tp as woa_tp
 from woa_jax.tp import ProjectionPath, TPShard
 
@@ -219,7 +219,7 @@ class TPOutputProjection:
           o: ``[T, H_l, Dh]`` this rank's heads (``o_full[:, self.heads]``), bf16.
           positions: ``[>= T]`` int32/int64.
         """
-        _, h, _ = _checks.check_rank(o, 3, "o", "[T, H_l, Dh]")
+        _, h, _ = checks.check_rank(o, 3, "o", "[T, H_l, Dh]")
         if h != self.shard.local.num_heads:
             raise ValueError(f"o has {h} heads; rank {self.rank} of tp={self.tp} holds "
                              f"{self.shard.local.num_heads} (pass o_full[:, proj.heads])")

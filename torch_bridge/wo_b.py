@@ -18,9 +18,9 @@ from typing import Literal
 
 import torch
 
-from woa_jax import AITER_AMAX_FLOOR, _checks
+from woa_jax import AITER_AMAX_FLOOR, checks
 from woa_jax import tp as woa_tp
-from woa_jax._spec import as_enum
+from woa_jax.checks import as_enum
 from woa_jax.tp import ProjectionPath
 
 from . import _dispatch, interop, ops
@@ -53,8 +53,8 @@ def group_quant_e8m0_2d(z: torch.Tensor, block: int = 128, *,
     Returns:
       ``(q [T, K] fp8_dtype, scale [T, K / block] float8_e8m0fnu)``.
     """
-    t, k = _checks.check_rank(z, 2, "z", "[T, K]")
-    _checks.check_dtype(z, _FLOAT_NAMES, "z")
+    t, k = checks.check_rank(z, 2, "z", "[T, K]")
+    checks.check_dtype(z, _FLOAT_NAMES, "z")
     if block not in (32, 64, 128) or k % block != 0:
         raise ValueError(f"block must be 32, 64 or 128 and divide K={k}, got {block}")
     if fp8_dtype not in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
@@ -129,7 +129,7 @@ class WoBProjection:
     def __init__(self, weight, scale, *, amax_floor: float = AITER_AMAX_FLOOR):
         weight = interop.to_torch(weight)
         scale = interop.to_torch(scale) if scale is not None else None
-        wname = _checks.dtype_name(weight)
+        wname = checks.dtype_name(weight)
         self.amax_floor = amax_floor
         self._weight2d, self._scale = weight, scale
         self.weight_fp8: torch.Tensor | None = None
@@ -140,7 +140,7 @@ class WoBProjection:
             if scale is not None:
                 raise ValueError(f"a {wname} wo_b weight is unquantized and takes no scale; got "
                                  f"a scale of shape {tuple(scale.shape)}")
-            self.hidden, self.in_features = _checks.check_rank(weight, 2, "wo_b weight",
+            self.hidden, self.in_features = checks.check_rank(weight, 2, "wo_b weight",
                                                                "[hidden, G * N]")
             self.block = None
             self.fp8_unavailable = f"{wname} wo_b checkpoint has no scale"
@@ -190,8 +190,8 @@ class WoBProjection:
                                        dtype=dtype))
         ops._require_torch(z=z)
         mode = as_enum(ProjectionPath, path, "path")
-        t, k = _checks.check_rank(z, 2, "z", "[T, G * N]")
-        _checks.check_dtype(z, _FLOAT_NAMES, "z")
+        t, k = checks.check_rank(z, 2, "z", "[T, G * N]")
+        checks.check_dtype(z, _FLOAT_NAMES, "z")
         if k != self.in_features:
             raise ValueError(f"z [T, G * N] = {(t, k)} does not match wo_b's {self.in_features} "
                              "input columns")
@@ -221,4 +221,4 @@ class WoBProjection:
 
     def __repr__(self) -> str:
         return (f"WoBProjection(hidden={self.hidden}, K'={self.in_features}, "
-                f"weight={_checks.dtype_name(self._weight2d)}, block={self.block})")
+                f"weight={checks.dtype_name(self._weight2d)}, block={self.block})")

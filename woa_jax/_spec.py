@@ -59,7 +59,7 @@ FP8_DTYPES = (jnp.float8_e4m3fn, jnp.float8_e4m3fnuz)
 
 def fp8_max(fp8_dtype) -> float:
     """Largest finite value of ``fp8_dtype`` (448 for e4m3fn, 240 for e4m3fnuz), from finfo."""
-    return float(ml_dtypes.finfo(_check_fp8_dtype(fp8_dtype)).max)
+    return float(ml_dtypes.finfo(check_fp8_dtype(fp8_dtype)).max)
 
 
 def fp8_max_reciprocal(fp8_dtype) -> np.float32:
@@ -67,7 +67,7 @@ def fp8_max_reciprocal(fp8_dtype) -> np.float32:
     return np.float32(1.0) / np.float32(fp8_max(fp8_dtype))
 
 
-def _check_fp8_dtype(fp8_dtype):
+def check_fp8_dtype(fp8_dtype):
     dt = np.dtype(fp8_dtype)
     if dt not in [np.dtype(d) for d in FP8_DTYPES]:
         raise TypeError(

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _checks
+from . import checks
 from ._spec import upcast_f32
 from .quant import e8m0_decode
 
@@ -23,8 +23,8 @@ def dequant_weight(w, w_scale, *, dtype=jnp.float32):
 
     With E8M0 scales the product fits bf16 exactly, so ``dtype=jnp.bfloat16`` is lossless.
     """
-    g, n, k = _checks.check_rank(w, 3, "w", "[G, N, K]")
-    ws = _checks.check_rank(w_scale, 3, "w_scale", "[G, ceil(N / B), K / B]")
+    g, n, k = checks.check_rank(w, 3, "w", "[G, N, K]")
+    ws = checks.check_rank(w_scale, 3, "w_scale", "[G, ceil(N / B), K / B]")
     block = k // ws[2] if ws[2] >= 1 and k % ws[2] == 0 else 0
     if block not in (32, 64, 128) or ws != (g, -(-n // block), ws[2]):
         raise ValueError(f"w_scale must be [G, ceil(N / B), K / B] with B in 32, 64, 128 for "
@@ -48,7 +48,7 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=jnp.bfloat16):
       ``precision=HIGHEST``; summation order is the only freedom, so kernels agree with this to
       the output rounding (relative Frobenius error about 1.7e-3 for bf16), not bit for bit.
     """
-    m, g, n, k, _ = _checks.check_gemm_inputs(x, w, x_scale, w_scale)
+    m, g, n, k, _ = checks.check_gemm_inputs(x, w, x_scale, w_scale)
     if np.dtype(dtype) not in (np.dtype(jnp.bfloat16), np.dtype(jnp.float32)):
         raise TypeError(f"dtype must be bfloat16 or float32, got {np.dtype(dtype).name}")
     xs = e8m0_decode(x_scale)
@@ -62,7 +62,7 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=jnp.bfloat16):
 
 def batched_gemm_float64(x, w, x_scale, w_scale) -> np.ndarray:
     """The same product in numpy float64 (test reference; exact up to float64 summation)."""
-    _checks.check_gemm_inputs(x, w, x_scale, w_scale)
+    checks.check_gemm_inputs(x, w, x_scale, w_scale)
     xs = np.asarray(e8m0_decode(x_scale), np.float64)
     bk = x.shape[2] // xs.shape[-1]
     xd = np.asarray(x.astype(jnp.float32), np.float64)

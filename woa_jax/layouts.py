@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._checks import _SCALE_BYTES, check_dtype
 from ._spec import ScaleLayout, as_enum
+from .checks import _SCALE_BYTES, check_dtype
 
 
 def _ceil(x: int, m: int) -> int:

@@ -6,13 +6,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _checks
+from . import checks
 from ._spec import (
     AITER_AMAX_FLOOR,
     E8M0_BIAS,
     QuantSemantics,
-    _check_fp8_dtype,
     as_enum,
+    check_fp8_dtype,
     fp8_max,
     fp8_max_reciprocal,
     upcast_f32,
@@ -31,7 +31,7 @@ def e8m0_decode(scale_bytes):
 
 
 def _as_bytes(scale):
-    name = _checks.dtype_name(scale)
+    name = checks.dtype_name(scale)
     if name == "float8_e8m0fnu":
         return jax.lax.bitcast_convert_type(jnp.asarray(scale), jnp.uint8)
     if name == "uint8":
@@ -54,7 +54,7 @@ def e8m0_scale(amax, *, fp8_dtype=jnp.float8_e4m3fn, amax_floor: float = AITER_A
     Returns:
       ``(dq_scale fp32, byte uint8)`` with ``dq_scale = 2**(byte - 127)`` (byte 255 -> +inf).
     """
-    _check_fp8_dtype(fp8_dtype)
+    check_fp8_dtype(fp8_dtype)
     amax = jnp.asarray(amax, jnp.float32)
     amax = jnp.fmax(amax, jnp.float32(amax_floor))
     x = amax * fp8_max_reciprocal(fp8_dtype)
@@ -75,7 +75,7 @@ def group_quant_e8m0(x, group_size: int = 128, *, fp8_dtype=jnp.float8_e4m3fn,
       saturation occurs; the clamp below is a no-op on the bytes, kept because library casts
       return NaN above the range (NUMERICS.md section 5).
     """
-    fp8 = _check_fp8_dtype(fp8_dtype)
+    fp8 = check_fp8_dtype(fp8_dtype)
     if not isinstance(group_size, int) or group_size < 1:
         raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
     k = x.shape[-1]
@@ -123,8 +123,8 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
     Returns:
       ``(x_fp8 [S, G, D] fp8_dtype, x_scale [S, G, D / GS] float8_e8m0fnu)`` in the row layout.
     """
-    s, h, dh, _ = _checks.check_rope_inputs(o, positions, cos_cache, sin_cache)
-    d = _checks.check_group_split(s, h, dh, num_groups, quant_group_size)
+    s, h, dh, _ = checks.check_rope_inputs(o, positions, cos_cache, sin_cache)
+    d = checks.check_group_split(s, h, dh, num_groups, quant_group_size)
     mode = as_enum(QuantSemantics, semantics, "semantics")
     rotated = _rotate(o, positions[:s], cos_cache, sin_cache, sign=-1)
     if mode is QuantSemantics.UNFUSED:
@@ -146,7 +146,7 @@ def e8m0_from_scale(scale):
     Returns:
       numpy ``uint8`` array of the input's shape, C-contiguous.
     """
-    name = _checks.dtype_name(scale)
+    name = checks.dtype_name(scale)
     arr = np.asarray(scale)
     if name in ("float8_e8m0fnu", "uint8"):
         return np.ascontiguousarray(arr.view(np.uint8))

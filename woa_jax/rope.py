@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from ._checks import check_rope_inputs
+from .checks import check_rope_inputs
 
 
 def _no_contract(p):

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _checks
+from . import checks
 from ._spec import AITER_AMAX_FLOOR, QuantSemantics, as_enum
 from .config import DSV4Config, LocalShapes, get_config, local_shapes
 from .gemm import batched_gemm_a8w8_mxscale
@@ -51,11 +51,11 @@ def check_wo_b_weight(weight, weight_scale) -> tuple[int, int, int]:
     Both dimensions must be whole blocks: the row-parallel split cuts the input columns at block
     boundaries and the GEMM's weight tiles are square.
     """
-    hidden, k = _checks.check_rank(weight, 2, "wo_b weight", "[hidden, G * N]")
-    _checks.check_dtype(weight, ("float8_e4m3fn", "float8_e4m3fnuz"), "wo_b weight")
-    srows, scols = _checks.check_rank(weight_scale, 2, "wo_b weight_scale",
+    hidden, k = checks.check_rank(weight, 2, "wo_b weight", "[hidden, G * N]")
+    checks.check_dtype(weight, ("float8_e4m3fn", "float8_e4m3fnuz"), "wo_b weight")
+    srows, scols = checks.check_rank(weight_scale, 2, "wo_b weight_scale",
                                       "[hidden / B, G * N / B]")
-    _checks.check_dtype(weight_scale, ("float8_e8m0fnu", "uint8", *_FLOAT_SCALES),
+    checks.check_dtype(weight_scale, ("float8_e8m0fnu", "uint8", *_FLOAT_SCALES),
                         "wo_b weight_scale")
     if scols < 1 or k % scols != 0 or k // scols not in (32, 128):
         raise ValueError(
@@ -85,8 +85,8 @@ def wo_b_weight_e8m0(weight, weight_scale):
 
 
 def _check_z(z, in_features: int) -> int:
-    t, k = _checks.check_rank(z, 2, "z", "[T, G * N]")
-    _checks.check_dtype(z, ("bfloat16", "float16", "float32"), "z")
+    t, k = checks.check_rank(z, 2, "z", "[T, G * N]")
+    checks.check_dtype(z, ("bfloat16", "float16", "float32"), "z")
     if k != in_features:
         raise ValueError(
             f"z [T, G * N] = {(t, k)} does not match wo_b's {in_features} input columns"
@@ -325,15 +325,15 @@ def wo_a_wo_b_tp(mesh: jax.sharding.Mesh, o, positions, cos_cache, sin_cache, wo
     tp = int(mesh.shape[axis])
     g_l = tp_shard(cfg, tp, 0).local.num_groups
     check_tp_weights(cfg, wo_a_weight, wo_a_scale, wo_b_weight, wo_b_scale)
-    _, h, _ = _checks.check_rank(o, 3, "o", "[T, H, Dh]")
+    _, h, _ = checks.check_rank(o, 3, "o", "[T, H, Dh]")
     if h != cfg.num_heads:
         raise ValueError(f"o has {h} heads; {cfg.name} has num_heads={cfg.num_heads}")
     mode = as_enum(ProjectionPath, path, "path")
     if mode is ProjectionPath.FP8:
         # The lossless float -> E8M0 conversion inspects values on the host; do it before tracing.
-        if _checks.dtype_name(wo_a_scale) in _FLOAT_SCALES:
+        if checks.dtype_name(wo_a_scale) in _FLOAT_SCALES:
             wo_a_scale = e8m0_from_scale(wo_a_scale)
-        if _checks.dtype_name(wo_b_scale) in _FLOAT_SCALES:
+        if checks.dtype_name(wo_b_scale) in _FLOAT_SCALES:
             wo_b_scale = e8m0_from_scale(wo_b_scale)
 
     fn = _tp_fn(mesh, axis, g_l, mode, float(amax_floor),

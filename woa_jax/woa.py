@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _checks
+from . import checks
 from ._spec import AITER_AMAX_FLOOR, QuantSemantics
 from .gemm import batched_gemm_a8w8_mxscale
 from .quant import e8m0_decode, e8m0_from_scale, inverse_rope_group_quant
@@ -17,12 +17,12 @@ _FLOAT_SCALES = ("float32", "float64", "float16", "bfloat16")
 
 def check_wo_a_weight(weight, weight_scale, num_groups: int) -> tuple[int, int, int]:
     """Validate a checkpoint ``wo_a`` weight ``[G*N, K]`` and scale; return ``(N, K, block)``."""
-    rows, k = _checks.check_rank(weight, 2, "weight", "[G * N, K]")
-    _checks.check_dtype(weight, ("float8_e4m3fn", "float8_e4m3fnuz"), "weight")
+    rows, k = checks.check_rank(weight, 2, "weight", "[G * N, K]")
+    checks.check_dtype(weight, ("float8_e4m3fn", "float8_e4m3fnuz"), "weight")
     if not isinstance(num_groups, int) or num_groups < 1 or rows % num_groups != 0:
         raise ValueError(f"weight rows {rows} are not divisible by num_groups={num_groups}")
-    srows, scols = _checks.check_rank(weight_scale, 2, "weight_scale", "[G * N / B, K / B]")
-    _checks.check_dtype(weight_scale, ("float8_e8m0fnu", "uint8", *_FLOAT_SCALES), "weight_scale")
+    srows, scols = checks.check_rank(weight_scale, 2, "weight_scale", "[G * N / B, K / B]")
+    checks.check_dtype(weight_scale, ("float8_e8m0fnu", "uint8", *_FLOAT_SCALES), "weight_scale")
     if scols < 1 or k % scols != 0 or k // scols not in (32, 128):
         raise ValueError(
             f"weight_scale {(srows, scols)} does not tile weight {(rows, k)} in 128x128 or 32x32 "
@@ -38,7 +38,7 @@ def check_wo_a_weight(weight, weight_scale, num_groups: int) -> tuple[int, int, 
 
 
 def _weight_scale_f32(weight_scale):
-    if _checks.dtype_name(weight_scale) in _FLOAT_SCALES:
+    if checks.dtype_name(weight_scale) in _FLOAT_SCALES:
         return jnp.asarray(weight_scale, jnp.float32)
     return e8m0_decode(weight_scale)
 
@@ -53,10 +53,10 @@ def _dequant_2d(weight, weight_scale, block: int):
 def _scale_bytes(weight_scale):
     """Weight scales as E8M0 ``uint8`` bytes: float scales through the lossless (host-side)
     ``e8m0_from_scale``, ``float8_e8m0fnu`` re-viewed."""
-    if _checks.dtype_name(weight_scale) in _FLOAT_SCALES:
+    if checks.dtype_name(weight_scale) in _FLOAT_SCALES:
         weight_scale = e8m0_from_scale(weight_scale)
     ws = jnp.asarray(weight_scale)
-    if _checks.dtype_name(ws) == "float8_e8m0fnu":
+    if checks.dtype_name(ws) == "float8_e8m0fnu":
         ws = jax.lax.bitcast_convert_type(ws, jnp.uint8)
     return ws
 
@@ -152,7 +152,7 @@ def wo_a_truth(o, positions, cos_cache, sin_cache, weight_fp8, weight_scale,
 
 
 def _check_k(o, weight, num_groups: int) -> None:
-    _, h, dh = _checks.check_rank(o, 3, "o", "[S, H, Dh]")
+    _, h, dh = checks.check_rank(o, 3, "o", "[S, H, Dh]")
     k = weight.shape[1]
     if h * dh != num_groups * k:
         raise ValueError(

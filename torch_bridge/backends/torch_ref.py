@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from woa_jax import AITER_AMAX_FLOOR
-from woa_jax._spec import E8M0_NAN
+from woa_jax.checks import E8M0_NAN
 
 from .._dispatch import Case
 

@@ -1,10 +1,24 @@
 """Shape and dtype checks with errors that say what was wrong and what was expected.
 
 They only read ``.shape`` and ``.dtype``, so they work on numpy, JAX (also tracers) and torch
-tensors alike; ``torch_bridge`` reuses them.
+tensors alike; ``torch_bridge`` reuses them, so both sides reject bad input with the same words.
 """
 
 from __future__ import annotations
+
+from ._spec import E8M0_NAN, as_enum, check_fp8_dtype
+
+__all__ = [
+    "E8M0_NAN",
+    "as_enum",
+    "check_dtype",
+    "check_fp8_dtype",
+    "check_gemm_inputs",
+    "check_group_split",
+    "check_rank",
+    "check_rope_inputs",
+    "dtype_name",
+]
 
 _FLOAT_ACTIVATION = ("bfloat16", "float16", "float32")
 _FP8 = ("float8_e4m3fn", "float8_e4m3fnuz")
