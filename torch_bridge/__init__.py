@@ -3,13 +3,26 @@
 Backends: ``aiter`` (AITER ops, ROCm gfx950), ``triton``, ``torch`` (pure-torch reference,
 bit-identical to ``woa_jax`` on fp8 and scale bytes) and ``bf16`` (the BF16 chain, the fallback of
 the whole projection). Importing this package touches no GPU and imports no vendor package.
+
+Errors: every public entry point (the two ops, ``wo_a_fp8``, ``wo_a_bf16``, ``WoAProjection``,
+``TPOutputProjection``, ``WoBProjection``, ``to_jax``/``to_torch``) checks its input before any
+kernel runs and raises
+
+* ``TypeError`` for an argument of the wrong type or dtype (a numpy array where a tensor is
+  expected, an int32 ``o``, a float16 GEMM output);
+* ``ValueError`` for a wrong shape, stride, device mix or value: ``amax_floor`` that is not a
+  finite positive number, a rope table of the wrong width, float scales that are not exact powers
+  of two where E8M0 is required, a corrupt checkpoint (NaN weight bytes, NaN/Inf/zero/negative
+  scales); the message names the tensor, the element where it applies, and what was expected;
+* ``BackendUnavailableError`` (a ``RuntimeError``) when the requested backend cannot run the call,
+  with the reason.
 """
 
 from __future__ import annotations
 
 from . import _dispatch
 from ._capability import ENV_VARS
-from ._dispatch import BACKENDS, BackendUnavailableError, Case
+from ._dispatch import BACKENDS, BackendName, BackendUnavailableError, Case
 from .checkpoint import read_wo_a, save_wo_a_layer
 from .interop import to_jax, to_torch
 from .layouts import from_scale_layout, to_scale_layout
@@ -69,6 +82,7 @@ def explain(op: str | None = None, case: Case | None = None, *,
 __all__ = [
     "BACKENDS",
     "ENV_VARS",
+    "BackendName",
     "BackendUnavailableError",
     "Case",
     "TPOutputProjection",

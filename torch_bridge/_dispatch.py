@@ -2,23 +2,19 @@
 
 Each backend lives in a module ``torch_bridge/backends/<module>`` (``BACKEND_MODULES`` maps the
 backend name to it: ``torch`` lives in ``torch_ref.py`` so that nothing shadows the ``torch``
-package) and exposes a module-level ``BACKEND`` object with:
-
-* ``name: str`` (also its ``WOA_BACKEND`` value),
-* ``is_available() -> tuple[bool, str]``: lazy, cached, no side effects (no GPU work at import),
-* ``supports(op: Op, case: Case) -> tuple[bool, str]``: can it run this call,
-* one callable per op it implements, named like the op.
+package) and exposes a module-level ``BACKEND`` object satisfying the ``Backend`` protocol: its
+``ops`` say which op callables it defines, so nothing here probes attributes.
 
 Rules: ``backend="auto"`` walks ``AUTO_ORDER[op]`` and takes the first backend that is available and
 supports the call, logging each rejection once per (op, backend, reason). An explicit backend
 (argument, else ``WOA_BACKEND``) runs or raises ``BackendUnavailableError`` with the reason.
 
-The ``wo_a`` op is a chain: a backend with ``wo_a_bf16`` runs it as the BF16 chain; any other
-backend runs it as its own ``inverse_rope_group_quant`` followed by its own
-``batched_gemm_a8w8_mxscale`` (``FP8_CHAIN``), and must accept the call's case for both; one that
-also has ``wo_a_fp8`` runs the chain through it (the triton backend fuses it at decode sizes).
-A backend whose module fails to import is reported unavailable with the import error, never
-raised.
+The ``wo_a`` op is a chain: a backend whose ``ops`` hold ``wo_a_bf16`` runs it as the BF16 chain;
+any other runs it as its own ``inverse_rope_group_quant`` followed by its own
+``batched_gemm_a8w8_mxscale`` (``FP8_CHAIN``), and must accept the call's case for both; one whose
+``ops`` also hold ``wo_a_fp8`` runs the chain through it (the triton backend fuses it at decode
+sizes). A backend whose module fails to import, or whose object does not satisfy the protocol, is
+reported unavailable with the reason, never raised.
 """
 
 from __future__ import annotations
@@ -28,11 +24,16 @@ import importlib
 import logging
 import os
 import sys
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 log = logging.getLogger("woa")
 
+#: What a caller dispatches: the two ops and the whole ``wo_a`` chain.
 Op = Literal["inverse_rope_group_quant", "batched_gemm_a8w8_mxscale", "wo_a"]
+#: The op callables a backend object can define (its ``ops``).
+BackendOp = Literal["inverse_rope_group_quant", "batched_gemm_a8w8_mxscale", "wo_a_fp8",
+                    "wo_a_bf16"]
+#: The ``backend=`` argument of every entry point (and the values of ``WOA_BACKEND``).
 BackendName = Literal["auto", "aiter", "triton", "torch", "bf16"]
 BACKENDS: tuple[str, ...] = ("aiter", "triton", "torch", "bf16")
 #: Backend name -> module (or package) under ``torch_bridge.backends``.
@@ -76,12 +77,46 @@ class Case:
         return dict(self.extra).get(key, default)
 
 
+@runtime_checkable
+class Backend(Protocol):
+    """What every ``BACKEND`` object provides.
+
+    Attributes:
+      name: the backend's name (also its ``WOA_BACKEND`` value).
+      ops: the op callables it defines, each named like the op and called with the launcher
+        arguments of ``torch_bridge.backends.torch_ref.TorchBackend``'s methods.
+      rope_in_activation_dtype: whether its quant wants cos/sin in ``o``'s dtype (callers that
+        keep the tables convert them once instead of on every call).
+    """
+
+    name: str
+    ops: frozenset[str]
+    rope_in_activation_dtype: bool
+
+    def is_available(self) -> tuple[bool, str]:
+        """Whether it can run at all here, and why; lazy, cached, no GPU work at import."""
+
+    def supports(self, op: str, case: Case) -> tuple[bool, str]:
+        """Whether it can run ``op`` on ``case``, and why."""
+
+
+#: Protocol attributes of backend objects whose modules do not state them (the triton package's
+#: object); applied once at load, and only where the object does not state them itself.
+_STATED_HERE: dict[str, dict[str, Any]] = {
+    "triton": {"ops": frozenset({"inverse_rope_group_quant", "batched_gemm_a8w8_mxscale",
+                                 "wo_a_fp8"}),
+               "rope_in_activation_dtype": False},
+}
+
 _loaded: dict[str, Any] = {}
 _logged: set[tuple[str, str, str]] = set()
 
 
-class _Unimportable:
-    """Stands in for a backend whose module cannot be imported; never available."""
+class _Unusable:
+    """Stands in for a backend that cannot be imported or breaks the protocol; never available."""
+
+    ops: frozenset[str] = frozenset()
+    rope_in_activation_dtype = False
 
     def __init__(self, name: str, reason: str):
         self.name = name
@@ -94,25 +129,38 @@ class _Unimportable:
         return False, self.reason
 
 
-def get_backend(name: str):
+def _load(name: str) -> Backend:
+    module = f"torch_bridge.backends.{BACKEND_MODULES[name]}"
+    label = {"aiter": "AITER", "bf16": "BF16"}.get(name, name.capitalize())
+    try:
+        be = importlib.import_module(module).BACKEND
+    except ImportError as e:
+        return _Unusable(name, f"{label} backend not importable: {e}")
+    except AttributeError:
+        return _Unusable(name, f"{label} backend not importable: {module} defines no BACKEND")
+    for attr, value in _STATED_HERE.get(name, {}).items():
+        if attr not in vars(be) and attr not in vars(type(be)):
+            setattr(be, attr, value)
+    if not isinstance(be, Backend):
+        missing = [a for a in ("name", "ops", "rope_in_activation_dtype", "is_available",
+                               "supports") if not hasattr(be, a)]
+        return _Unusable(name, f"{label} backend object {module}.BACKEND does not satisfy the "
+                               f"backend protocol: it lacks {', '.join(missing)}")
+    return be
+
+
+def get_backend(name: str) -> Backend:
     """The ``BACKEND`` object of backend ``name`` (imported on first use).
 
-    A module that fails to import, or has no ``BACKEND``, yields a stand-in whose ``is_available``
-    reports ``"<Name> backend not importable: <error>"``.
+    A module that fails to import, has no ``BACKEND`` or one that breaks the protocol yields a
+    stand-in whose ``is_available`` gives the reason
+    (``"<Name> backend not importable: <error>"``).
     """
     if name not in BACKENDS:
         raise ValueError(
             f"unknown backend {name!r}; expected 'auto' or one of {', '.join(BACKENDS)}")
     if name not in _loaded:
-        module = f"torch_bridge.backends.{BACKEND_MODULES[name]}"
-        label = {"aiter": "AITER", "bf16": "BF16"}.get(name, name.capitalize())
-        try:
-            _loaded[name] = importlib.import_module(module).BACKEND
-        except ImportError as e:
-            _loaded[name] = _Unimportable(name, f"{label} backend not importable: {e}")
-        except AttributeError:
-            _loaded[name] = _Unimportable(
-                name, f"{label} backend not importable: {module} defines no BACKEND")
+        _loaded[name] = _load(name)
     return _loaded[name]
 
 
@@ -135,10 +183,10 @@ def check(name: str, op: str, case: Case) -> tuple[bool, str]:
     ok, reason = be.is_available()
     if not ok:
         return False, reason
-    if op == "wo_a" and hasattr(be, "wo_a_bf16"):
+    if op == "wo_a" and "wo_a_bf16" in be.ops:
         return be.supports(op, case)
     if op == "wo_a":
-        missing = [o for o in FP8_CHAIN if not hasattr(be, o)]
+        missing = [o for o in FP8_CHAIN if o not in be.ops]
         if missing:
             return False, f"{name} does not implement {' and '.join(missing)}"
         fp8_blocker = case.get("fp8_unavailable")
@@ -149,7 +197,7 @@ def check(name: str, op: str, case: Case) -> tuple[bool, str]:
             if not ok:
                 return False, f"{sub}: {reason}"
         return True, f"FP8 chain on {name}"
-    if not hasattr(be, op):
+    if op not in be.ops:
         return False, f"{name} does not implement {op}"
     return be.supports(op, case)
 
@@ -180,7 +228,7 @@ def resolve(op: str, case: Case, backend: str | None = None) -> tuple[str, list[
     raise BackendUnavailableError(f"no backend can run {op}: " + "; ".join(reasons))
 
 
-def select(op: str, case: Case, backend: str | None = None):
+def select(op: str, case: Case, backend: str | None = None) -> Backend:
     """Pick the backend object for ``op``; see the module docstring for the rules."""
     return get_backend(resolve(op, case, backend)[0])
 
@@ -192,7 +240,8 @@ def explain(op: str, case: Case) -> dict[str, tuple[bool, str]]:
 
 
 def reset_caches() -> None:
-    """Forget loaded backends, cached probes and logged reasons (tests, env changes)."""
+    """Forget loaded backends, cached probes, logged reasons and the entry points' call plans
+    (tests, env changes)."""
     from . import _capability
 
     _capability.cache_clear()
@@ -203,3 +252,9 @@ def reset_caches() -> None:
             clear()
     _loaded.clear()
     _logged.clear()
+    for forget in _on_reset:
+        forget()
+
+
+#: Callbacks that drop plans built from dispatch decisions (``ops`` registers its plan cache).
+_on_reset: list = []

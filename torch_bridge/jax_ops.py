@@ -18,23 +18,16 @@ launches it by one of two routes, chosen at trace time and logged once (logger `
 On a CPU-only JAX with no backend asked for, the ops return the ``woa_jax`` oracle (pure JAX);
 pass ``backend="triton"`` with ``TRITON_INTERPRET=1`` to run the callback route on CPU.
 
-Limits: no autodiff (forward only) and no ``vmap``. Cost, measured on an H200 (jax 0.11.2,
-triton 3.6, jax-triton 0.3.1; benchmarks/RESULTS.md): the native route adds no host work per
-call beyond XLA's own dispatch (a jitted GEMM call: 36 us, the same as a jitted ``a + 1``); inside
-one jitted program its G = 16 GEMM took 21.4 / 27.3 us at M = 1 / 64 against the torch
-launcher's 19.7 / 22.1 us (its GEMM is the pointer kernel: jax-triton 0.3.1 takes no TMA
-descriptors, and it never splits K), and the whole chain 31.5 / 36.2 us against 22.6 / 29.0
-(session 9; session 8's M = 64 chain, before the 64 x 64 pointer tile: 41-57 us).
-The callback route re-enters Python on every call (DLPack wrapping, a torch stream object, the
-torch launcher: about 200 us of host time per GEMM call); use it where the zero-copy
-``jax.jit`` integration matters more than latency. The GEMMs above M = 128 that the torch
-launcher runs on the Gluon wgmma kernel (Hopper, benchmarks/RESULTS.md) take the callback route
-too, recorded in XLA's command buffers by default: there the GPU time outweighs that host cost
-(M = 8192, G = 16, both at the clock of a long back-to-back run: -2.5 to 0.0 % against torch
-in session 10; earlier runs that timed torch briefly and JAX in long loops read -0.7 to
-+8.8 %; 4-7 % slower when not recorded, session 8; the pointer kernel takes 1417 us). At
-decode sizes the Gluon kernel saves 2-8 us of GPU time, far less than the callback's host
-time, so they stay native.
+Limits: no autodiff (forward only) and no ``vmap``. Cost: the native route adds no host work per
+call beyond XLA's own dispatch; its GEMM is the pointer kernel (jax-triton takes no TMA
+descriptors) and never splits K. The callback route re-enters Python on every call (DLPack
+wrapping, a torch stream object, the torch launcher); use it where the zero-copy ``jax.jit``
+integration matters more than latency. The GEMMs above ``_NATIVE_DECODE_TOKENS`` tokens that the
+torch launcher runs on the Gluon wgmma kernel (Hopper) take the callback route too, recorded in
+XLA's command buffers by default: at those sizes the GPU time outweighs the host cost, and the
+recorded launch runs level with torch's. At decode sizes the Gluon kernel saves less GPU time
+than the callback costs on the host, so those GEMMs stay native. ``benchmarks/RESULTS.md`` has the
+figures.
 """
 
 from __future__ import annotations
@@ -53,6 +46,7 @@ from woa_jax.checks import check_fp8_dtype
 
 from . import _dispatch, ops
 from ._capability import env_flag
+from ._dispatch import BackendName
 
 __all__ = ["batched_gemm_a8w8_mxscale", "inverse_rope_group_quant", "wo_a_fp8"]
 
@@ -153,7 +147,7 @@ def _fused_native(o, positions, cos_cache, sin_cache, w, w_scale, block: int, nu
     return jax_launch.fused_fits(s, g, n, k, block, dh, rd)
 
 
-def _use_oracle(backend: str | None) -> bool:
+def _use_oracle(backend: BackendName | None) -> bool:
     return _device_type() == "cpu" and _dispatch.requested_backend(backend) == "auto"
 
 
@@ -197,7 +191,8 @@ def _callback(fn, out_types, command_buffer: bool, *args):
 
 def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int,
                              quant_group_size: int = 128, *, fp8_dtype=jnp.float8_e4m3fn,
-                             amax_floor: float = AITER_AMAX_FLOOR, backend: str | None = None,
+                             amax_floor: float = AITER_AMAX_FLOOR,
+                             backend: BackendName | None = None,
                              command_buffer: bool | None = None):
     """``woa_jax.inverse_rope_group_quant`` (fused semantics) on a torch backend's kernel.
 
@@ -211,6 +206,7 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
     s, h, dh, rd = checks.check_rope_inputs(o, positions, cos_cache, sin_cache)
     d = checks.check_group_split(s, h, dh, num_groups, quant_group_size)
     check_fp8_dtype(fp8_dtype)
+    amax_floor = ops.check_amax_floor(amax_floor)
     if _use_oracle(backend):
         return woa_jax.inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups,
                                                 quant_group_size, fp8_dtype=fp8_dtype,
@@ -245,15 +241,14 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
 
 
 def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=jnp.bfloat16, *,
-                              backend: str | None = None, command_buffer: bool | None = None):
+                              backend: BackendName | None = None,
+                              command_buffer: bool | None = None):
     """``woa_jax.batched_gemm_a8w8_mxscale`` on a torch backend's kernel -> ``[M, G, N]``.
 
     Agrees with the oracle to the output rounding (summation order is the kernel's).
     ``command_buffer``: as ``inverse_rope_group_quant``'s, except that it defaults to on for the
-    GEMMs that go to the Gluon kernel: without a command buffer such a call ran 4-7 % slower on
-    the GPU than the same kernel launched from torch (M = 8192, G = 16, H200), with one
-    -0.7 % to +1.0 % (session 8); timed alike at the sustained clock, -2.5 to 0.0 %
-    (session 10).
+    GEMMs that go to the Gluon kernel: unrecorded, such a call runs slower on the GPU than the
+    same kernel launched from torch.
     """
     m, g, n, k, block = checks.check_gemm_inputs(x, w, x_scale, w_scale)
     _check_out_dtype(dtype)
@@ -288,31 +283,42 @@ def _gemm_command_buffer(flag: bool | None, backend_name: str, gemm: tuple[int, 
     return _command_buffer(flag, gluon)
 
 
-def wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: int, *,
+def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_groups: int, *,
              amax_floor: float = AITER_AMAX_FLOOR, dtype=jnp.bfloat16,
-             backend: str | None = None, command_buffer: bool | None = None):
+             backend: BackendName | None = None, command_buffer: bool | None = None):
     """The FP8 chain under ``jax.jit``: fused inverse RoPE + quant, then the block-scaled GEMM.
 
-    Where the torch launcher runs the chain as one fused kernel without splitting K (DeepSeek
-    V4 at M = 1, G >= 16) and both ops take the native route, this launches that kernel
-    natively too (``jax_launch.fused_fits``): the same bits, one launch.
+    Same arguments as ``woa_jax.wo_a_fp8`` and ``torch_bridge.wo_a_fp8``. Where the torch
+    launcher runs the chain as one fused kernel without splitting K (DeepSeek V4 at M = 1,
+    G >= 16) and both ops take the native route, this launches that kernel natively too
+    (``jax_launch.fused_fits``): the same bits, one launch.
 
     Args:
-      o: ``[S, H, Dh]`` bf16; positions ``[S]``; cos/sin ``[P, rd / 2]`` (bf16 for AITER bytes).
-      w: ``[G, N, K]`` fp8 weight; w_scale ``[G, N / B, K / B]`` E8M0 bytes (``woa_jax.
-        wo_a_weight_e8m0`` turns a checkpoint into these).
+      o: ``[S, H, Dh]`` bf16; positions ``[>= S]``; cos/sin ``[P, rd / 2]`` (bf16 for AITER bytes).
+      weight: ``[G * N, K]`` fp8 checkpoint weight, or the GEMM's ``[G, N, K]`` view of it.
+      weight_scale: ``[G * N / B, K / B]`` block scales: E8M0 bytes (uint8 or float8_e8m0fnu),
+        or float powers of two when concrete (converted on the host, so not under ``jax.jit``).
+        With a 3-D weight: ``[G, N / B, K / B]`` E8M0 bytes (``woa_jax.wo_a_weight_e8m0``
+        gives both).
       num_groups: G.
       command_buffer: see ``inverse_rope_group_quant``.
 
     Returns:
       ``[S, G, N]`` in ``dtype``.
+
+    Raises:
+      TypeError, ValueError: the oracle's errors for bad shapes, dtypes and scales.
     """
-    checks.check_rank(w, 3, "w", "[G, N, K]")
-    _, _, ks = checks.check_rank(w_scale, 3, "w_scale", "[G, N / B, K / B]")
-    if ks < 1 or w.shape[2] % ks != 0:
-        raise ValueError(f"w_scale [G, N / B, K / B] = {tuple(w_scale.shape)} does not tile "
-                         f"K = {w.shape[2]} of w")
-    block = w.shape[2] // ks
+    amax_floor = ops.check_amax_floor(amax_floor)
+    if len(weight.shape) == 3:
+        w, w_scale = weight, weight_scale
+        _, _, ks = checks.check_rank(w_scale, 3, "weight_scale", "[G, N / B, K / B]")
+        if ks < 1 or w.shape[2] % ks != 0:
+            raise ValueError(f"weight_scale [G, N / B, K / B] = {tuple(w_scale.shape)} does not "
+                             f"tile K = {w.shape[2]} of weight [G, N, K]")
+    else:
+        w, w_scale = woa_jax.wo_a_weight_e8m0(weight, weight_scale, num_groups)
+    block = w.shape[2] // w_scale.shape[2]
     if _fused_native(o, positions, cos_cache, sin_cache, w, w_scale, block, num_groups,
                      amax_floor, dtype, backend):
         from .backends.triton import jax_launch

@@ -1,14 +1,21 @@
-"""Public torch entry points: validate once, pick a backend, run.
+"""Public torch entry points: validate once per call signature, pick a backend, run.
 
 Every function accepts torch tensors or (concrete) JAX arrays; JAX inputs are exchanged zero-copy
-through DLPack (``torch_bridge.interop``) and the results come back as JAX arrays. Validation
-happens here, with ``woa_jax.checks`` (the same messages as the oracle); backends assume valid
-input.
+through DLPack (``torch_bridge.interop.jax_io``) and the results come back as JAX arrays.
+Validation happens here, with ``woa_jax.checks`` (the same messages as the oracle); backends assume
+valid input.
+
+The first call with a given signature (shapes, strides, dtypes and devices of every tensor, and
+the options) validates and plans (backend, output shapes); later calls with the same signature
+look the plan up and launch, so a repeated eager call costs little more than the launch. Values
+are never part of a signature: scale values given as floats are converted (and checked) on every
+call.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import math
+from typing import Any, Literal, NamedTuple
 
 import torch
 
@@ -16,41 +23,84 @@ from woa_jax import AITER_AMAX_FLOOR, ScaleLayout, checks, scale_shape
 from woa_jax.checks import as_enum
 
 from . import _dispatch, interop, layouts
-from ._dispatch import Case
+from ._dispatch import BackendName, Case
 
-BackendArg = Literal["auto", "aiter", "triton", "torch", "bf16"]
 ScaleLayoutArg = Literal["row", "mfma_tile", "n32k4"]
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 _SCALE_DTYPES = (torch.uint8, torch.float8_e8m0fnu)
 _PUBLIC_LAYOUTS = (ScaleLayout.ROW, ScaleLayout.MFMA_TILE, ScaleLayout.N32K4)
 
+#: Call signature -> plan, per op; the oldest plans go first beyond ``_PLAN_LIMIT`` entries.
+_PLANS: dict[tuple, Any] = {}
+_PLAN_LIMIT = 512
+_dispatch._on_reset.append(_PLANS.clear)
+#: Stands in the signature for an argument that is not a tensor (validation then raises).
+_NOT_A_TENSOR = object()
 
-def _require_torch(**tensors) -> None:
+
+def tensor_signature(t) -> tuple | None:
+    """A tensor's part of a call signature (plan cache key): shape, strides, dtype, device."""
+    if t is None:
+        return None
+    if isinstance(t, torch.Tensor):
+        return (t.shape, t.stride(), t.dtype, t.device)
+    return _NOT_A_TENSOR
+
+
+def backend_signature(backend) -> Any:
+    """The backend request as a signature part (``WOA_BACKEND`` counts when it is ``auto``)."""
+    if backend in (None, "auto"):
+        import os
+
+        return ("auto", os.environ.get("WOA_BACKEND"))
+    return backend
+
+
+def _lookup(key: tuple):
+    """The plan of ``key``, else ``None`` (also for an unhashable option: validation names it)."""
+    try:
+        return _PLANS.get(key)
+    except TypeError:
+        return None
+
+
+def _remember(key: tuple, plan) -> None:
+    try:
+        hash(key)
+    except TypeError:
+        return
+    if len(_PLANS) >= _PLAN_LIMIT:
+        del _PLANS[next(iter(_PLANS))]
+    _PLANS[key] = plan
+
+
+def check_amax_floor(amax_floor) -> float:
+    """``amax_floor`` as a float, or a ``ValueError``/``TypeError``: it must be a finite positive
+    number (1e-8 is AITER's floor, 1e-10 vLLM CUDA's); NaN would make every scale byte 255."""
+    if isinstance(amax_floor, bool) or not isinstance(amax_floor, (int, float)):
+        raise TypeError(f"amax_floor must be a finite positive float (1e-8 for AITER, 1e-10 for "
+                        f"vLLM CUDA), got {type(amax_floor).__name__} {amax_floor!r}")
+    if not (math.isfinite(amax_floor) and amax_floor > 0):
+        raise ValueError(f"amax_floor must be a finite positive float (1e-8 for AITER, 1e-10 "
+                         f"for vLLM CUDA), got {amax_floor!r}")
+    return float(amax_floor)
+
+
+def require_torch(**tensors) -> None:
+    """Raise a ``TypeError`` naming the first argument that is neither a tensor nor ``None``."""
     for name, t in tensors.items():
         if t is not None and not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch tensor or a JAX array, got {type(t).__name__}")
 
 
-def _one_device(**tensors) -> torch.device:
+def one_device(**tensors) -> torch.device:
+    """The one device of the given tensors (``None`` entries ignored), else a ``ValueError``."""
     devices = {name: t.device for name, t in tensors.items() if t is not None}
     if len(set(devices.values())) > 1:
         where = ", ".join(f"{name} on {dev}" for name, dev in devices.items())
         raise ValueError(f"all tensors must be on one device, got {where}")
     return next(iter(devices.values()))
-
-
-def _any_jax(*xs) -> bool:
-    return any(interop.is_jax_array(x) for x in xs)
-
-
-def _no_jax_outputs(**bufs) -> None:
-    for name, b in bufs.items():
-        if b is not None:
-            raise TypeError(
-                f"{name} cannot be filled when the inputs are JAX arrays (JAX arrays are "
-                "immutable); leave it None to get a new JAX array"
-            )
 
 
 def check_contiguous(t: torch.Tensor, what: str) -> None:
@@ -79,10 +129,20 @@ def rope_case(o, cos_cache, quant_group_size: int, fp8_dtype, *, num_groups: int
     )
 
 
+class _QuantPlan(NamedTuple):
+    backend: _dispatch.Backend
+    fp8: torch.dtype
+    shape: tuple[int, int, int]  # [S, G, D]
+    scale_shape: tuple[int, ...]
+    scale_dtype: torch.dtype
+    layout: ScaleLayout
+
+
+@interop.jax_io(outputs=("x_fp8", "x_scale"))
 def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int,
                              quant_group_size: int = 128, *,
                              scale_layout: ScaleLayoutArg | ScaleLayout = "row",
-                             backend: BackendArg = "auto", x_fp8=None, x_scale=None,
+                             backend: BackendName = "auto", x_fp8=None, x_scale=None,
                              fp8_dtype: torch.dtype | None = None,
                              amax_floor: float = AITER_AMAX_FLOOR):
     """Inverse RoPE fused with per-token 1 x GS E8M0 FP8 quantization (``woa_jax``'s op).
@@ -103,22 +163,54 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
       x_scale: optional output buffer of the layout's shape, uint8 or float8_e8m0fnu.
       fp8_dtype: ``torch.float8_e4m3fn`` (default) or ``torch.float8_e4m3fnuz`` when no
         ``x_fp8`` is given.
-      amax_floor: 1e-8 (AITER, default) or 1e-10 (vLLM CUDA).
+      amax_floor: a finite positive float: 1e-8 (AITER, default) or 1e-10 (vLLM CUDA).
 
     Returns:
       ``(x_fp8 [S, G, D], x_scale)``; ``x_scale`` is float8_e8m0fnu (or ``x_scale``'s dtype when
       given) in ``scale_layout``. Bytes equal ``woa_jax.inverse_rope_group_quant``'s (fused
       semantics). ``S = 0`` returns empty tensors without running a backend.
+
+    Raises:
+      TypeError: an argument of the wrong type or dtype.
+      ValueError: a wrong shape, stride, device, option or ``amax_floor``.
+      BackendUnavailableError: the requested backend cannot run the call.
     """
-    if _any_jax(o, positions, cos_cache, sin_cache):
-        _no_jax_outputs(x_fp8=x_fp8, x_scale=x_scale)
-        q, sc = inverse_rope_group_quant(
-            *(interop.to_torch(a) for a in (o, positions, cos_cache, sin_cache)), num_groups,
-            quant_group_size, scale_layout=scale_layout, backend=backend, fp8_dtype=fp8_dtype,
-            amax_floor=amax_floor)
-        return interop.to_jax(q), interop.to_jax(sc)
-    _require_torch(o=o, positions=positions, cos_cache=cos_cache, sin_cache=sin_cache,
-                   x_fp8=x_fp8, x_scale=x_scale)
+    sig = tensor_signature
+    key = ("quant", sig(o), sig(positions), sig(cos_cache), sig(sin_cache), num_groups,
+           quant_group_size, scale_layout, backend_signature(backend), sig(x_fp8), sig(x_scale),
+           fp8_dtype, amax_floor)
+    plan = _lookup(key)
+    if plan is None:
+        plan = _plan_quant(o, positions, cos_cache, sin_cache, num_groups, quant_group_size,
+                           scale_layout, backend, x_fp8, x_scale, fp8_dtype, amax_floor)
+        _remember(key, plan)
+    s, g, d = plan.shape
+    if x_fp8 is None:
+        x_fp8 = torch.empty(plan.shape, dtype=plan.fp8, device=o.device)
+    if plan.backend is None:  # S = 0
+        if x_scale is None:
+            x_scale = torch.empty(plan.scale_shape, dtype=plan.scale_dtype, device=o.device)
+        return x_fp8, x_scale
+    # Backends always write the row layout; tiled layouts are built from it below.
+    row = plan.layout is ScaleLayout.ROW
+    row_buf = x_scale.view(torch.uint8) if (x_scale is not None and row) else None
+    q, byte = plan.backend.inverse_rope_group_quant(
+        o, positions, cos_cache, sin_cache, num_groups, quant_group_size, amax_floor=amax_floor,
+        x_fp8=x_fp8, x_scale=row_buf)
+    byte = byte.view(torch.uint8)
+    if row:
+        return q, (x_scale if x_scale is not None else byte.view(plan.scale_dtype))
+    out = x_scale.view(torch.uint8) if x_scale is not None else None
+    buf = layouts.to_scale_layout(byte, plan.layout, quant_group_size=quant_group_size, out=out)
+    return q, (x_scale if x_scale is not None else buf.view(plan.scale_dtype))
+
+
+def _plan_quant(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, scale_layout,
+                backend, x_fp8, x_scale, fp8_dtype, amax_floor) -> _QuantPlan:
+    """Validate an ``inverse_rope_group_quant`` call and plan it (no tensor data is read)."""
+    require_torch(o=o, positions=positions, cos_cache=cos_cache, sin_cache=sin_cache,
+                  x_fp8=x_fp8, x_scale=x_scale)
+    check_amax_floor(amax_floor)
     layout = as_enum(ScaleLayout, scale_layout, "scale_layout")
     if layout not in _PUBLIC_LAYOUTS:
         raise ValueError(
@@ -126,8 +218,8 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
     s, h, dh, _ = checks.check_rope_inputs(o, positions, cos_cache, sin_cache)
     d = checks.check_group_split(s, h, dh, num_groups, quant_group_size)
     check_contiguous(o, "o")
-    device = _one_device(o=o, positions=positions, cos_cache=cos_cache, sin_cache=sin_cache,
-                         x_fp8=x_fp8, x_scale=x_scale)
+    one_device(o=o, positions=positions, cos_cache=cos_cache, sin_cache=sin_cache, x_fp8=x_fp8,
+               x_scale=x_scale)
     fp8 = _resolve_fp8(x_fp8, fp8_dtype, (s, num_groups, d))
     ks = d // quant_group_size
     sshape = scale_shape(s, num_groups, ks, layout, quant_group_size)
@@ -140,28 +232,12 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
                              f"{sshape}, got {tuple(x_scale.shape)}")
         check_contiguous(x_scale, "x_scale")
     scale_dtype = x_scale.dtype if x_scale is not None else torch.float8_e8m0fnu
-    if x_fp8 is None:
-        x_fp8 = torch.empty((s, num_groups, d), dtype=fp8, device=device)
-    if s == 0:
-        if x_scale is None:
-            x_scale = torch.empty(sshape, dtype=scale_dtype, device=device)
-        return x_fp8, x_scale
-
-    # Backends always write the row layout; tiled layouts are built from it below.
-    case = rope_case(o, cos_cache, quant_group_size, fp8, num_groups=num_groups,
-                     amax_floor=amax_floor)
-    be = _dispatch.select("inverse_rope_group_quant", case, backend)
-    row_buf = x_scale.view(torch.uint8) if (x_scale is not None and layout is ScaleLayout.ROW) \
-        else None
-    q, byte = be.inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups,
-                                          quant_group_size, amax_floor=amax_floor, x_fp8=x_fp8,
-                                          x_scale=row_buf)
-    byte = byte.view(torch.uint8)
-    if layout is ScaleLayout.ROW:
-        return q, (x_scale if x_scale is not None else byte.view(scale_dtype))
-    out = x_scale.view(torch.uint8) if x_scale is not None else None
-    buf = layouts.to_scale_layout(byte, layout, quant_group_size=quant_group_size, out=out)
-    return q, (x_scale if x_scale is not None else buf.view(scale_dtype))
+    be = None
+    if s > 0:
+        case = rope_case(o, cos_cache, quant_group_size, fp8, num_groups=num_groups,
+                         amax_floor=amax_floor)
+        be = _dispatch.select("inverse_rope_group_quant", case, backend)
+    return _QuantPlan(be, fp8, (s, num_groups, d), sshape, scale_dtype, layout)
 
 
 def _resolve_fp8(x_fp8, fp8_dtype, shape: tuple[int, int, int]) -> torch.dtype:
@@ -198,16 +274,26 @@ def gemm_case(x, w, block: int, dtype, *, device_type: str | None = None,
     )
 
 
+class _GemmPlan(NamedTuple):
+    backend: _dispatch.Backend | None  # None: M = 0
+    shape: tuple[int, int, int]  # [M, G, N]
+    float_scales: tuple[bool, bool]  # (x_scale, w_scale) given as float powers of two
+
+
+@interop.jax_io(outputs=("out",))
 def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype: torch.dtype = torch.bfloat16, *,
-                              backend: BackendArg = "auto", out=None):
+                              backend: BackendName = "auto", out=None):
     """Block-scaled FP8 batched GEMM ``y[m, g, n] = sum_k dq(x)[m, g, k] * dq(w)[g, n, k]``.
 
     Args:
       x: ``[M, G, K]`` fp8 activations (e4m3fn or e4m3fnuz); K must be the unit-stride dim for
         AITER (a transposed ``[G, M, K]`` buffer is fine).
       w: ``[G, N, K]`` fp8 weight, same dtype as ``x``.
-      x_scale: ``[M, G, K / B]`` E8M0 (uint8 or float8_e8m0fnu): 1 x B activation groups.
-      w_scale: ``[G, ceil(N / B), K / B]`` E8M0: B x B weight blocks, B = 128 (V4) or 32 (V4.1).
+      x_scale: ``[M, G, K / B]`` 1 x B activation group scales: E8M0 (uint8 or float8_e8m0fnu),
+        or float32/float64/float16/bfloat16 values that are exact powers of two (converted to
+        E8M0 bytes on every call, losslessly; pass bytes to skip that host work).
+      w_scale: ``[G, ceil(N / B), K / B]`` B x B weight block scales, B = 128 (V4) or 32 (V4.1),
+        in the same dtypes as ``x_scale``.
       dtype: ``torch.bfloat16`` (default) or ``torch.float32``.
       backend: ``"auto"`` or a backend name (see ``inverse_rope_group_quant``).
       out: optional ``[M, G, N]`` output of ``dtype`` with unit stride along N.
@@ -215,25 +301,60 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype: torch.dtype = torch
     Returns:
       ``[M, G, N]`` in ``dtype`` (``out`` when given); fp32 accumulation, one final rounding. It
       matches ``woa_jax.batched_gemm_a8w8_mxscale`` to the output rounding, not bit for bit.
+
+    Raises:
+      TypeError: an argument of the wrong type or dtype.
+      ValueError: a wrong shape, stride or device, or a float scale that is not a power of two
+        in E8M0's range (convert such scales yourself with ``woa_jax.e8m0_from_scale``).
+      BackendUnavailableError: the requested backend cannot run the call.
     """
-    if _any_jax(x, w, x_scale, w_scale):
-        _no_jax_outputs(out=out)
-        y = batched_gemm_a8w8_mxscale(
-            *(interop.to_torch(a) for a in (x, w, x_scale, w_scale)), dtype, backend=backend)
-        return interop.to_jax(y)
-    _require_torch(x=x, w=w, x_scale=x_scale, w_scale=w_scale, out=out)
-    m, g, n, k, block = checks.check_gemm_inputs(x, w, x_scale, w_scale)
+    sig = tensor_signature
+    key = ("gemm", sig(x), sig(w), sig(x_scale), sig(w_scale), dtype, backend_signature(backend),
+           sig(out))
+    plan = _lookup(key)
+    if plan is None:
+        plan = _plan_gemm(x, w, x_scale, w_scale, dtype, backend, out)
+        _remember(key, plan)
+    if plan.float_scales[0]:
+        x_scale = _float_scale_bytes(x_scale, "x_scale")
+    if plan.float_scales[1]:
+        w_scale = _float_scale_bytes(w_scale, "w_scale")
+    if plan.backend is None:
+        return out if out is not None else torch.empty(plan.shape, dtype=dtype, device=x.device)
+    return plan.backend.batched_gemm_a8w8_mxscale(x, w, x_scale.view(torch.uint8),
+                                                  w_scale.view(torch.uint8), dtype=dtype,
+                                                  out=out)
+
+
+def _float_scale_bytes(scale: torch.Tensor, what: str) -> torch.Tensor:
+    """Float scales as E8M0 bytes, or a ``ValueError`` naming ``what`` and the way out."""
+    try:
+        return interop.e8m0_bytes(scale, what)
+    except ValueError as e:
+        raise ValueError(f"{e}; the GEMM takes E8M0 bytes (uint8 or float8_e8m0fnu) or float "
+                         "scales that are exact powers of two (woa_jax.e8m0_from_scale converts "
+                         "and checks them)") from None
+
+
+def _plan_gemm(x, w, x_scale, w_scale, dtype, backend, out) -> _GemmPlan:
+    """Validate a ``batched_gemm_a8w8_mxscale`` call and plan it (no tensor data is read)."""
+    require_torch(x=x, w=w, x_scale=x_scale, w_scale=w_scale, out=out)
+    floats = tuple(t.dtype in interop.FLOAT_SCALE_DTYPES for t in (x_scale, w_scale))
+    # Shapes are checked on the bytes' stand-ins: meta tensors of E8M0 with the same shapes.
+    as_bytes = [torch.empty(t.shape, dtype=torch.uint8, device="meta") if f else t
+                for t, f in zip((x_scale, w_scale), floats, strict=True)]
+    m, g, n, k, block = checks.check_gemm_inputs(x, w, *as_bytes)
     if dtype not in (torch.bfloat16, torch.float32):
         raise TypeError(f"dtype must be torch.bfloat16 or torch.float32, got {dtype}")
-    device = _one_device(x=x, w=w, x_scale=x_scale, w_scale=w_scale, out=out)
+    one_device(x=x, w=w, x_scale=x_scale, w_scale=w_scale, out=out)
     if out is not None:
         if tuple(out.shape) != (m, g, n) or out.dtype != dtype:
             raise ValueError(f"out must be [M, G, N] = {(m, g, n)} of {dtype}, got "
                              f"{tuple(out.shape)} of {out.dtype}")
         if n > 1 and out.stride(2) != 1:
             raise ValueError(f"out must have unit stride along N, got strides {out.stride()}")
-    if m == 0:
-        return out if out is not None else torch.empty((0, g, n), dtype=dtype, device=device)
-    be = _dispatch.select("batched_gemm_a8w8_mxscale", gemm_case(x, w, block, dtype), backend)
-    return be.batched_gemm_a8w8_mxscale(x, w, x_scale.view(torch.uint8),
-                                        w_scale.view(torch.uint8), dtype=dtype, out=out)
+    be = None
+    if m > 0:
+        be = _dispatch.select("batched_gemm_a8w8_mxscale", gemm_case(x, w, block, dtype),
+                              backend)
+    return _GemmPlan(be, (m, g, n), floats)

@@ -5,37 +5,97 @@ The FP8 chain on a backend is its ``inverse_rope_group_quant`` followed by its
 walks ``_dispatch.AUTO_ORDER["wo_a"]`` (aiter, triton, bf16); the pure-torch FP8 chain runs only
 when asked for by name (``backend="torch"`` or ``WOA_BACKEND=torch``). The choice is made once per
 (device, activation dtype, head_dim) at the first call and cached; each rejection is logged once.
+A call plan (backend, tensors on the call's device) is kept per call signature (shapes, strides,
+dtypes and devices of ``o`` and ``positions``), so a repeated call only looks it up and launches.
+
+The BF16 fallback is for a valid checkpoint the FP8 path cannot take (an unquantized weight, or
+finite positive float scales that are not powers of two); a corrupt checkpoint (NaN fp8 weight
+bytes, NaN/Inf/zero/negative scales, E8M0 NaN bytes) raises ``ValueError`` instead.
 """
 
 from __future__ import annotations
 
 import logging
 import pathlib
+from typing import NamedTuple
 
-import numpy as np
 import torch
 
 import woa_jax
 from woa_jax import AITER_AMAX_FLOOR, checks
 
 from . import _dispatch, interop, ops
-from ._dispatch import Case
+from ._dispatch import BackendName, Case
 from .backends import torch_ref
 
 log = logging.getLogger("woa")
 
 _FP8_NAMES = ("float8_e4m3fn", "float8_e4m3fnuz")
 _PLAIN_NAMES = ("bfloat16", "float16", "float32")
+#: Call plans kept per projection; the oldest go first beyond this many signatures.
+_PLAN_LIMIT = 64
 
 
-def _e8m0_bytes(scale: torch.Tensor) -> torch.Tensor:
-    """Checkpoint scale -> contiguous uint8 E8M0 bytes, losslessly, or ``ValueError``."""
-    if scale.dtype in (torch.uint8, torch.float8_e8m0fnu):
-        return scale.view(torch.uint8).contiguous()
-    # Values must be inspected: reuse the oracle's host-side check on a CPU float64 copy (exact
-    # for every float dtype a checkpoint can hold).
-    host = scale.detach().to("cpu", torch.float64).numpy()
-    return torch.from_numpy(np.ascontiguousarray(woa_jax.e8m0_from_scale(host))).to(scale.device)
+def _first(bad: torch.Tensor) -> list[int]:
+    """The index of the first True element of ``bad``."""
+    return [int(i) for i in torch.nonzero(bad)[0]]
+
+
+def check_checkpoint_values(weight: torch.Tensor, weight_scale: torch.Tensor | None,
+                            what: str = "weight") -> None:
+    """Raise a ``ValueError`` naming the tensor and element when a checkpoint is corrupt.
+
+    Corrupt: NaN in the weight (fp8 NaN bytes; NaN or Inf in an unquantized weight), a float
+    scale that is NaN, infinite, zero or negative, or an E8M0 scale byte 255 (NaN). A finite
+    positive float scale that is not a power of two is valid data (the BF16 path takes it).
+
+    Args:
+      weight: ``[R, K]`` fp8 or unquantized checkpoint weight.
+      weight_scale: its block scales, or ``None``.
+      what: the tensor's name in messages (``"weight"``, ``"wo_b weight"``).
+    """
+    if weight.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
+        raw = weight.view(torch.uint8)
+        bad = raw == 0x80 if weight.dtype == torch.float8_e4m3fnuz else (raw & 0x7F) == 0x7F
+        if bool(bad.any()):
+            idx = _first(bad)
+            raise ValueError(
+                f"{what} is corrupt: element {idx} is the fp8 byte "
+                f"0x{int(raw[tuple(idx)]):02x}, NaN in {checks.dtype_name(weight)}; a checkpoint "
+                "weight must be finite")
+    elif weight.is_floating_point():
+        bad = ~torch.isfinite(weight)
+        if bool(bad.any()):
+            idx = _first(bad)
+            raise ValueError(f"{what} is corrupt: element {idx} = {float(weight[tuple(idx)])!r}; "
+                             "a checkpoint weight must be finite")
+    if weight_scale is None:
+        return
+    name = f"{what}_scale" if what == "weight" else f"{what} scale"
+    if weight_scale.dtype in (torch.uint8, torch.float8_e8m0fnu):
+        bad = weight_scale.view(torch.uint8) == 0xFF
+        if bool(bad.any()):
+            raise ValueError(f"{name} is corrupt: element {_first(bad)} is the E8M0 byte 0xff "
+                             "(NaN); a block scale must be a finite power of two")
+    elif weight_scale.is_floating_point():
+        bad = ~(torch.isfinite(weight_scale) & (weight_scale > 0))
+        if bool(bad.any()):
+            idx = _first(bad)
+            raise ValueError(
+                f"{name} is corrupt: element {idx} = {float(weight_scale[tuple(idx)])!r}; a "
+                "block scale must be a finite positive number")
+
+
+class _Plan(NamedTuple):
+    """What one call signature runs: ``kind`` is ``"empty"``, ``"bf16"``, ``"fused"`` (the
+    backend's own ``wo_a_fp8``) or ``"chain"`` (its quant, then its GEMM)."""
+
+    kind: str
+    backend: _dispatch.Backend | None
+    cos: torch.Tensor | None = None
+    sin: torch.Tensor | None = None
+    w: torch.Tensor | None = None
+    ws: torch.Tensor | None = None
 
 
 class WoAProjection:
@@ -43,27 +103,38 @@ class WoAProjection:
 
     Args:
       weight: ``[G * N, K]`` checkpoint weight: float8_e4m3fn/e4m3fnuz with a scale, or
-        bf16/fp16/fp32 with ``scale=None`` (an unquantized checkpoint: BF16 chain only).
-      scale: ``[G * N / B, K / B]`` block scales (B = 128, or 32 for V4.1): float8_e8m0fnu, uint8
-        E8M0 bytes, or float powers of two. Float scales that are not exact powers of two
-        (V4-Flash-Base) keep the FP8 chain off, with the reason, and dequantize as they are.
+        bf16/fp16/fp32 with ``weight_scale=None`` (an unquantized checkpoint: BF16 chain only).
+      weight_scale: ``[G * N / B, K / B]`` block scales (B = 128, or 32 for V4.1):
+        float8_e8m0fnu, uint8 E8M0 bytes, or positive float powers of two. Finite positive float
+        scales that are not exact powers of two (V4-Flash-Base) keep the FP8 chain off, with the
+        reason, and dequantize as they are.
       num_groups: G of this rank.
-      cos_cache, sin_cache: ``[P, rd / 2]`` RoPE tables of this layer (fp32 for the BF16 chain as
-        upstream; AITER gets them converted to the activation dtype once per device).
+      cos_cache, sin_cache: ``[P, rope_dim / 2]`` RoPE tables of this layer (fp32 for the BF16
+        chain as upstream; AITER gets them converted to the activation dtype once per device).
+      rope_dim: the layer's rotated lanes per head (64 in DeepSeek V4); the tables must have
+        ``rope_dim / 2`` columns. ``None`` takes the width from the tables.
       backend: ``"auto"`` (default; ``WOA_BACKEND`` applies) or a backend name, which must run the
         chain or the call raises ``BackendUnavailableError`` with the reason.
-      amax_floor: the activation quantizer's floor (1e-8, AITER's).
+      amax_floor: the activation quantizer's floor, a finite positive float (1e-8, AITER's).
 
-    Validation happens once here: rank, dtypes, scale shape (``woa_jax.check_wo_a_weight``) and
-    the lossless E8M0 conversion. The FP8 weight is kept as a zero-copy ``[G, N, K]`` view; the BF16
-    dequantized weight is built only if the BF16 chain runs (``weight_bf16``).
+    Raises:
+      TypeError: a weight, scale or table of the wrong dtype.
+      ValueError: a wrong shape, a table width other than ``rope_dim / 2``, a bad
+        ``amax_floor``, or a corrupt checkpoint (``check_checkpoint_values``).
+
+    Validation happens once here: rank, dtypes, scale shape (``woa_jax.check_wo_a_weight``),
+    values, and the lossless E8M0 conversion. The FP8 weight is kept as a zero-copy ``[G, N, K]``
+    view; the BF16 dequantized weight is built only if the BF16 chain runs (``weight_bf16``).
     """
 
-    def __init__(self, weight, scale, num_groups: int, cos_cache, sin_cache, *,
-                 backend: ops.BackendArg = "auto", amax_floor: float = AITER_AMAX_FLOOR):
+    def __init__(self, weight, weight_scale, num_groups: int, cos_cache, sin_cache, *,
+                 rope_dim: int | None = 64, backend: BackendName = "auto",
+                 amax_floor: float = AITER_AMAX_FLOOR):
         weight, cos_cache, sin_cache = (interop.to_torch(t) for t in (weight, cos_cache,
                                                                      sin_cache))
-        scale = interop.to_torch(scale) if scale is not None else None
+        scale = interop.to_torch(weight_scale) if weight_scale is not None else None
+        ops.require_torch(weight=weight, weight_scale=scale, cos_cache=cos_cache,
+                          sin_cache=sin_cache)
         rows, k = checks.check_rank(weight, 2, "weight", "[G * N, K]")
         if not isinstance(num_groups, int) or num_groups < 1 or rows % num_groups != 0:
             raise ValueError(f"weight rows {rows} are not divisible by num_groups={num_groups!r}")
@@ -73,12 +144,17 @@ class WoAProjection:
                              f"and {tuple(sin_cache.shape)}")
         checks.check_dtype(cos_cache, _PLAIN_NAMES, "cos_cache")
         checks.check_dtype(sin_cache, _PLAIN_NAMES, "sin_cache")
+        if rope_dim is not None and cshape[1] * 2 != rope_dim:
+            raise ValueError(
+                f"cos_cache [P, rope_dim / 2] = {cshape} rotates {2 * cshape[1]} lanes per head, "
+                f"but this layer's rope_dim is {rope_dim}: pass the layer's table "
+                f"({rope_dim // 2} columns) or rope_dim={2 * cshape[1]}")
+        self.amax_floor = ops.check_amax_floor(amax_floor)
         _dispatch.requested_backend(backend)  # reject a bad name now, not at the first call
         self.num_groups = num_groups
         self.n = rows // num_groups
         self.k = k
         self.cos_cache, self.sin_cache = cos_cache, sin_cache
-        self.amax_floor = amax_floor
         self._backend = backend
         self._weight2d = weight
         self._scale = scale
@@ -86,7 +162,7 @@ class WoAProjection:
         self.block: int | None = None
         self.weight_fp8: torch.Tensor | None = None
         self.weight_scale_e8m0: torch.Tensor | None = None
-        self._fp8_unavailable: str | None = None
+        self.fp8_unavailable: str | None = None
         self._w_bf16: torch.Tensor | None = None
         if wname in _FP8_NAMES:
             if scale is None:
@@ -95,32 +171,35 @@ class WoAProjection:
             if not weight.is_contiguous():
                 raise ValueError("weight must be contiguous to be viewed as [G, N, K]")
             _, _, self.block = woa_jax.check_wo_a_weight(weight, scale, num_groups)
+            check_checkpoint_values(weight, scale)
             self.weight_fp8 = weight.view(num_groups, self.n, k)
             try:
                 if self.n % self.block != 0:
                     raise ValueError(f"N={self.n} is not a multiple of the {self.block}-row "
                                      "weight block")
-                self.weight_scale_e8m0 = _e8m0_bytes(scale).view(
+                self.weight_scale_e8m0 = interop.e8m0_bytes(scale).view(
                     num_groups, self.n // self.block, k // self.block)
             except ValueError as e:
-                self._fp8_unavailable = f"weight scale unusable by the FP8 path: {e}"
+                self.fp8_unavailable = f"weight scale unusable by the FP8 path: {e}"
         elif wname in _PLAIN_NAMES:
             if scale is not None:
                 raise ValueError(f"a {wname} wo_a weight is unquantized and takes no scale; "
-                                 f"got a scale of shape {tuple(scale.shape)}")
-            self._fp8_unavailable = f"{wname} checkpoint has no scale"
+                                 f"got a weight_scale of shape {tuple(scale.shape)}")
+            check_checkpoint_values(weight, None)
+            self.fp8_unavailable = f"{wname} checkpoint has no scale"
         else:
             raise TypeError(f"weight must be float8_e4m3fn, float8_e4m3fnuz or an unquantized "
                             f"bfloat16/float16/float32 tensor, got {wname}")
         self._paths: dict[tuple, tuple[str, str | None]] = {}
         self._last: tuple | None = None
         self._per_device: dict[tuple, torch.Tensor] = {}
+        self._plans: dict[tuple, _Plan] = {}
 
     @classmethod
-    def from_tensors(cls, weight, scale, num_groups: int, cos_cache, sin_cache,
+    def from_tensors(cls, weight, weight_scale, num_groups: int, cos_cache, sin_cache,
                      **kwargs) -> WoAProjection:
         """Build from in-memory checkpoint tensors (same arguments as the constructor)."""
-        return cls(weight, scale, num_groups, cos_cache, sin_cache, **kwargs)
+        return cls(weight, weight_scale, num_groups, cos_cache, sin_cache, **kwargs)
 
     @classmethod
     def from_checkpoint(cls, path: str | pathlib.Path, layer: int, tp_rank: int = 0,
@@ -145,7 +224,7 @@ class WoAProjection:
           cos_cache, sin_cache: ``[P, rd / 2]`` tables to use instead of building them.
           max_positions: rows of the built tables (default all P = 1,048,576: 128 MiB of fp32).
           device: where to put weight, scale and tables (default CPU).
-          **kwargs: ``backend``, ``amax_floor``.
+          **kwargs: ``backend``, ``amax_floor``, ``rope_dim`` (default the config's).
         """
         from . import checkpoint
 
@@ -167,6 +246,8 @@ class WoAProjection:
                 )
             cos_j, sin_j = woa_jax.rope_cos_sin(cfg, kind, max_positions)
             cos_cache, sin_cache = interop.to_torch(cos_j), interop.to_torch(sin_j)
+        if cfg is not None:
+            kwargs.setdefault("rope_dim", cfg.rope_dim)
         weight, scale = t.weight, t.scale
         if device is not None:
             weight = weight.to(device)
@@ -220,8 +301,8 @@ class WoAProjection:
     def _case(self, device, act_dtype, head_dim) -> Case:
         extra = [("num_groups", self.num_groups), ("n", self.n), ("k", self.k),
                  ("amax_floor", self.amax_floor), ("x_k_contiguous", True)]
-        if self._fp8_unavailable:
-            extra.append(("fp8_unavailable", self._fp8_unavailable))
+        if self.fp8_unavailable:
+            extra.append(("fp8_unavailable", self.fp8_unavailable))
         return Case(
             device_type=torch.device(device).type,
             fp8_dtype=checks.dtype_name(self._weight2d) if self.weight_fp8 is not None else None,
@@ -244,7 +325,7 @@ class WoAProjection:
         cand, reasons = _dispatch.resolve("wo_a", case, self._backend)
         why = None
         if reasons:
-            why = self._fp8_unavailable if (cand == "bf16" and self._fp8_unavailable) \
+            why = self.fp8_unavailable if (cand == "bf16" and self.fp8_unavailable) \
                 else "; ".join(reasons)
             log.info("woa: wo_a runs on %s (%s): %s", cand, case.device_type, why)
         return cand, why
@@ -262,15 +343,57 @@ class WoAProjection:
 
     # -- call ----------------------------------------------------------------------------------
 
-    def __call__(self, o, positions):
+    @interop.jax_io()
+    def __call__(self, o, positions, *, overwrite_o: bool = False):
         """``o [S, H, Dh]``, ``positions [>= S]`` -> ``[S, G, N]`` bf16 (JAX in, JAX out).
 
-        Positions are int32/int64 with the contract ``0 <= p < P``; out-of-range values are
-        clamped to ``[0, P - 1]`` (AITER's behaviour) on every path. ``S = 0`` gives ``[0, G, N]``.
+        Args:
+          o: ``[S, H, Dh]`` attention output (bf16/fp16/fp32), contiguous, on the layer's tables'
+            device or any other (weights and tables are copied there once).
+          positions: ``[>= S]`` int32/int64 with the contract ``0 <= p < P``; out-of-range values
+            are clamped to ``[0, P - 1]`` (AITER's behaviour) on every path.
+          overwrite_o: allow the BF16 chain to rotate ``o`` in place instead of copying it (for
+            engines whose ``o`` is a temporary); ``o``'s contents are then unspecified. The FP8
+            chain never writes ``o`` and ignores it.
+
+        Returns:
+          ``[S, G, N]`` bf16; ``S = 0`` gives ``[0, G, N]``.
+
+        Raises:
+          TypeError: a non-tensor argument or a wrong dtype.
+          ValueError: a wrong shape, stride or device mix.
+          BackendUnavailableError: the requested backend cannot run the chain.
         """
-        if interop.is_jax_array(o) or interop.is_jax_array(positions):
-            return interop.to_jax(self(interop.to_torch(o), interop.to_torch(positions)))
-        ops._require_torch(o=o, positions=positions)
+        key = (ops.tensor_signature(o), ops.tensor_signature(positions),
+               ops.backend_signature(self._backend))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plan(o, positions)
+            if len(self._plans) >= _PLAN_LIMIT:
+                del self._plans[next(iter(self._plans))]
+            self._plans[key] = plan
+        self._last = (o.device, o.dtype, int(o.shape[2]))
+        if plan.kind == "empty":
+            return torch.empty((0, self.num_groups, self.n), dtype=torch.bfloat16,
+                               device=o.device)
+        if plan.kind == "bf16":
+            return plan.backend.wo_a_bf16(o, positions, plan.cos, plan.sin, plan.w,
+                                          self.num_groups, overwrite_o=overwrite_o)
+        if plan.kind == "fused":  # the backend runs the chain itself (fused at decode)
+            return plan.backend.wo_a_fp8(o, positions, plan.cos, plan.sin, plan.w, plan.ws,
+                                         self.num_groups, amax_floor=self.amax_floor,
+                                         dtype=torch.bfloat16)
+        x_fp8 = torch.empty((o.shape[0], self.num_groups, self.k), dtype=plan.w.dtype,
+                            device=o.device)
+        x, xs = plan.backend.inverse_rope_group_quant(
+            o, positions, plan.cos, plan.sin, self.num_groups, self.block,
+            amax_floor=self.amax_floor, x_fp8=x_fp8)
+        return plan.backend.batched_gemm_a8w8_mxscale(x, plan.w, xs.view(torch.uint8), plan.ws,
+                                                      dtype=torch.bfloat16)
+
+    def _plan(self, o, positions) -> _Plan:
+        """Validate a call signature and plan it: the backend and its tensors on ``o``'s device."""
+        ops.require_torch(o=o, positions=positions)
         s, h, dh, _ = checks.check_rope_inputs(o, positions, self.cos_cache, self.sin_cache)
         if h * dh != self.num_groups * self.k:
             raise ValueError(
@@ -278,30 +401,22 @@ class WoAProjection:
                 f"num_groups * K = {self.num_groups} * {self.k} = {self.num_groups * self.k}"
             )
         ops.check_contiguous(o, "o")
-        device = ops._one_device(o=o, positions=positions)
-        self._last = (o.device, o.dtype, dh)
-        name, _ = self._decision(self._last)
+        device = ops.one_device(o=o, positions=positions)
+        name, _ = self._decision((o.device, o.dtype, dh))
         if s == 0:
-            return torch.empty((0, self.num_groups, self.n), dtype=torch.bfloat16, device=device)
+            return _Plan("empty", None)
         be = _dispatch.get_backend(name)
-        if hasattr(be, "wo_a_bf16"):
+        if "wo_a_bf16" in be.ops:
             # On CPU the BF16 chain multiplies in fp32 (exact upcast): hand it the fp32 copy
             # once instead of upcasting the whole weight on every call.
-            w_dtype = torch.float32 if torch.device(device).type == "cpu" else None
-            return be.wo_a_bf16(o, positions, self._on("cos", device), self._on("sin", device),
-                                self._on("w_bf16", device, w_dtype), self.num_groups)
-        rope_dtype = o.dtype if getattr(be, "rope_in_activation_dtype", False) else None
-        cos, sin = self._on("cos", device, rope_dtype), self._on("sin", device, rope_dtype)
-        if hasattr(be, "wo_a_fp8"):  # the backend runs the chain itself (fused at decode)
-            return be.wo_a_fp8(o, positions, cos, sin, self._on("w", device),
-                               self._on("ws", device), self.num_groups,
-                               amax_floor=self.amax_floor, dtype=torch.bfloat16)
-        x_fp8 = torch.empty((s, self.num_groups, self.k), dtype=self.weight_fp8.dtype,
-                            device=device)
-        x, xs = be.inverse_rope_group_quant(o, positions, cos, sin, self.num_groups, self.block,
-                                            amax_floor=self.amax_floor, x_fp8=x_fp8)
-        return be.batched_gemm_a8w8_mxscale(x, self._on("w", device), xs.view(torch.uint8),
-                                            self._on("ws", device), dtype=torch.bfloat16)
+            w_dtype = torch.float32 if device.type == "cpu" else None
+            return _Plan("bf16", be, self._on("cos", device), self._on("sin", device),
+                         self._on("w_bf16", device, w_dtype))
+        rope_dtype = o.dtype if be.rope_in_activation_dtype else None
+        kind = "fused" if "wo_a_fp8" in be.ops else "chain"
+        return _Plan(kind, be, self._on("cos", device, rope_dtype),
+                     self._on("sin", device, rope_dtype), self._on("w", device),
+                     self._on("ws", device))
 
     def __repr__(self) -> str:
         kind = checks.dtype_name(self._weight2d)
@@ -324,26 +439,49 @@ def _infer_config(t) -> woa_jax.DSV4Config:
     )
 
 
-def wo_a_bf16(o, positions, cos_cache, sin_cache, weight, weight_scale, num_groups: int):
-    """The BF16 chain as a function (``woa_jax.wo_a_bf16``'s arguments) -> ``[S, G, N]`` bf16."""
-    return WoAProjection(weight, weight_scale, num_groups, cos_cache, sin_cache,
-                         backend="bf16")(o, positions)
+@interop.jax_io()
+def wo_a_bf16(o, positions, cos_cache, sin_cache, weight, weight_scale, num_groups: int, *,
+              overwrite_o: bool = False):
+    """The BF16 chain as a function (``woa_jax.wo_a_bf16``'s arguments) -> ``[S, G, N]`` bf16.
+
+    Args:
+      o, positions, cos_cache, sin_cache: as ``WoAProjection.__call__`` and its tables (the rope
+        width is taken from the tables).
+      weight, weight_scale, num_groups: the checkpoint's ``[G * N, K]`` weight and its scales
+        (or an unquantized weight and ``None``), as ``WoAProjection``.
+      overwrite_o: allow the rotation to run in place on ``o`` (``WoAProjection.__call__``).
+
+    Raises:
+      TypeError, ValueError: as ``WoAProjection`` and its call.
+    """
+    return WoAProjection(weight, weight_scale, num_groups, cos_cache, sin_cache, rope_dim=None,
+                         backend="bf16")(o, positions, overwrite_o=overwrite_o)
 
 
+@interop.jax_io()
 def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_groups: int, *,
-             backend: ops.BackendArg = "auto", amax_floor: float = AITER_AMAX_FLOOR):
+             backend: BackendName = "auto", amax_floor: float = AITER_AMAX_FLOOR):
     """The FP8 chain as two dispatched ops (``woa_jax.wo_a_fp8``'s arguments) -> ``[S, G, N]``.
 
     Unlike ``WoAProjection`` this never falls back to BF16: each op takes the first backend of
-    aiter, triton, torch that accepts it (or the named one), and an unusable scale raises.
+    aiter, triton, torch that accepts it (or the named one).
+
+    Args:
+      o, positions, cos_cache, sin_cache: as ``inverse_rope_group_quant``.
+      weight: ``[G * N, K]`` fp8 checkpoint weight; weight_scale: its ``[G * N / B, K / B]``
+        E8M0 bytes or float powers of two.
+      num_groups: G.
+      backend, amax_floor: as ``inverse_rope_group_quant``.
+
+    Raises:
+      TypeError, ValueError: as ``WoAProjection``; also a ``ValueError`` when the scales cannot
+        run the FP8 chain (not powers of two) or the weight is unquantized.
+      BackendUnavailableError: the requested backend cannot run an op.
     """
-    if any(interop.is_jax_array(a) for a in (o, positions, cos_cache, sin_cache, weight)):
-        args = (o, positions, cos_cache, sin_cache, weight, weight_scale)
-        return interop.to_jax(wo_a_fp8(*(interop.to_torch(a) for a in args), num_groups,
-                                       backend=backend, amax_floor=amax_floor))
-    proj = WoAProjection(weight, weight_scale, num_groups, cos_cache, sin_cache)
-    if proj._fp8_unavailable:
-        raise ValueError(f"the FP8 chain cannot run: {proj._fp8_unavailable}")
+    proj = WoAProjection(weight, weight_scale, num_groups, cos_cache, sin_cache, rope_dim=None,
+                         amax_floor=amax_floor)
+    if proj.fp8_unavailable:
+        raise ValueError(f"the FP8 chain cannot run: {proj.fp8_unavailable}")
     x, xs = ops.inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups,
                                          proj.block, backend=backend,
                                          fp8_dtype=proj.weight_fp8.dtype, amax_floor=amax_floor)

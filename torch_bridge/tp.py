@@ -23,6 +23,7 @@ from woa_jax import tp as woa_tp
 from woa_jax.tp import ProjectionPath, TPShard
 
 from . import _dispatch, checkpoint, interop, ops
+from ._dispatch import BackendName
 from .projection import WoAProjection
 from .wo_b import WoBProjection
 
@@ -128,7 +129,7 @@ class TPOutputProjection:
                      config: woa_jax.DSV4Config | str, cos_cache, sin_cache, *,
                      tp_rank: int | None = None, tp_size: int | None = None, group=None,
                      device: torch.device | str | None = None,
-                     backend: ops.BackendArg = "auto",
+                     backend: BackendName = "auto",
                      amax_floor: float = AITER_AMAX_FLOOR) -> TPOutputProjection:
         """Slice the full (TP1) checkpoint tensors for this rank and build the projection.
 
@@ -177,7 +178,7 @@ class TPOutputProjection:
                         config: woa_jax.DSV4Config | str, *, tp_rank: int | None = None,
                         tp_size: int | None = None, group=None,
                         device: torch.device | str | None = None,
-                        backend: ops.BackendArg = "auto", amax_floor: float = AITER_AMAX_FLOOR,
+                        backend: BackendName = "auto", amax_floor: float = AITER_AMAX_FLOOR,
                         **wo_a_kwargs) -> TPOutputProjection:
         """Read this rank's ``wo_a`` rows and ``wo_b`` columns of layer ``layer`` from disk.
 
@@ -208,7 +209,7 @@ class TPOutputProjection:
     def _wo_b_route(self) -> tuple[ProjectionPath, str]:
         """``wo_b``'s path and backend, following the chain ``wo_a`` just ran."""
         name = self.wo_a.path
-        if hasattr(_dispatch.get_backend(name), "wo_a_bf16"):
+        if "wo_a_bf16" in _dispatch.get_backend(name).ops:
             return ProjectionPath.BF16, name
         return ProjectionPath.FP8, name
 
@@ -219,6 +220,7 @@ class TPOutputProjection:
           o: ``[T, H_l, Dh]`` this rank's heads (``o_full[:, self.heads]``), bf16.
           positions: ``[>= T]`` int32/int64.
         """
+        ops.require_torch(o=o, positions=positions)
         _, h, _ = checks.check_rank(o, 3, "o", "[T, H_l, Dh]")
         if h != self.shard.local.num_heads:
             raise ValueError(f"o has {h} heads; rank {self.rank} of tp={self.tp} holds "
@@ -227,14 +229,21 @@ class TPOutputProjection:
         path, backend = self._wo_b_route()
         return self.wo_b(z.flatten(1), path=path, backend=backend, dtype=torch.float32)
 
+    @interop.jax_io()
     def __call__(self, o, positions, *, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         """The layer's attention output ``[T, hidden]`` in ``dtype``, identical on every rank.
 
         The fp32 partials are summed with ``dist.all_reduce`` (skipped at TP1) and cast once.
+
+        Args:
+          o: ``[T, H_l, Dh]`` this rank's heads (``o_full[:, self.heads]``).
+          positions: ``[>= T]`` int32/int64.
+          dtype: ``torch.bfloat16`` (default) or ``torch.float32``.
+
+        Raises:
+          TypeError: a non-tensor argument or a wrong dtype.
+          ValueError: a wrong shape (the heads of another rank included).
         """
-        if interop.is_jax_array(o) or interop.is_jax_array(positions):
-            return interop.to_jax(self(interop.to_torch(o), interop.to_torch(positions),
-                                       dtype=dtype))
         if dtype not in (torch.bfloat16, torch.float32):
             raise TypeError(f"dtype must be torch.bfloat16 or torch.float32, got {dtype}")
         y = self.partial(o, positions)

@@ -14,7 +14,6 @@ Both return fp32 by default: a partial must not be rounded before the reduction.
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
 
 import torch
 
@@ -24,31 +23,31 @@ from woa_jax.checks import as_enum
 from woa_jax.tp import ProjectionPath
 
 from . import _dispatch, interop, ops
+from ._dispatch import BackendName, Case
 from .backends import torch_ref
-from .projection import _e8m0_bytes
+from .projection import check_checkpoint_values
 
 _FLOAT_NAMES = ("bfloat16", "float16", "float32")
-
-QuantBackend = Literal["torch", "triton"]
 
 
 def group_quant_e8m0_2d(z: torch.Tensor, block: int = 128, *,
                         fp8_dtype: torch.dtype = torch.float8_e4m3fn,
                         amax_floor: float = AITER_AMAX_FLOOR,
-                        backend: QuantBackend = "torch") -> tuple[torch.Tensor, torch.Tensor]:
+                        backend: BackendName = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row 1 x ``block`` E8M0 FP8 quantization of a plain ``z [T, K]`` (no RoPE).
 
     Bytes equal ``woa_jax.group_quant_e8m0(z, block)``'s for finite ``z`` (the scale comes from
-    the fp32 value of each element).
+    the fp32 value of each element). It runs a backend's ``inverse_rope_group_quant`` on
+    ``z [T, 1, K]`` with zero rope lanes (empty tables), which makes the rotation the identity:
+    dispatched like that op (on the Triton backend one pass over ``z``, no host sync, CUDA-graph
+    capturable; AITER refuses it: its kernel is built for 64 rope lanes).
 
     Args:
       z: ``[T, K]`` bf16/fp16/fp32.
       block: 32, 64 or 128; must divide K.
       fp8_dtype: ``torch.float8_e4m3fn`` or ``torch.float8_e4m3fnuz``.
-      amax_floor: 1e-8 (AITER) or 1e-10 (vLLM CUDA).
-      backend: ``"torch"`` (pure torch, any device) or ``"triton"`` (the Triton backend's fused
-        quant kernel run with zero rope lanes, which makes its rotation the identity: one pass
-        over ``z``, no host sync, CUDA-graph capturable).
+      amax_floor: a finite positive float, 1e-8 (AITER) or 1e-10 (vLLM CUDA).
+      backend: ``"auto"`` or a backend name, as ``torch_bridge.inverse_rope_group_quant``.
 
     Returns:
       ``(q [T, K] fp8_dtype, scale [T, K / block] float8_e8m0fnu)``.
@@ -60,19 +59,17 @@ def group_quant_e8m0_2d(z: torch.Tensor, block: int = 128, *,
     if fp8_dtype not in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
         raise TypeError(f"fp8_dtype must be torch.float8_e4m3fn or torch.float8_e4m3fnuz, got "
                         f"{fp8_dtype}")
-    if backend == "torch":
-        q, byte = torch_ref.group_quant_e8m0(z, block, fp8_dtype, amax_floor)
-        return q, byte.view(torch.float8_e8m0fnu)
-    if backend != "triton":
-        raise ValueError(f"backend must be 'torch' or 'triton', got {backend!r}")
-    from .backends.triton.launch import inverse_rope_group_quant
-
+    ops.check_amax_floor(amax_floor)
     z = z if z.is_contiguous() else z.contiguous()
+    case = Case(device_type=z.device.type, fp8_dtype=checks.dtype_name(fp8_dtype),
+                act_dtype=checks.dtype_name(z), rope_dtype="float32", head_dim=k, rope_dim=0,
+                quant_group_size=block, extra=(("num_groups", 1), ("amax_floor", amax_floor)))
+    be = _dispatch.select("inverse_rope_group_quant", case, backend)
     no_rope = torch.empty((1, 0), dtype=torch.float32, device=z.device)  # rd = 0: identity
     q = torch.empty((t, 1, k), dtype=fp8_dtype, device=z.device)
     byte = torch.empty((t, 1, k // block), dtype=torch.uint8, device=z.device)
-    inverse_rope_group_quant(z.view(t, 1, k), _zero_positions(t, z.device), no_rope, no_rope, 1,
-                             block, amax_floor=amax_floor, x_fp8=q, x_scale=byte)
+    be.inverse_rope_group_quant(z.view(t, 1, k), _zero_positions(t, z.device), no_rope, no_rope,
+                                1, block, amax_floor=amax_floor, x_fp8=q, x_scale=byte)
     return q.view(t, k), byte.view(t, k // block).view(torch.float8_e8m0fnu)
 
 
@@ -126,11 +123,12 @@ class WoBProjection:
     contiguous); the BF16 weight is built on first use and cached.
     """
 
-    def __init__(self, weight, scale, *, amax_floor: float = AITER_AMAX_FLOOR):
+    def __init__(self, weight, weight_scale, *, amax_floor: float = AITER_AMAX_FLOOR):
         weight = interop.to_torch(weight)
-        scale = interop.to_torch(scale) if scale is not None else None
+        scale = interop.to_torch(weight_scale) if weight_scale is not None else None
+        ops.require_torch(weight=weight, weight_scale=scale)
         wname = checks.dtype_name(weight)
-        self.amax_floor = amax_floor
+        self.amax_floor = ops.check_amax_floor(amax_floor)
         self._weight2d, self._scale = weight, scale
         self.weight_fp8: torch.Tensor | None = None
         self.weight_scale_e8m0: torch.Tensor | None = None
@@ -142,26 +140,28 @@ class WoBProjection:
                                  f"a scale of shape {tuple(scale.shape)}")
             self.hidden, self.in_features = checks.check_rank(weight, 2, "wo_b weight",
                                                                "[hidden, G * N]")
+            check_checkpoint_values(weight, None, "wo_b weight")
             self.block = None
             self.fp8_unavailable = f"{wname} wo_b checkpoint has no scale"
             return
         if scale is None:
             raise ValueError(f"an FP8 ({wname}) wo_b weight needs its block scale, got None")
         self.hidden, self.in_features, self.block = woa_tp.check_wo_b_weight(weight, scale)
+        check_checkpoint_values(weight, scale, "wo_b weight")
         if not weight.is_contiguous():
             raise ValueError("wo_b weight must be contiguous to be viewed as [1, hidden, K']; "
                              "pass weight.contiguous()")
         self.weight_fp8 = weight.view(1, self.hidden, self.in_features)
         try:
-            self.weight_scale_e8m0 = _e8m0_bytes(scale).view(
+            self.weight_scale_e8m0 = interop.e8m0_bytes(scale, "wo_b weight scale").view(
                 1, self.hidden // self.block, self.in_features // self.block)
         except ValueError as e:
             self.fp8_unavailable = f"wo_b weight scale unusable by the FP8 path: {e}"
 
     @classmethod
-    def from_tensors(cls, weight, scale, **kwargs) -> WoBProjection:
+    def from_tensors(cls, weight, weight_scale, **kwargs) -> WoBProjection:
         """Build from in-memory checkpoint tensors (same arguments as the constructor)."""
-        return cls(weight, scale, **kwargs)
+        return cls(weight, weight_scale, **kwargs)
 
     @property
     def weight_bf16(self) -> torch.Tensor:
@@ -175,20 +175,25 @@ class WoBProjection:
                                                         torch.bfloat16)
         return self._w_bf16
 
+    @interop.jax_io()
     def __call__(self, z, *, path: ProjectionPath | str = ProjectionPath.FP8,
-                 backend: ops.BackendArg = "auto", dtype: torch.dtype = torch.float32):
+                 backend: BackendName = "auto", dtype: torch.dtype = torch.float32):
         """``z [T, K']`` -> ``[T, hidden]`` in ``dtype`` (fp32 default: a TP partial).
 
         Args:
           z: ``[T, K']`` bf16 (``wo_a``'s output flattened), fp16 or fp32; on the weight's device.
           path: ``"fp8"`` (quant + block-scaled GEMM) or ``"bf16"`` (the fallback).
-          backend: the FP8 GEMM's backend (``"auto"``, ``"aiter"``, ``"triton"``, ``"torch"``).
+          backend: the FP8 GEMM's backend (``"auto"``, ``"aiter"``, ``"triton"``, ``"torch"``);
+            the activation quant runs on the same backend when it can, else on ``auto``'s pick.
           dtype: ``torch.float32`` or ``torch.bfloat16``.
+
+        Raises:
+          TypeError: a non-tensor ``z`` or a wrong dtype.
+          ValueError: a wrong shape or device, or ``path="fp8"`` for a weight that has no FP8
+            path (``fp8_unavailable``).
+          BackendUnavailableError: the requested backend cannot run the GEMM.
         """
-        if interop.is_jax_array(z):
-            return interop.to_jax(self(interop.to_torch(z), path=path, backend=backend,
-                                       dtype=dtype))
-        ops._require_torch(z=z)
+        ops.require_torch(z=z)
         mode = as_enum(ProjectionPath, path, "path")
         t, k = checks.check_rank(z, 2, "z", "[T, G * N]")
         checks.check_dtype(z, _FLOAT_NAMES, "z")
@@ -197,7 +202,7 @@ class WoBProjection:
                              "input columns")
         if dtype not in (torch.float32, torch.bfloat16):
             raise TypeError(f"dtype must be torch.float32 or torch.bfloat16, got {dtype}")
-        ops._one_device(z=z, weight=self._weight2d)
+        ops.one_device(z=z, weight=self._weight2d)
         if mode is ProjectionPath.BF16:
             return _mm_fp32(z.to(torch.bfloat16), self.weight_bf16).to(dtype)
         if self.fp8_unavailable:
@@ -205,10 +210,18 @@ class WoBProjection:
         gemm = self._gemm_backend(z, dtype, backend)
         q, qs = group_quant_e8m0_2d(z, self.block, fp8_dtype=self.weight_fp8.dtype,
                                     amax_floor=self.amax_floor,
-                                    backend="triton" if gemm == "triton" else "torch")
+                                    backend=gemm if self._quant_runs_on(gemm, z) else "auto")
         y = ops.batched_gemm_a8w8_mxscale(q[:, None], self.weight_fp8, qs[:, None],
                                           self.weight_scale_e8m0, dtype, backend=gemm)
         return y[:, 0]
+
+    def _quant_runs_on(self, name: str, z: torch.Tensor) -> bool:
+        """Whether backend ``name`` takes this layer's activation quant (zero rope lanes)."""
+        case = Case(device_type=z.device.type, fp8_dtype=checks.dtype_name(self.weight_fp8),
+                    act_dtype=checks.dtype_name(z), rope_dtype="float32",
+                    head_dim=self.in_features, rope_dim=0, quant_group_size=self.block,
+                    extra=(("num_groups", 1), ("amax_floor", self.amax_floor)))
+        return _dispatch.check(name, "inverse_rope_group_quant", case)[0]
 
     def _gemm_backend(self, z: torch.Tensor, dtype: torch.dtype, backend: str) -> str:
         """The backend the GEMM of this call resolves to (the activation quant runs on Triton

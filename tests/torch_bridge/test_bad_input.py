@@ -113,6 +113,10 @@ def test_gemm_bad_operands(gemm_args):
     with pytest.raises(TypeError, match="x and w must share one fp8 dtype"):
         tb.batched_gemm_a8w8_mxscale(x, w.view(torch.float8_e4m3fnuz), xs, ws, backend="torch")
     with pytest.raises(TypeError, match="x_scale must have dtype"):
+        tb.batched_gemm_a8w8_mxscale(x, w, xs.to(torch.int32), ws, backend="torch")
+    with pytest.raises(ValueError, match=r"x_scale is not losslessly representable as E8M0: "
+                                         r"element \[0, 0, 0\] = 131.0 is not a power of two; .*"
+                                         "woa_jax.e8m0_from_scale"):
         tb.batched_gemm_a8w8_mxscale(x, w, xs.float(), ws, backend="torch")
     with pytest.raises(ValueError, match="w_scale must be"):
         tb.batched_gemm_a8w8_mxscale(x, w, xs, ws[:, :, :1], backend="torch")
@@ -146,10 +150,10 @@ def test_jax_entry_points_reject_bad_weight_and_fp8_dtype():
 
     c = rope_case(np.random.default_rng(0), s=4, h=2, dh=128, rd=64, num_groups=2, gs=128)
     w = jnp.zeros((2, 128, 128), jnp.float8_e4m3fn)
-    with pytest.raises(ValueError, match=r"w_scale must be 3-D \[G, N / B, K / B\]"):
+    with pytest.raises(ValueError, match=r"weight_scale must be 3-D \[G, N / B, K / B\]"):
         jax_ops.wo_a_fp8(*c.jax(), w, jnp.zeros((2, 1), jnp.uint8), 2)
-    with pytest.raises(ValueError, match=r"w_scale \[G, N / B, K / B\] = \(2, 1, 3\) does not "
-                                         "tile K = 128"):
+    with pytest.raises(ValueError, match=r"weight_scale \[G, N / B, K / B\] = \(2, 1, 3\) does "
+                                         "not tile K = 128"):
         jax_ops.wo_a_fp8(*c.jax(), w, jnp.zeros((2, 1, 3), jnp.uint8), 2)
     with pytest.raises(TypeError, match="fp8_dtype must be float8_e4m3fn or float8_e4m3fnuz"):
         jax_ops.inverse_rope_group_quant(*c.jax(), 2, 128, fp8_dtype=jnp.bfloat16,

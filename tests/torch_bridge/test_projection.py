@@ -92,7 +92,7 @@ def test_non_power_of_two_scale_falls_back_with_reason(triton_off):
     y = proj(*c.torch()[:2])
     assert proj.path == "bf16"
     assert proj.fallback_reason.startswith(
-        "weight scale unusable by the FP8 path: weight scale is not losslessly representable")
+        "weight scale unusable by the FP8 path: weight_scale is not losslessly representable")
     assert_close(y, woa_jax.wo_a_bf16(*c.jax(), w, sc, G), tolerance="gemm_bf16")
     with pytest.raises(tb.BackendUnavailableError, match="not losslessly representable"):
         _proj(c, w, sc, backend="torch")(*c.torch()[:2])

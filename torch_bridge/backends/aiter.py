@@ -35,6 +35,7 @@ class AiterBackend:
     """The AITER backend (gfx950 only)."""
 
     name = "aiter"
+    ops = frozenset({"inverse_rope_group_quant", "batched_gemm_a8w8_mxscale"})
     #: AITER's quant op wants cos/sin in ``o``'s dtype; ``WoAProjection`` converts them once.
     rope_in_activation_dtype = True
 
@@ -147,7 +148,7 @@ class AiterBackend:
         n = w.shape[1]
         _expect(x_scale, torch.uint8, (m, g, k // 128), "x_scale")
         _expect(w_scale, torch.uint8, (g, n // 128, k // 128), "w_scale")
-        # AITER reads w and the scales as packed row-major buffers (UPSTREAM_APIS.md).
+        # AITER reads w and the scales as packed row-major buffers.
         y = self._gemm(x, w.contiguous(), x_scale.contiguous(), w_scale.contiguous(),
                        dtype=dtype)
         if out is not None:

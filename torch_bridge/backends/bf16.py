@@ -1,41 +1,90 @@
 """The BF16 chain (``WOA_BACKEND=bf16``): the fallback of the whole ``wo_a`` path.
 
 Inverse RoPE in fp32 rounded to bf16, the exact BF16 dequantized weight (built and cached by the
-caller, ``WoAProjection``), bf16 GEMM with fp32 accumulation, bf16 out (NUMERICS.md section 7).
-On CPU the bf16 operands are upcast to fp32 (exact) so the product is an fp32 contraction with one
-final rounding, like ``woa_jax.wo_a_bf16``; on GPUs it is torch's BLAS bf16 batched GEMM, which
-accumulates in fp32 except where torch allows reduced-precision split-K reductions
-(``torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction``, on by default).
+caller, ``WoAProjection``), bf16 GEMM with fp32 accumulation, bf16 out (``docs/NUMERICS.md``).
+
+* Where the triton backend runs (CUDA, or its CPU interpreter) and ``o`` is bf16 with packed
+  ``[H, Dh]`` dims and a power-of-two rope width, the rotation is the Triton in-place kernel
+  (``launch.inverse_rope_``): one pass over the rope lanes instead of an fp32 copy of all of
+  ``o``. Its rotated lanes have the bits of the torch rotation below.
+* Elsewhere the rotation is pure torch (``torch_ref.rotate_inverse``).
+
+The GEMM: on CUDA torch's BLAS bf16 batched GEMM (``launch.wo_a_bf16`` when the rotation is
+Triton's), which accumulates in fp32 except where torch allows reduced-precision split-K reductions
+(``torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction``, on by default); on CPU the
+bf16 operands are upcast to fp32 (exact), so the product is an fp32 contraction with one final
+rounding, like ``woa_jax.wo_a_bf16``.
+
+``o`` is never written unless the caller passes ``overwrite_o=True``; then the Triton rotation
+works in place (no copy of ``o``) and ``o``'s contents afterwards are unspecified.
 """
 
 from __future__ import annotations
 
 import torch
 
+from .. import _dispatch
 from .._dispatch import Case
 from .torch_ref import rotate_inverse
+
+
+def _triton_rotation(o: torch.Tensor, cos_cache: torch.Tensor) -> bool:
+    """Whether the Triton in-place rotation can take this call (see the module docstring)."""
+    rd = 2 * cos_cache.shape[1]
+    if (o.dtype != torch.bfloat16 or rd & (rd - 1) or rd > o.shape[2]
+            or o.stride(2) != 1 or o.stride(1) != o.shape[2]):
+        return False
+    key = (o.device.type, cos_cache.dtype, o.shape[2], rd)
+    if key not in _TRITON_ROTATION:
+        triton = _dispatch.get_backend("triton")
+        case = Case(device_type=o.device.type, act_dtype="bfloat16",
+                    rope_dtype=str(cos_cache.dtype).removeprefix("torch."),
+                    head_dim=o.shape[2], rope_dim=rd)
+        _TRITON_ROTATION[key] = (triton.is_available()[0]
+                                 and triton.supports("inverse_rope_group_quant", case)[0])
+    return _TRITON_ROTATION[key]
+
+
+#: ``_triton_rotation``'s answer per (device type, rope dtype, head_dim, rope_dim).
+_TRITON_ROTATION: dict[tuple, bool] = {}
 
 
 class Bf16Backend:
     """Runs the ``wo_a`` op only (no FP8 ops); always available."""
 
     name = "bf16"
+    ops = frozenset({"wo_a_bf16"})
+    rope_in_activation_dtype = False
 
     def is_available(self) -> tuple[bool, str]:
         return True, "pure torch BF16 chain; runs on any device"
+
+    def cache_clear(self) -> None:
+        _TRITON_ROTATION.clear()
 
     def supports(self, op: str, case: Case) -> tuple[bool, str]:
         if op != "wo_a":
             return False, f"bf16 runs only the whole wo_a chain, not {op}"
         return True, "the BF16 chain runs any validated wo_a call"
 
-    def wo_a_bf16(self, o, positions, cos_cache, sin_cache, w_bf16, num_groups: int):
+    def wo_a_bf16(self, o, positions, cos_cache, sin_cache, w_bf16, num_groups: int, *,
+                  overwrite_o: bool = False):
         """``o [S, H, Dh]``, ``w_bf16 [G, N, K]`` -> ``[S, G, N]`` bf16.
 
         ``w_bf16`` holds bf16 values; on CPU it may already be their fp32 copy (no upcast then).
+        ``overwrite_o`` lets the rotation run in place on ``o`` (module docstring).
         """
         s = o.shape[0]
-        x = rotate_inverse(o, positions, cos_cache, sin_cache).to(torch.bfloat16)
+        if _triton_rotation(o, cos_cache):
+            from .triton import launch
+
+            if o.device.type == "cuda":
+                return launch.wo_a_bf16(o, positions, cos_cache, sin_cache, w_bf16, num_groups,
+                                        inplace=overwrite_o)
+            x = launch.inverse_rope_(o if overwrite_o else o.clone(), positions, cos_cache,
+                                     sin_cache)
+        else:
+            x = rotate_inverse(o, positions, cos_cache, sin_cache).to(torch.bfloat16)
         x = x.reshape(s, num_groups, -1).transpose(0, 1)  # [G, S, K]
         if x.device.type == "cpu":
             y = torch.bmm(x.to(torch.float32), w_bf16.to(torch.float32).transpose(1, 2))

@@ -26,7 +26,7 @@ def fp8_max(fp8_dtype: torch.dtype) -> float:
 
 def fp8_max_reciprocal(fp8_dtype: torch.dtype) -> float:
     """fp32(1 / fp8_max), exactly as the kernels multiply by it."""
-    # fp32(1 / fp8_max): 0x3B124925 for e4m3fn, 0x3B888889 for e4m3fnuz (as woa_jax._spec).
+    # fp32(1 / fp8_max): 0x3B124925 for e4m3fn, 0x3B888889 for e4m3fnuz.
     return float(np.float32(1.0) / np.float32(fp8_max(fp8_dtype)))
 
 
@@ -127,6 +127,8 @@ class TorchBackend:
     """Pure torch: always available, supports every valid call."""
 
     name = "torch"
+    ops = frozenset({"inverse_rope_group_quant", "batched_gemm_a8w8_mxscale"})
+    rope_in_activation_dtype = False
 
     def is_available(self) -> tuple[bool, str]:
         return True, "pure torch (reference); runs on any device"
