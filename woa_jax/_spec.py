@@ -21,7 +21,7 @@ E8M0_NAN = 0xFF
 
 
 class ScaleLayout(str, enum.Enum):
-    """Byte layout of the activation scales ``x_scale`` (UPSTREAM_APIS.md section 1).
+    """Byte layout of the activation scales ``x_scale``.
 
     ``ROW`` is the logical ``[S, G, Ks]`` layout the GEMM consumes. ``MFMA_TILE`` and ``N32K4`` are
     the layouts of AITER main (``scale_layout=``); ``SCALE_SHUFFLE`` is the tile written by released
@@ -46,7 +46,7 @@ class QuantSemantics(str, enum.Enum):
 
 
 class RopeKind(str, enum.Enum):
-    """Which rope table a layer uses (NUMERICS.md section 11)."""
+    """Which rope table a layer uses (docs/NUMERICS.md section 2)."""
 
     #: Window-only layers and MTP: ``rope_theta`` 10000, no YaRN.
     WINDOW = "window"

@@ -1,4 +1,4 @@
-"""Block-scaled FP8 batched GEMM reference and weight dequantization (NUMERICS.md sections 6, 7)."""
+"""Block-scaled FP8 batched GEMM reference and weight dequantization (docs/NUMERICS.md 6, 8)."""
 
 from __future__ import annotations
 
