@@ -206,7 +206,7 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
     s, h, dh, rd = checks.check_rope_inputs(o, positions, cos_cache, sin_cache)
     d = checks.check_group_split(s, h, dh, num_groups, quant_group_size)
     check_fp8_dtype(fp8_dtype)
-    amax_floor = ops.check_amax_floor(amax_floor)
+    amax_floor = checks.check_amax_floor(amax_floor)
     if _use_oracle(backend):
         return woa_jax.inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups,
                                                 quant_group_size, fp8_dtype=fp8_dtype,
@@ -309,7 +309,7 @@ def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_group
     Raises:
       TypeError, ValueError: the oracle's errors for bad shapes, dtypes and scales.
     """
-    amax_floor = ops.check_amax_floor(amax_floor)
+    amax_floor = checks.check_amax_floor(amax_floor)
     if len(weight.shape) == 3:
         w, w_scale = weight, weight_scale
         _, _, ks = checks.check_rank(w_scale, 3, "weight_scale", "[G, N / B, K / B]")

@@ -1,10 +1,10 @@
 """Activation scale layouts for torch tensors, through ``woa_jax``'s address tables.
 
 Backends produce the logical row layout ``[S, G, Ks]``; the tiled layouts of AITER main
-(``"mfma_tile"``, ``"n32k4"``) and the released ``"scale_shuffle"`` tile are a scatter through
-``woa_jax.layouts._addresses`` (the byte address of every logical element), so this module and the
-oracle share one definition. Padding bytes are filled with ``pad_value`` here and are undefined in
-AITER: never compare them.
+(``"mfma_tile"``, ``"n32k4"``) and the released ``"scale_shuffle"`` tile are a scatter through the
+byte address of every logical element. The addresses are read out of ``woa_jax.from_scale_layout``
+itself, so this module and the oracle share one definition. Padding bytes are filled with
+``pad_value`` here and are undefined in AITER: never compare them.
 """
 
 from __future__ import annotations
@@ -14,20 +14,53 @@ import functools
 import numpy as np
 import torch
 
-from woa_jax import ScaleLayout, scale_shape
+import woa_jax
+from woa_jax import ScaleLayout, checks, scale_shape
 from woa_jax.checks import as_enum
-from woa_jax.layouts import _addresses, _check_layout_buffer, _check_row_scales
+
+_SCALE_BYTES = ("uint8", "float8_e8m0fnu")
+
+
+def _addresses(s: int, g: int, ks: int, layout: ScaleLayout, gs: int) -> np.ndarray:
+    """``[S, G, Ks]`` int64: the flat byte address of each logical scale in a ``layout`` buffer.
+
+    The oracle reads logical element ``i`` from buffer byte ``addr[i]``; reading a buffer whose
+    bytes are one byte of their own address gives that byte of ``addr``, four bytes in four reads.
+    """
+    shape = scale_shape(s, g, ks, layout, gs)
+    own = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
+    addr = np.zeros((s, g, ks), dtype=np.int64)
+    for byte in range(4):
+        plane = ((own >> (8 * byte)) & 0xFF).astype(np.uint8)
+        read = woa_jax.from_scale_layout(plane, layout, s, g, ks, quant_group_size=gs)
+        addr |= np.asarray(read).astype(np.int64) << (8 * byte)
+    return addr
 
 
 @functools.cache
 def _index(s: int, g: int, ks: int, layout: ScaleLayout, gs: int,
            device: torch.device) -> torch.Tensor:
-    """The address table on ``device``, built and copied once per shape: a per-call numpy build
-    and host-to-device copy would cost host time and break CUDA-graph capture. Tables are kept
+    """The address table on ``device``, built and copied once per shape: a per-call build and
+    host-to-device copy would cost host time and break CUDA-graph capture. Tables are kept
     for the process (8 bytes per scale byte of each shape seen): a captured graph reads its
     table by address, so evicting one would let its memory be reused under the graph."""
     addr = _addresses(s, g, ks, layout, gs)
-    return torch.from_numpy(np.ascontiguousarray(addr, dtype=np.int64)).reshape(-1).to(device)
+    return torch.from_numpy(addr).reshape(-1).to(device)
+
+
+def _check_row_scales(x_scale) -> tuple[int, int, int]:
+    s, g, ks = checks.check_rank(x_scale, 3, "x_scale", "[S, G, Ks]")
+    checks.check_dtype(x_scale, _SCALE_BYTES, "x_scale")
+    return s, g, ks
+
+
+def _check_layout_buffer(buffer, layout: ScaleLayout, s: int, g: int, ks: int, gs: int,
+                         name: str = "buffer") -> None:
+    shape = scale_shape(s, g, ks, layout, gs)
+    if tuple(buffer.shape) != shape:
+        raise ValueError(f"{name}: a {layout.value} scale buffer for S={s}, G={g}, Ks={ks} has "
+                         f"shape {shape}, got {tuple(buffer.shape)}")
+    checks.check_dtype(buffer, _SCALE_BYTES, name)
 
 
 def to_scale_layout(x_scale: torch.Tensor, scale_layout: ScaleLayout | str, *,

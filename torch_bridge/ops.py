@@ -14,7 +14,6 @@ call.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal, NamedTuple
 
 import torch
@@ -73,18 +72,6 @@ def _remember(key: tuple, plan) -> None:
     if len(_PLANS) >= _PLAN_LIMIT:
         del _PLANS[next(iter(_PLANS))]
     _PLANS[key] = plan
-
-
-def check_amax_floor(amax_floor) -> float:
-    """``amax_floor`` as a float, or a ``ValueError``/``TypeError``: it must be a finite positive
-    number (1e-8 is AITER's floor, 1e-10 vLLM CUDA's); NaN would make every scale byte 255."""
-    if isinstance(amax_floor, bool) or not isinstance(amax_floor, (int, float)):
-        raise TypeError(f"amax_floor must be a finite positive float (1e-8 for AITER, 1e-10 for "
-                        f"vLLM CUDA), got {type(amax_floor).__name__} {amax_floor!r}")
-    if not (math.isfinite(amax_floor) and amax_floor > 0):
-        raise ValueError(f"amax_floor must be a finite positive float (1e-8 for AITER, 1e-10 "
-                         f"for vLLM CUDA), got {amax_floor!r}")
-    return float(amax_floor)
 
 
 def require_torch(**tensors) -> None:
@@ -210,7 +197,7 @@ def _plan_quant(o, positions, cos_cache, sin_cache, num_groups, quant_group_size
     """Validate an ``inverse_rope_group_quant`` call and plan it (no tensor data is read)."""
     require_torch(o=o, positions=positions, cos_cache=cos_cache, sin_cache=sin_cache,
                   x_fp8=x_fp8, x_scale=x_scale)
-    check_amax_floor(amax_floor)
+    checks.check_amax_floor(amax_floor)
     layout = as_enum(ScaleLayout, scale_layout, "scale_layout")
     if layout not in _PUBLIC_LAYOUTS:
         raise ValueError(

@@ -36,56 +36,6 @@ _PLAIN_NAMES = ("bfloat16", "float16", "float32")
 _PLAN_LIMIT = 64
 
 
-def _first(bad: torch.Tensor) -> list[int]:
-    """The index of the first True element of ``bad``."""
-    return [int(i) for i in torch.nonzero(bad)[0]]
-
-
-def check_checkpoint_values(weight: torch.Tensor, weight_scale: torch.Tensor | None,
-                            what: str = "weight") -> None:
-    """Raise a ``ValueError`` naming the tensor and element when a checkpoint is corrupt.
-
-    Corrupt: NaN in the weight (fp8 NaN bytes; NaN or Inf in an unquantized weight), a float
-    scale that is NaN, infinite, zero or negative, or an E8M0 scale byte 255 (NaN). A finite
-    positive float scale that is not a power of two is valid data (the BF16 path takes it).
-
-    Args:
-      weight: ``[R, K]`` fp8 or unquantized checkpoint weight.
-      weight_scale: its block scales, or ``None``.
-      what: the tensor's name in messages (``"weight"``, ``"wo_b weight"``).
-    """
-    if weight.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
-        raw = weight.view(torch.uint8)
-        bad = raw == 0x80 if weight.dtype == torch.float8_e4m3fnuz else (raw & 0x7F) == 0x7F
-        if bool(bad.any()):
-            idx = _first(bad)
-            raise ValueError(
-                f"{what} is corrupt: element {idx} is the fp8 byte "
-                f"0x{int(raw[tuple(idx)]):02x}, NaN in {checks.dtype_name(weight)}; a checkpoint "
-                "weight must be finite")
-    elif weight.is_floating_point():
-        bad = ~torch.isfinite(weight)
-        if bool(bad.any()):
-            idx = _first(bad)
-            raise ValueError(f"{what} is corrupt: element {idx} = {float(weight[tuple(idx)])!r}; "
-                             "a checkpoint weight must be finite")
-    if weight_scale is None:
-        return
-    name = f"{what}_scale" if what == "weight" else f"{what} scale"
-    if weight_scale.dtype in (torch.uint8, torch.float8_e8m0fnu):
-        bad = weight_scale.view(torch.uint8) == 0xFF
-        if bool(bad.any()):
-            raise ValueError(f"{name} is corrupt: element {_first(bad)} is the E8M0 byte 0xff "
-                             "(NaN); a block scale must be a finite power of two")
-    elif weight_scale.is_floating_point():
-        bad = ~(torch.isfinite(weight_scale) & (weight_scale > 0))
-        if bool(bad.any()):
-            idx = _first(bad)
-            raise ValueError(
-                f"{name} is corrupt: element {idx} = {float(weight_scale[tuple(idx)])!r}; a "
-                "block scale must be a finite positive number")
-
-
 class _Plan(NamedTuple):
     """What one call signature runs: ``kind`` is ``"empty"``, ``"bf16"``, ``"fused"`` (the
     backend's own ``wo_a_fp8``) or ``"chain"`` (its quant, then its GEMM)."""
@@ -120,7 +70,8 @@ class WoAProjection:
     Raises:
       TypeError: a weight, scale or table of the wrong dtype.
       ValueError: a wrong shape, a table width other than ``rope_dim / 2``, a bad
-        ``amax_floor``, or a corrupt checkpoint (``check_checkpoint_values``).
+        ``amax_floor``, or a corrupt checkpoint (``woa_jax.checks.check_wo_a_weight_values``:
+        NaN fp8 bytes, NaN/Inf/zero/negative float scales, the E8M0 NaN byte).
 
     Validation happens once here: rank, dtypes, scale shape (``woa_jax.check_wo_a_weight``),
     values, and the lossless E8M0 conversion. The FP8 weight is kept as a zero-copy ``[G, N, K]``
@@ -149,7 +100,7 @@ class WoAProjection:
                 f"cos_cache [P, rope_dim / 2] = {cshape} rotates {2 * cshape[1]} lanes per head, "
                 f"but this layer's rope_dim is {rope_dim}: pass the layer's table "
                 f"({rope_dim // 2} columns) or rope_dim={2 * cshape[1]}")
-        self.amax_floor = ops.check_amax_floor(amax_floor)
+        self.amax_floor = checks.check_amax_floor(amax_floor)
         _dispatch.requested_backend(backend)  # reject a bad name now, not at the first call
         self.num_groups = num_groups
         self.n = rows // num_groups
@@ -171,7 +122,7 @@ class WoAProjection:
             if not weight.is_contiguous():
                 raise ValueError("weight must be contiguous to be viewed as [G, N, K]")
             _, _, self.block = woa_jax.check_wo_a_weight(weight, scale, num_groups)
-            check_checkpoint_values(weight, scale)
+            checks.check_wo_a_weight_values(weight, scale)
             self.weight_fp8 = weight.view(num_groups, self.n, k)
             try:
                 if self.n % self.block != 0:
@@ -185,7 +136,6 @@ class WoAProjection:
             if scale is not None:
                 raise ValueError(f"a {wname} wo_a weight is unquantized and takes no scale; "
                                  f"got a weight_scale of shape {tuple(scale.shape)}")
-            check_checkpoint_values(weight, None)
             self.fp8_unavailable = f"{wname} checkpoint has no scale"
         else:
             raise TypeError(f"weight must be float8_e4m3fn, float8_e4m3fnuz or an unquantized "

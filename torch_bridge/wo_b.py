@@ -25,7 +25,6 @@ from woa_jax.tp import ProjectionPath
 from . import _dispatch, interop, ops
 from ._dispatch import BackendName, Case
 from .backends import torch_ref
-from .projection import check_checkpoint_values
 
 _FLOAT_NAMES = ("bfloat16", "float16", "float32")
 
@@ -59,7 +58,7 @@ def group_quant_e8m0_2d(z: torch.Tensor, block: int = 128, *,
     if fp8_dtype not in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
         raise TypeError(f"fp8_dtype must be torch.float8_e4m3fn or torch.float8_e4m3fnuz, got "
                         f"{fp8_dtype}")
-    ops.check_amax_floor(amax_floor)
+    checks.check_amax_floor(amax_floor)
     z = z if z.is_contiguous() else z.contiguous()
     case = Case(device_type=z.device.type, fp8_dtype=checks.dtype_name(fp8_dtype),
                 act_dtype=checks.dtype_name(z), rope_dtype="float32", head_dim=k, rope_dim=0,
@@ -128,7 +127,7 @@ class WoBProjection:
         scale = interop.to_torch(weight_scale) if weight_scale is not None else None
         ops.require_torch(weight=weight, weight_scale=scale)
         wname = checks.dtype_name(weight)
-        self.amax_floor = ops.check_amax_floor(amax_floor)
+        self.amax_floor = checks.check_amax_floor(amax_floor)
         self._weight2d, self._scale = weight, scale
         self.weight_fp8: torch.Tensor | None = None
         self.weight_scale_e8m0: torch.Tensor | None = None
@@ -140,14 +139,16 @@ class WoBProjection:
                                  f"a scale of shape {tuple(scale.shape)}")
             self.hidden, self.in_features = checks.check_rank(weight, 2, "wo_b weight",
                                                                "[hidden, G * N]")
-            check_checkpoint_values(weight, None, "wo_b weight")
             self.block = None
             self.fp8_unavailable = f"{wname} wo_b checkpoint has no scale"
             return
         if scale is None:
             raise ValueError(f"an FP8 ({wname}) wo_b weight needs its block scale, got None")
         self.hidden, self.in_features, self.block = woa_tp.check_wo_b_weight(weight, scale)
-        check_checkpoint_values(weight, scale, "wo_b weight")
+        try:
+            checks.check_wo_a_weight_values(weight, scale)
+        except ValueError as e:  # the same rule; name the tensor as wo_b's
+            raise ValueError(f"wo_b {e}") from None
         if not weight.is_contiguous():
             raise ValueError("wo_b weight must be contiguous to be viewed as [1, hidden, K']; "
                              "pass weight.contiguous()")

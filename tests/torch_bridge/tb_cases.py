@@ -11,21 +11,12 @@ import numpy as np
 import torch
 
 import woa_jax
-
-TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
-                "float8_e4m3fn": torch.float8_e4m3fn, "float8_e4m3fnuz": torch.float8_e4m3fnuz,
-                "float8_e8m0fnu": torch.float8_e8m0fnu, "uint8": torch.uint8,
-                "int32": torch.int32, "int64": torch.int64}
+from torch_bridge import interop
 
 
 def np_to_torch(a: np.ndarray) -> torch.Tensor:
-    """Same bytes as a torch tensor (ml_dtypes types go through their raw bits)."""
-    a = np.ascontiguousarray(a)
-    name = a.dtype.name
-    if name in ("bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e8m0fnu"):
-        raw = a.view(np.uint8 if a.dtype.itemsize == 1 else np.int16)
-        return torch.from_numpy(raw.copy()).view(TORCH_DTYPES[name])
-    return torch.from_numpy(a.copy())
+    """Same bytes as a torch tensor of its own (ml_dtypes types go through their raw bits)."""
+    return interop.numpy_to_torch(np.array(a))
 
 
 @dataclasses.dataclass

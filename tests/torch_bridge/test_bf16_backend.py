@@ -1,0 +1,85 @@
+"""The BF16 chain: the caller's ``o`` is untouched unless it opts in, on the torch rotation and on
+the Triton rotation (the interpreter on CPU), with the same bits either way."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from tb_cases import np_to_torch, rope_case, wo_a_checkpoint
+
+import torch_bridge as tb
+from torch_bridge import _dispatch
+from woa_jax.testing import assert_bitwise_equal
+
+G, N, H, DH = 2, 128, 4, 64
+
+
+def _inputs(seed=0):
+    rng = np.random.default_rng(seed)
+    c = rope_case(rng, s=5, h=H, dh=DH, rd=32, num_groups=G, gs=128)
+    w, sc = wo_a_checkpoint(rng, g=G, n=N, k=H * DH // G)
+    return c.torch(), np_to_torch(w), np_to_torch(sc)
+
+
+@pytest.fixture
+def rotations(monkeypatch):
+    """Counts the Triton in-place rotations the BF16 chain runs."""
+    from torch_bridge.backends.triton import launch
+
+    calls = []
+    real = launch.inverse_rope_
+    monkeypatch.setattr(launch, "inverse_rope_", lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
+def _triton_on() -> bool:
+    return _dispatch.get_backend("triton").is_available()[0]
+
+
+@pytest.mark.parametrize("rotation", ["torch", "triton"])
+def test_o_is_untouched_unless_overwrite_o(rotation, monkeypatch, rotations):
+    if rotation == "torch":
+        monkeypatch.setenv("WOA_USE_TRITON", "0")
+        _dispatch.reset_caches()
+    elif not _triton_on():
+        pytest.skip(f"triton backend unavailable: {_dispatch.get_backend('triton').is_available()}")
+    (o, pos, cos, sin), w, sc = _inputs()
+    proj = tb.WoAProjection(w, sc, G, cos, sin, rope_dim=32, backend="bf16")
+    before = o.clone()
+    y = proj(o, pos)
+    assert_bitwise_equal(o, before, name="o after a default call")
+    y_fn = tb.wo_a_bf16(o, pos, cos, sin, w, sc, G)
+    assert_bitwise_equal(o, before, name="o after wo_a_bf16")
+    assert_bitwise_equal(y_fn, y)
+    y_in_place = proj(o, pos, overwrite_o=True)
+    assert_bitwise_equal(y_in_place, y, name="overwrite_o result")
+    assert len(rotations) == (3 if rotation == "triton" else 0)
+
+
+def test_triton_and_torch_rotations_give_the_same_bits(monkeypatch):
+    if not _triton_on():
+        pytest.skip("triton backend unavailable")
+    (o, pos, cos, sin), w, sc = _inputs(1)
+    y_triton = tb.wo_a_bf16(o, pos, cos, sin, w, sc, G)
+    monkeypatch.setenv("WOA_USE_TRITON", "0")
+    _dispatch.reset_caches()
+    assert_bitwise_equal(tb.wo_a_bf16(o, pos, cos, sin, w, sc, G), y_triton)
+
+
+def test_fp8_chain_ignores_overwrite_o():
+    (o, pos, cos, sin), w, sc = _inputs(2)
+    proj = tb.WoAProjection(w, sc, G, cos, sin, rope_dim=32, backend="torch")
+    before = o.clone()
+    y = proj(o, pos, overwrite_o=True)
+    assert_bitwise_equal(o, before)
+    assert_bitwise_equal(proj(o, pos), y)
+
+
+def test_non_bf16_o_takes_the_torch_rotation(rotations):
+    (o, pos, cos, sin), w, sc = _inputs(3)
+    o32 = o.float()
+    before = o32.clone()
+    y = tb.wo_a_bf16(o32, pos, cos, sin, w, sc, G, overwrite_o=True)
+    assert y.dtype == torch.bfloat16 and not rotations
+    assert_bitwise_equal(o32, before)

@@ -1,0 +1,75 @@
+"""Call plans: the first call with a signature validates and plans, later ones only launch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from tb_cases import gemm_operands, np_to_torch, rope_case, wo_a_checkpoint
+
+import torch_bridge as tb
+from woa_jax import checks
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts the validations of rope inputs and GEMM operands."""
+    calls = {"rope": 0, "gemm": 0}
+    rope, gemm = checks.check_rope_inputs, checks.check_gemm_inputs
+
+    def count_rope(*a):
+        calls["rope"] += 1
+        return rope(*a)
+
+    def count_gemm(*a):
+        calls["gemm"] += 1
+        return gemm(*a)
+
+    monkeypatch.setattr(checks, "check_rope_inputs", count_rope)
+    monkeypatch.setattr(checks, "check_gemm_inputs", count_gemm)
+    return calls
+
+
+def test_ops_validate_once_per_signature(counted, monkeypatch):
+    c = rope_case(np.random.default_rng(0), s=4, h=2, dh=128, rd=64, num_groups=2, gs=64)
+    args = c.torch()
+    first = tb.inverse_rope_group_quant(*args, 2, 64, backend="torch")
+    for _ in range(3):
+        again = tb.inverse_rope_group_quant(*args, 2, 64, backend="torch")
+    assert counted["rope"] == 1
+    assert torch.equal(again[0].view(torch.uint8), first[0].view(torch.uint8))
+    tb.inverse_rope_group_quant(args[0][:2], *args[1:], 2, 64, backend="torch")  # new S
+    assert counted["rope"] == 2
+    monkeypatch.setenv("WOA_BACKEND", "aiter")  # the env var is part of an auto signature
+    with pytest.raises(tb.BackendUnavailableError, match="backend 'aiter'"):
+        tb.inverse_rope_group_quant(*args, 2, 64)
+    x, w, xs, ws = (np_to_torch(a) for a in gemm_operands(np.random.default_rng(0), m=3, g=2,
+                                                           n=128, k=256))
+    for _ in range(3):
+        tb.batched_gemm_a8w8_mxscale(x, w, xs, ws, backend="torch")
+    assert counted["gemm"] == 1
+
+
+def test_errors_are_the_same_on_every_call():
+    c = rope_case(np.random.default_rng(0), s=4, h=2, dh=128, rd=64, num_groups=2, gs=64)
+    o, pos, cos, sin = c.torch()
+    for _ in range(2):
+        with pytest.raises(ValueError, match="fewer than S=4"):
+            tb.inverse_rope_group_quant(o, pos[:2], cos, sin, 2, 64, backend="torch")
+        with pytest.raises(TypeError, match="o must be a torch tensor or a JAX array"):
+            tb.inverse_rope_group_quant(o.float().numpy(), pos, cos, sin, 2, 64)
+
+
+def test_projection_plans_once_per_signature(counted, triton_off):
+    rng = np.random.default_rng(1)
+    c = rope_case(rng, s=5, h=4, dh=128, rd=64, num_groups=2, gs=128)
+    w, sc = wo_a_checkpoint(rng, g=2, n=256, k=256)
+    proj = tb.WoAProjection(np_to_torch(w), np_to_torch(sc), 2, *c.torch()[2:])
+    o, pos = c.torch()[:2]
+    ys = [proj(o, pos) for _ in range(3)]
+    assert counted["rope"] == 1 and proj.path == "bf16"
+    assert all(torch.equal(y, ys[0]) for y in ys)
+    proj(o[:1], pos)
+    assert counted["rope"] == 2
+    with pytest.raises(ValueError, match="must be contiguous"):
+        proj(o.transpose(0, 1).contiguous().transpose(0, 1), pos)
