@@ -110,3 +110,48 @@ assert not vendor, vendor
 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_every_backend_satisfies_the_protocol():
+    for name in _dispatch.BACKENDS:
+        be = _dispatch.get_backend(name)
+        assert isinstance(be, _dispatch.Backend), name
+        assert be.name == name and be.ops <= {"inverse_rope_group_quant",
+                                               "batched_gemm_a8w8_mxscale", "wo_a_fp8",
+                                               "wo_a_bf16"}
+    assert _dispatch.get_backend("bf16").ops == {"wo_a_bf16"}
+    assert "wo_a_fp8" in _dispatch.get_backend("triton").ops
+
+
+def test_backend_breaking_the_protocol_is_unavailable_with_the_reason(monkeypatch):
+    module = types.ModuleType("torch_bridge.backends.partial_mod")
+
+    class Partial:
+        name = "triton"
+
+        def is_available(self):
+            return True, "yes"
+
+    module.BACKEND = Partial()
+    monkeypatch.setitem(sys.modules, "torch_bridge.backends.partial_mod", module)
+    monkeypatch.setitem(_dispatch.BACKEND_MODULES, "aiter", "partial_mod")
+    _dispatch.reset_caches()
+    ok, reason = _dispatch.check("aiter", "inverse_rope_group_quant",
+                                 _dispatch.Case(device_type="cpu"))
+    assert not ok and reason == (
+        "AITER backend object torch_bridge.backends.partial_mod.BACKEND does not satisfy the "
+        "backend protocol: it lacks ops, rope_in_activation_dtype, supports")
+
+
+def test_op_missing_from_ops_is_refused(args):
+    with pytest.raises(tb.BackendUnavailableError,
+                       match="backend 'bf16' cannot run batched_gemm_a8w8_mxscale: bf16 does "
+                             "not implement batched_gemm_a8w8_mxscale"):
+        tb.batched_gemm_a8w8_mxscale(*_gemm(), backend="bf16")
+
+
+def _gemm():
+    from tb_cases import gemm_operands, np_to_torch
+
+    return [np_to_torch(a) for a in gemm_operands(np.random.default_rng(0), m=2, g=1, n=128,
+                                                  k=128)]

@@ -97,3 +97,53 @@ def test_ops_accept_and_return_jax_arrays():
     assert_close(y, woa_jax.batched_gemm_a8w8_mxscale(q_ref, w, sc_ref, ws), tolerance="gemm_bf16")
     with pytest.raises(TypeError, match="x_fp8 cannot be filled"):
         tb.inverse_rope_group_quant(*c.jax(), 1, 128, x_fp8=torch.empty(4, 1, 256))
+
+
+@pytest.mark.parametrize("name", DTYPES)
+def test_numpy_torch_byte_views_round_trip(name):
+    t = _sample(name)
+    a = tb.interop.torch_to_numpy(t)
+    assert a.dtype.name == name and a.shape == (2, 3, 4)
+    assert_bitwise_equal(a, t)
+    back = tb.interop.numpy_to_torch(a)
+    assert back.dtype == t.dtype
+    assert_bitwise_equal(back, t)
+    with pytest.raises(TypeError, match="numpy_to_torch expects a numpy array, got Tensor"):
+        tb.interop.numpy_to_torch(t)
+    with pytest.raises(TypeError, match="torch_to_numpy expects a torch tensor, got ndarray"):
+        tb.interop.torch_to_numpy(a)
+
+
+def test_e8m0_bytes_is_lossless_or_names_the_element():
+    raw = torch.tensor([[0, 1, 127], [128, 200, 254]], dtype=torch.uint8)
+    assert tb.interop.e8m0_bytes(raw.view(torch.float8_e8m0fnu)).equal(raw)
+    # Each float dtype over the powers of two it holds (fp16: 2**-24 .. 2**15).
+    for dtype, lo, hi in ((torch.float64, 0, 254), (torch.float32, 0, 254),
+                          (torch.bfloat16, 0, 254), (torch.float16, 103, 142)):
+        want = raw.clamp(lo, hi)
+        assert tb.interop.e8m0_bytes(torch.exp2(want.double() - 127).to(dtype)).equal(want)
+    bad = torch.tensor([[1.0, 0.5], [0.75, 2.0]])
+    with pytest.raises(ValueError, match=r"ws is not losslessly representable as E8M0: element "
+                                         r"\[1, 0\] = 0.75 is not a power of two"):
+        tb.interop.e8m0_bytes(bad, "ws")
+    with pytest.raises(ValueError, match=r"element \[0, 0\] = -1.0 is not positive"):
+        tb.interop.e8m0_bytes(-bad)
+    with pytest.raises(TypeError, match="weight_scale must be float8_e8m0fnu, uint8 or a float"):
+        tb.interop.e8m0_bytes(raw.to(torch.int32))
+
+
+def test_jax_io_converts_both_ways_and_refuses_output_buffers():
+    calls = []
+
+    @tb.interop.jax_io(outputs=("out",))
+    def double(x, *, scale=2, out=None):
+        calls.append(type(x))
+        return x * scale, "tag"
+
+    y, tag = double(jnp.arange(3.0))
+    assert isinstance(y, jax.Array) and tag == "tag" and calls == [torch.Tensor]
+    np.testing.assert_array_equal(np.asarray(y), [0.0, 2.0, 4.0])
+    t, _ = double(torch.arange(3.0))
+    assert isinstance(t, torch.Tensor)
+    with pytest.raises(TypeError, match="out cannot be filled when the inputs are JAX arrays"):
+        double(jnp.arange(3.0), out=torch.empty(3))
