@@ -214,9 +214,9 @@ def to_jax(t, *, via_bytes: bool = False):
     name = str(t.dtype).removeprefix("torch.")
     guard = contextlib.nullcontext()
     if t.device.type == "cuda":
-        # torch exports a CUDA tensor only from its current device. Starting JAX's GPU backend
-        # leaves its last GPU current (cuda:1 on two H200s), so start it before choosing ours:
-        # started inside ``from_dlpack``, the first export from cuda:0 failed.
+        # torch exports a CUDA tensor only from its current device, and starting JAX's GPU
+        # backend leaves its last GPU current: start it before making the tensor's device
+        # current, so that a first export from another device works.
         jax.devices()
         guard = torch.cuda.device(t.device)
     with guard:

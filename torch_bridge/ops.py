@@ -74,10 +74,11 @@ def _remember(key: tuple, plan) -> None:
     _PLANS[key] = plan
 
 
-def require_torch(**tensors) -> None:
-    """Raise a ``TypeError`` naming the first argument that is neither a tensor nor ``None``."""
+def require_torch(*, optional: tuple[str, ...] = (), **tensors) -> None:
+    """Raise a ``TypeError`` naming the first argument that is not a tensor (``None`` is allowed
+    only for the names in ``optional``)."""
     for name, t in tensors.items():
-        if t is not None and not isinstance(t, torch.Tensor):
+        if not isinstance(t, torch.Tensor) and not (t is None and name in optional):
             raise TypeError(f"{name} must be a torch tensor or a JAX array, got {type(t).__name__}")
 
 
@@ -88,6 +89,17 @@ def one_device(**tensors) -> torch.device:
         where = ", ".join(f"{name} on {dev}" for name, dev in devices.items())
         raise ValueError(f"all tensors must be on one device, got {where}")
     return next(iter(devices.values()))
+
+
+def check_weight_device(**tensors) -> torch.device:
+    """The one device of a checkpoint's tensors (``None`` entries ignored), which must hold data
+    (not ``meta``): their values are checked at load. Else a ``ValueError``."""
+    device = one_device(**tensors)
+    if device.type == "meta":
+        raise ValueError(f"{', '.join(n for n, t in tensors.items() if t is not None)} are on the "
+                         "meta device, which holds no data; checkpoint tensors are checked for "
+                         "corrupt values at load, so pass them on the CPU or a GPU")
+    return device
 
 
 def check_contiguous(t: torch.Tensor, what: str) -> None:
@@ -196,7 +208,7 @@ def _plan_quant(o, positions, cos_cache, sin_cache, num_groups, quant_group_size
                 backend, x_fp8, x_scale, fp8_dtype, amax_floor) -> _QuantPlan:
     """Validate an ``inverse_rope_group_quant`` call and plan it (no tensor data is read)."""
     require_torch(o=o, positions=positions, cos_cache=cos_cache, sin_cache=sin_cache,
-                  x_fp8=x_fp8, x_scale=x_scale)
+                  x_fp8=x_fp8, x_scale=x_scale, optional=("x_fp8", "x_scale"))
     checks.check_amax_floor(amax_floor)
     layout = as_enum(ScaleLayout, scale_layout, "scale_layout")
     if layout not in _PUBLIC_LAYOUTS:
@@ -325,7 +337,7 @@ def _float_scale_bytes(scale: torch.Tensor, what: str) -> torch.Tensor:
 
 def _plan_gemm(x, w, x_scale, w_scale, dtype, backend, out) -> _GemmPlan:
     """Validate a ``batched_gemm_a8w8_mxscale`` call and plan it (no tensor data is read)."""
-    require_torch(x=x, w=w, x_scale=x_scale, w_scale=w_scale, out=out)
+    require_torch(x=x, w=w, x_scale=x_scale, w_scale=w_scale, out=out, optional=("out",))
     floats = tuple(t.dtype in interop.FLOAT_SCALE_DTYPES for t in (x_scale, w_scale))
     # Shapes are checked on the bytes' stand-ins: meta tensors of E8M0 with the same shapes.
     as_bytes = [torch.empty(t.shape, dtype=torch.uint8, device="meta") if f else t

@@ -78,15 +78,15 @@ class WoAProjection:
     view; the BF16 dequantized weight is built only if the BF16 chain runs (``weight_bf16``).
     """
 
+    @interop.jax_io()
     def __init__(self, weight, weight_scale, num_groups: int, cos_cache, sin_cache, *,
                  rope_dim: int | None = 64, backend: BackendName = "auto",
                  amax_floor: float = AITER_AMAX_FLOOR):
-        weight, cos_cache, sin_cache = (interop.to_torch(t) for t in (weight, cos_cache,
-                                                                     sin_cache))
-        scale = interop.to_torch(weight_scale) if weight_scale is not None else None
+        scale = weight_scale
         ops.require_torch(weight=weight, weight_scale=scale, cos_cache=cos_cache,
-                          sin_cache=sin_cache)
+                          sin_cache=sin_cache, optional=("weight_scale",))
         rows, k = checks.check_rank(weight, 2, "weight", "[G * N, K]")
+        ops.check_weight_device(weight=weight, weight_scale=scale)
         if not isinstance(num_groups, int) or num_groups < 1 or rows % num_groups != 0:
             raise ValueError(f"weight rows {rows} are not divisible by num_groups={num_groups!r}")
         cshape = checks.check_rank(cos_cache, 2, "cos_cache", "[P, rope_dim / 2]")

@@ -122,10 +122,11 @@ class WoBProjection:
     contiguous); the BF16 weight is built on first use and cached.
     """
 
+    @interop.jax_io()
     def __init__(self, weight, weight_scale, *, amax_floor: float = AITER_AMAX_FLOOR):
-        weight = interop.to_torch(weight)
-        scale = interop.to_torch(weight_scale) if weight_scale is not None else None
-        ops.require_torch(weight=weight, weight_scale=scale)
+        scale = weight_scale
+        ops.require_torch(weight=weight, weight_scale=scale, optional=("weight_scale",))
+        ops.check_weight_device(weight=weight, weight_scale=scale)
         wname = checks.dtype_name(weight)
         self.amax_floor = checks.check_amax_floor(amax_floor)
         self._weight2d, self._scale = weight, scale

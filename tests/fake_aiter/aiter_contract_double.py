@@ -3,14 +3,14 @@
 Each flavour directory holds an ``aiter`` package and ``amd_aiter-<version>.dist-info`` metadata:
 ``released/`` 0.1.20 (quant op keyword ``scale_shuffle: bool``), ``main/`` 0.1.21.dev3+gfeed
 (``scale_layout: str``), ``old/`` 0.1.19.post1 (quant op only; the GEMM arrived in 0.1.20). They
-implement the documented signatures of AITER's two ``wo_a`` ops (UPSTREAM_APIS.md sections 1-2) on
-top of the pure-torch reference, so ``torch_bridge/backends/aiter.py`` is tested on a CPU box:
-argument mapping, version and arch gating, both spellings and fallback. The real kernels' numerics
-are tested only on gfx950. The test fixture puts this directory and one flavour on ``sys.path``.
+implement the documented signatures of AITER's two ``wo_a`` ops on top of the pure-torch
+reference, so ``torch_bridge/backends/aiter.py`` is tested on a CPU box: argument mapping, version
+and arch gating, both spellings and fallback. The real kernels' numerics are tested only on
+gfx950. The test fixture puts this directory and one flavour on ``sys.path``.
 
-Mirrors the host-side checks the real ops make (UPSTREAM_APIS.md sections 1-2) so that a wrong
-argument mapping in the adapter fails here the way it would on gfx950; like the real GEMM, it does
-NOT validate scale dtypes or shapes. Every call is appended to ``CALLS`` as ``(op, kwargs)``.
+Mirrors the host-side checks the real ops make, so that a wrong argument mapping in the adapter
+fails here the way it would on gfx950; like the real GEMM, it does NOT validate scale dtypes or
+shapes. Every call is appended to ``CALLS`` as ``(op, kwargs)``.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def gemm(x, wo_a, x_scale, w_scale, dtype):
         raise RuntimeError("fp8 inputs required")
     if dtype not in (torch.bfloat16, torch.float32):
         raise RuntimeError("Y must be fp32 or bf16")
-    # Read the operands the way the kernel does (UPSTREAM_APIS.md section 2): wo_a as a packed
+    # Read the operands the way the kernel does: wo_a as a packed
     # row-major buffer and the scales' last dim as unit stride, whatever their strides say, so a
     # strided operand the adapter forgets to pack gives wrong output here too.
     w_read = wo_a.as_strided(wo_a.shape, torch.empty(wo_a.shape, device="meta").stride())

@@ -28,7 +28,7 @@ def _case(seed=0, s=5, act="bfloat16", rope="float32"):
 
 
 def _oracle_aiter_semantics(c):
-    """AITER rotates with cos/sin rounded to o's dtype (NUMERICS.md section 8)."""
+    """AITER rotates with cos/sin rounded to o's dtype (docs/NUMERICS.md section 2)."""
     o, pos, cos, sin = c.jax()
     return woa_jax.inverse_rope_group_quant(o, pos, cos.astype(o.dtype), sin.astype(o.dtype), 1)
 

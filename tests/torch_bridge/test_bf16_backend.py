@@ -83,3 +83,36 @@ def test_non_bf16_o_takes_the_torch_rotation(rotations):
     y = tb.wo_a_bf16(o32, pos, cos, sin, w, sc, G, overwrite_o=True)
     assert y.dtype == torch.bfloat16 and not rotations
     assert_bitwise_equal(o32, before)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rope_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("s", [1, 64, 1024])
+def test_gpu_fallback_runs_the_triton_rotation_with_the_torch_bits(rope_dtype, s, rotations):
+    """On CUDA the BF16 chain rotates with the Triton kernel (``launch.wo_a_bf16``): its rotated
+    lanes have the torch rotation's bits, ``o`` is untouched unless ``overwrite_o``, and the
+    result agrees with the pure-torch chain."""
+    from torch_bridge.backends.torch_ref import rotate_inverse
+    from woa_jax.testing import assert_close
+
+    rng = np.random.default_rng(s)
+    g, h, dh = 16, 64, 512
+    c = rope_case(rng, s=s, h=h, dh=dh, rd=64, num_groups=g, gs=128, p=4096, scale=1.0)
+    w, sc = wo_a_checkpoint(rng, g=g, n=1024, k=h * dh // g)
+    o, pos, cos, sin = (t.cuda() for t in c.torch())
+    cos, sin = cos.to(rope_dtype), sin.to(rope_dtype)
+    proj = tb.WoAProjection(np_to_torch(w).cuda(), np_to_torch(sc).cuda(), g, cos, sin,
+                            backend="bf16")
+    before = o.clone()
+    y = proj(o, pos)
+    assert rotations and torch.equal(o, before)
+    rotated = o.clone()
+    from torch_bridge.backends.triton import launch
+
+    launch.inverse_rope_(rotated, pos, cos, sin)
+    want = rotate_inverse(o, pos, cos, sin).to(torch.bfloat16)
+    assert_bitwise_equal(rotated, want, name="Triton rotation vs torch rotation")
+    assert_bitwise_equal(proj(o.clone(), pos, overwrite_o=True), y, name="overwrite_o")
+    x = want.reshape(s, g, -1).transpose(0, 1)
+    ref = torch.bmm(x, proj.weight_bf16.cuda().transpose(1, 2)).transpose(0, 1)
+    assert_close(y, ref, tolerance="gemm_bf16")

@@ -1,7 +1,8 @@
 """The BF16 chain (``WOA_BACKEND=bf16``): the fallback of the whole ``wo_a`` path.
 
 Inverse RoPE in fp32 rounded to bf16, the exact BF16 dequantized weight (built and cached by the
-caller, ``WoAProjection``), bf16 GEMM with fp32 accumulation, bf16 out (``docs/NUMERICS.md``).
+caller, ``WoAProjection``), bf16 GEMM with fp32 accumulation, bf16 out (``docs/NUMERICS.md``
+section 7).
 
 * Where the triton backend runs (CUDA, or its CPU interpreter) and ``o`` is bf16 with packed
   ``[H, Dh]`` dims and a power-of-two rope width, the rotation is the Triton in-place kernel
