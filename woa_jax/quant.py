@@ -13,6 +13,7 @@ from ._spec import (
     QuantSemantics,
     as_enum,
     check_fp8_dtype,
+    e8m0_bytes_of_floats,
     fp8_max,
     fp8_max_reciprocal,
     upcast_f32,
@@ -159,7 +160,7 @@ def e8m0_from_scale(weight_scale):
             "float8_e8m0fnu, uint8 or a float dtype holding powers of two"
         )
     f = arr.astype(np.float64)
-    byte, ok = checks.e8m0_bytes_of_floats(f)
+    byte, ok = e8m0_bytes_of_floats(f)
     if not ok.all():
         idx = tuple(int(i) for i in np.argwhere(~ok)[0])
         v = f[idx]
