@@ -66,8 +66,13 @@ def check_dtype(x, allowed: tuple[str, ...], what: str, hint: str = "") -> str:
     return name
 
 
-def check_rope_inputs(o, positions, cos_cache, sin_cache) -> tuple[int, int, int, int]:
-    """Check ``o [S, H, Dh]``, ``positions [>= S]``, ``cos/sin [P, rd/2]``; return S, H, Dh, rd."""
+def check_rope_inputs(o, positions, cos_cache, sin_cache, *,
+                      rope_dim: int | None = None) -> tuple[int, int, int, int]:
+    """Check ``o [S, H, Dh]``, ``positions [>= S]``, ``cos/sin [P, rd/2]``; return S, H, Dh, rd.
+
+    ``rope_dim``, when the caller knows the layer's (a projection built from a config), must equal
+    the tables' ``rd``: a table of another width would rotate the wrong lanes without an error.
+    """
     s, h, dh = check_rank(o, 3, "o", "[S, H, Dh]")
     check_dtype(o, _FLOAT_ACTIVATION, "o")
     if len(_shape(positions)) != 1:
@@ -89,6 +94,11 @@ def check_rope_inputs(o, positions, cos_cache, sin_cache) -> tuple[int, int, int
         raise ValueError(
             f"cos_cache [P, rd/2] = {cshape} does not fit head_dim {dh}: need P >= 1 and "
             f"2 <= rd <= {dh}"
+        )
+    if rope_dim is not None and rd != rope_dim:
+        raise ValueError(
+            f"cos_cache [P, rd/2] = {cshape} rotates rd = {rd} lanes, but the layer's rope_dim "
+            f"is {rope_dim}: expected tables of shape [P, {rope_dim // 2}]"
         )
     return s, h, dh, rd
 
