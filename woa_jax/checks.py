@@ -13,7 +13,7 @@ import numbers
 
 import numpy as np
 
-from ._spec import E8M0_BIAS, E8M0_NAN, as_enum, check_fp8_dtype
+from ._spec import E8M0_NAN, as_enum, check_fp8_dtype, e8m0_bytes_of_floats
 from .testing import to_numpy
 
 __all__ = [
@@ -34,10 +34,10 @@ _FLOAT_ACTIVATION = ("bfloat16", "float16", "float32")
 _FP8 = ("float8_e4m3fn", "float8_e4m3fnuz")
 _SCALE_BYTES = ("uint8", "float8_e8m0fnu")
 _FLOAT_SCALES = ("float32", "float64", "float16", "bfloat16")
+_FLOAT_SCALE_HINT = ("; float scales that are exact powers of two convert losslessly with "
+                     "woa_jax.e8m0_from_scale")
 #: Dtypes a checkpoint's weight scale may have: E8M0 bytes or float values.
 _WEIGHT_SCALES = ("float8_e8m0fnu", "uint8", *_FLOAT_SCALES)
-#: The largest finite E8M0 byte (2**127); 255 is NaN.
-E8M0_MAX_FINITE = 254
 
 
 def dtype_name(x) -> str:
@@ -58,15 +58,21 @@ def check_rank(x, rank: int, what: str, dims: str) -> tuple[int, ...]:
     return shape
 
 
-def check_dtype(x, allowed: tuple[str, ...], what: str) -> str:
+def check_dtype(x, allowed: tuple[str, ...], what: str, hint: str = "") -> str:
+    """Return ``x``'s dtype name, or raise ``TypeError`` listing ``allowed`` (then ``hint``)."""
     name = dtype_name(x)
     if name not in allowed:
-        raise TypeError(f"{what} must have dtype {' or '.join(allowed)}, got {name}")
+        raise TypeError(f"{what} must have dtype {' or '.join(allowed)}, got {name}{hint}")
     return name
 
 
-def check_rope_inputs(o, positions, cos_cache, sin_cache) -> tuple[int, int, int, int]:
-    """Check ``o [S, H, Dh]``, ``positions [>= S]``, ``cos/sin [P, rd/2]``; return S, H, Dh, rd."""
+def check_rope_inputs(o, positions, cos_cache, sin_cache, *,
+                      rope_dim: int | None = None) -> tuple[int, int, int, int]:
+    """Check ``o [S, H, Dh]``, ``positions [>= S]``, ``cos/sin [P, rd/2]``; return S, H, Dh, rd.
+
+    ``rope_dim``, when the caller knows the layer's (a projection built from a config), must equal
+    the tables' ``rd``: a table of another width would rotate the wrong lanes without an error.
+    """
     s, h, dh = check_rank(o, 3, "o", "[S, H, Dh]")
     check_dtype(o, _FLOAT_ACTIVATION, "o")
     if len(_shape(positions)) != 1:
@@ -88,6 +94,11 @@ def check_rope_inputs(o, positions, cos_cache, sin_cache) -> tuple[int, int, int
         raise ValueError(
             f"cos_cache [P, rd/2] = {cshape} does not fit head_dim {dh}: need P >= 1 and "
             f"2 <= rd <= {dh}"
+        )
+    if rope_dim is not None and rd != rope_dim:
+        raise ValueError(
+            f"cos_cache [P, rd/2] = {cshape} rotates rd = {rd} lanes, but the layer's rope_dim "
+            f"is {rope_dim}: expected tables of shape [P, {rope_dim // 2}]"
         )
     return s, h, dh, rd
 
@@ -129,7 +140,8 @@ def check_gemm_inputs(x, w, x_scale, w_scale) -> tuple[int, int, int, int, int]:
     xs = check_rank(x_scale, 3, "x_scale", "[M, G, K / block]")
     ws = check_rank(w_scale, 3, "w_scale", "[G, N / block, K / block]")
     check_dtype(x_scale, _SCALE_BYTES, "x_scale")
-    check_dtype(w_scale, _SCALE_BYTES, "w_scale")
+    is_float = dtype_name(w_scale) in _FLOAT_SCALES
+    check_dtype(w_scale, _SCALE_BYTES, "w_scale", _FLOAT_SCALE_HINT if is_float else "")
     if xs[:2] != (m, g) or xs[2] < 1 or k % xs[2] != 0:
         raise ValueError(f"x_scale must be [M, G, K / block] with block dividing K={k}, got {xs}")
     block = k // xs[2]
@@ -215,11 +227,3 @@ def check_wo_a_weight_values(weight, weight_scale, *, require_e8m0: bool = False
                 "path takes this checkpoint)"
             )
 
-
-def e8m0_bytes_of_floats(f: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(byte, ok)`` for float64 scales: ``ok`` where ``f`` is exactly ``2**(byte - 127)``."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        mant, exp = np.frexp(f)  # f = mant * 2**exp with mant in [0.5, 1)
-        byte = exp.astype(np.int64) + (E8M0_BIAS - 1)
-        ok = np.isfinite(f) & (f > 0) & (mant == 0.5) & (byte >= 0) & (byte <= E8M0_MAX_FINITE)
-    return byte, ok

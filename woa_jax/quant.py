@@ -13,6 +13,7 @@ from ._spec import (
     QuantSemantics,
     as_enum,
     check_fp8_dtype,
+    e8m0_bytes_of_floats,
     fp8_max,
     fp8_max_reciprocal,
     upcast_f32,
@@ -53,6 +54,9 @@ def e8m0_scale(amax, *, fp8_dtype=jnp.float8_e4m3fn, amax_floor: float = AITER_A
 
     Returns:
       ``(dq_scale fp32, byte uint8)`` with ``dq_scale = 2**(byte - 127)`` (byte 255 -> +inf).
+
+    Raises:
+      ValueError: ``amax_floor`` is not a finite number > 0.
     """
     check_fp8_dtype(fp8_dtype)
     floor = checks.check_amax_floor(amax_floor)
@@ -70,11 +74,23 @@ def group_quant_e8m0(x, group_size: int = 128, *, fp8_dtype=jnp.float8_e4m3fn,
                      amax_floor: float = AITER_AMAX_FLOOR):
     """Quantize ``x [..., K]`` in 1 x ``group_size`` groups along the last axis.
 
+    The round-up scale keeps ``|q| <= fp8_max``, so nothing saturates; the clamp before the cast
+    is a no-op on the bytes, kept because library casts return NaN above the range
+    (docs/NUMERICS.md section 5).
+
+    Args:
+      x: ``[..., K]`` float values (widened to fp32).
+      group_size: GS, the group width; must divide K.
+      fp8_dtype: ``float8_e4m3fn`` or ``float8_e4m3fnuz``.
+      amax_floor: 1e-8 (AITER) or 1e-10 (vLLM CUDA); finite and > 0.
+
     Returns:
-      ``(q [..., K] fp8_dtype, scale [..., K / group_size] float8_e8m0fnu)`` with
-      ``q = RNE(x * 2**(127 - byte))``. The round-up scale keeps ``|q| <= fp8_max`` so no
-      saturation occurs; the clamp below is a no-op on the bytes, kept because library casts
-      return NaN above the range (docs/NUMERICS.md section 5).
+      ``(q [..., K] fp8_dtype, scale [..., K / GS] float8_e8m0fnu)`` with
+      ``q = RNE(x * 2**(127 - byte))``.
+
+    Raises:
+      ValueError: ``group_size`` is not a positive integer dividing K, or a bad ``amax_floor``.
+      TypeError: ``fp8_dtype`` is not an e4m3 type.
     """
     fp8 = check_fp8_dtype(fp8_dtype)
     checks.check_amax_floor(amax_floor)
@@ -122,6 +138,11 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
       semantics: ``"fused"`` keeps the rotation in fp32 up to the quantizer (AITER's op);
         ``"unfused"`` rounds the rotated lanes to ``o.dtype`` first.
 
+    Raises:
+      ValueError: a rank or shape does not fit, G does not split ``H * Dh`` into whole quant
+        groups, or a bad ``amax_floor``/``semantics`` (the message names which).
+      TypeError: a dtype does not fit.
+
     Returns:
       ``(x_fp8 [S, G, D] fp8_dtype, x_scale [S, G, D / GS] float8_e8m0fnu)`` in the row layout.
     """
@@ -146,8 +167,15 @@ def e8m0_from_scale(weight_scale):
 
     Host-side (numpy) because it inspects values; call it at load, not under ``jax.jit``.
 
+    Args:
+      weight_scale: checkpoint block scales of any shape (numpy, JAX or ml_dtypes array).
+
     Returns:
       numpy ``uint8`` array of the input's shape, C-contiguous.
+
+    Raises:
+      ValueError: a float scale is not finite, positive and an exact power of two in range.
+      TypeError: a dtype that cannot hold E8M0 values losslessly.
     """
     name = checks.dtype_name(weight_scale)
     arr = np.asarray(weight_scale)
@@ -159,7 +187,7 @@ def e8m0_from_scale(weight_scale):
             "float8_e8m0fnu, uint8 or a float dtype holding powers of two"
         )
     f = arr.astype(np.float64)
-    byte, ok = checks.e8m0_bytes_of_floats(f)
+    byte, ok = e8m0_bytes_of_floats(f)
     if not ok.all():
         idx = tuple(int(i) for i in np.argwhere(~ok)[0])
         v = f[idx]

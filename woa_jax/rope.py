@@ -63,6 +63,9 @@ def inverse_rope(o, positions, cos_cache, sin_cache, *, out_dtype=None):
     Returns:
       ``[S, H, Dh]``; lanes ``[0, Dh - rd)`` are ``o``'s values unchanged.
 
+    Raises:
+      ValueError, TypeError: a rank, shape or dtype does not fit (the message names which).
+
     Numerics: inputs are upcast to fp32, products and sums are separate fp32 operations. With bf16
     ``o`` and bf16 cos/sin every product is exact in fp32, so the result is independent of FMA
     contraction; with fp32 cos/sin an implementation that contracts ``a*c + b*s`` into an FMA can

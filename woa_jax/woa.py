@@ -14,7 +14,20 @@ from .rope import inverse_rope, inverse_rope_float64
 
 
 def check_wo_a_weight(weight, weight_scale, num_groups: int) -> tuple[int, int, int]:
-    """Validate a checkpoint ``wo_a`` weight ``[G*N, K]`` and scale; return ``(N, K, block)``."""
+    """Validate a checkpoint ``wo_a`` weight's shapes and dtypes; return ``(N, K, block)``.
+
+    Only ``.shape`` and ``.dtype`` are read (works under ``jax.jit`` and on torch tensors);
+    ``checks.check_wo_a_weight_values`` inspects the values.
+
+    Args:
+      weight: ``[G * N, K]`` fp8.
+      weight_scale: ``[ceil(G * N / B), K / B]`` E8M0 bytes or float scales, B in {32, 128}.
+      num_groups: G.
+
+    Raises:
+      ValueError: a rank or shape does not fit, or G does not divide the rows.
+      TypeError: a dtype does not fit.
+    """
     rows, k = checks.check_rank(weight, 2, "weight", "[G * N, K]")
     checks.check_dtype(weight, ("float8_e4m3fn", "float8_e4m3fnuz"), "weight")
     if not isinstance(num_groups, int) or num_groups < 1 or rows % num_groups != 0:

@@ -176,3 +176,10 @@ def test_dequant_weight_rejects_a_scale_that_does_not_tile_w():
             dequant_weight(w, ws)
     with pytest.raises(ValueError, match=r"w_scale must be 3-D"):
         dequant_weight(w, np.zeros((2, 2), np.uint8))
+
+
+def test_float_weight_scales_point_to_the_lossless_converter():
+    x, w, xs, ws = _ops()
+    with pytest.raises(TypeError, match=r"w_scale must have dtype uint8 or float8_e8m0fnu, got "
+                                        r"float32; .* losslessly with woa_jax.e8m0_from_scale"):
+        batched_gemm_a8w8_mxscale(x, w, xs, ws.astype(F32))
