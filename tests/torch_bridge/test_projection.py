@@ -181,3 +181,19 @@ def test_path_decided_once_per_device(monkeypatch, triton_off):
     for _ in range(3):
         proj(*c.torch()[:2])
     assert calls == ["aiter", "triton", "bf16"]
+
+
+def test_jax_ops_wo_a_fp8_takes_the_checkpoint_weight_like_the_oracle():
+    """Same arguments as woa_jax.wo_a_fp8 and torch_bridge.wo_a_fp8: the [G * N, K] weight and
+    its 2-D scale, under jax.jit (the 3-D GEMM layout is accepted too)."""
+    from torch_bridge import jax_ops
+
+    c, w, sc = _layer(12)
+    ref = woa_jax.wo_a_fp8(*c.jax(), w, sc, G)
+    jw, jsc = jnp.asarray(w), jnp.asarray(sc)
+    for backend in (None, "torch"):
+        y = jax.jit(lambda *a, b=backend: jax_ops.wo_a_fp8(*a, G, backend=b))(*c.jax(), jw, jsc)
+        assert_close(y, ref, tolerance="gemm_bf16")
+    w3, ws3 = woa_jax.wo_a_weight_e8m0(jw, jsc, G)
+    assert_close(jax_ops.wo_a_fp8(*c.jax(), w3, ws3, G), ref, tolerance="gemm_bf16")
+    assert_close(tb.wo_a_fp8(*c.jax(), jw, jsc, G, backend="torch"), ref, tolerance="gemm_bf16")
