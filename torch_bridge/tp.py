@@ -125,7 +125,8 @@ class TPOutputProjection:
         return self.shard.rank
 
     @classmethod
-    def from_tensors(cls, wo_a_weight, wo_a_scale, wo_b_weight, wo_b_scale,
+    @interop.jax_io()
+    def from_tensors(cls, wo_a_weight, wo_a_weight_scale, wo_b_weight, wo_b_weight_scale,
                      config: woa_jax.DSV4Config | str, cos_cache, sin_cache, *,
                      tp_rank: int | None = None, tp_size: int | None = None, group=None,
                      device: torch.device | str | None = None,
@@ -134,10 +135,10 @@ class TPOutputProjection:
         """Slice the full (TP1) checkpoint tensors for this rank and build the projection.
 
         Args:
-          wo_a_weight, wo_a_scale: ``[G * N, K]`` fp8 and ``[G * N / B, K / B]`` scales, or an
-            unquantized bf16/fp16/fp32 weight and ``None`` (BF16 chain only).
-          wo_b_weight, wo_b_scale: ``[hidden, G * N]`` fp8 and ``[hidden / B, G * N / B]``, or an
-            unquantized weight and ``None``.
+          wo_a_weight, wo_a_weight_scale: ``[G * N, K]`` fp8 and ``[G * N / B, K / B]``
+            scales, or an unquantized bf16/fp16/fp32 weight and ``None`` (BF16 chain only).
+          wo_b_weight, wo_b_weight_scale: ``[hidden, G * N]`` fp8 and
+            ``[hidden / B, G * N / B]``, or an unquantized weight and ``None``.
           config: the model config (``o_groups``, shapes, block); the tensors must match it.
           cos_cache, sin_cache: ``[P, rd / 2]`` RoPE tables of this layer.
           tp_rank, tp_size: default from the initialised process ``group``; without
@@ -148,10 +149,11 @@ class TPOutputProjection:
         cfg = woa_jax.get_config(config)
         rank, size = _world(group, tp_rank, tp_size)
         shard = woa_tp.tp_shard(cfg, size, rank)
-        if wo_a_weight is None or wo_b_weight is None:
-            raise ValueError("wo_a_weight and wo_b_weight are required tensors, got None")
-        wa, sa, wb, sb = (None if t is None else interop.to_torch(t)
-                          for t in (wo_a_weight, wo_a_scale, wo_b_weight, wo_b_scale))
+        ops.require_torch(wo_a_weight=wo_a_weight, wo_a_weight_scale=wo_a_weight_scale,
+                          wo_b_weight=wo_b_weight, wo_b_weight_scale=wo_b_weight_scale,
+                          cos_cache=cos_cache, sin_cache=sin_cache,
+                          optional=("wo_a_weight_scale", "wo_b_weight_scale"))
+        wa, sa, wb, sb = wo_a_weight, wo_a_weight_scale, wo_b_weight, wo_b_weight_scale
         if sa is not None and sb is not None:
             woa_tp.check_tp_weights(cfg, wa, sa, wb, sb)
             parts = woa_tp.shard_wo_a_wo_b(wa, sa, wb, sb, shard)
@@ -167,8 +169,7 @@ class TPOutputProjection:
                                 else t.contiguous()) for t in parts)
         if device is not None:
             wa, sa, wb, sb = (None if t is None else t.to(device) for t in (wa, sa, wb, sb))
-            cos_cache = interop.to_torch(cos_cache).to(device)
-            sin_cache = interop.to_torch(sin_cache).to(device)
+            cos_cache, sin_cache = cos_cache.to(device), sin_cache.to(device)
         wo_a = WoAProjection.from_tensors(wa, sa, shard.local.num_groups, cos_cache, sin_cache,
                                           backend=backend, amax_floor=amax_floor)
         return cls(wo_a, WoBProjection(wb, sb, amax_floor=amax_floor), shard, group=group)

@@ -232,6 +232,10 @@ ENTRY_POINTS: dict[str, tuple[Callable, dict, list]] = {
            ("wo_b_weight", lambda v, d: v[:, :128], ValueError),
            ("weight_scale", lambda v, d: _nan_scale(v), ValueError),
            ("config", lambda v, d: "v9-nope", ValueError),
+           ("wo_b_weight", lambda v, d: d(st.sampled_from([None, 3, v.float().numpy()])),
+            TypeError),
+           ("cos_cache", lambda v, d: d(st.sampled_from([None, v.numpy()])), TypeError),
+           ("wo_b_scale", lambda v, d: v[:, :1], ValueError),
            ("tp_size", lambda v, d: d(st.sampled_from([2, 3])), ValueError)]),
     "WoBProjection": (
         lambda a: WoBProjection(a["wo_b_weight"], a["wo_b_scale"],

@@ -198,7 +198,8 @@ def test_from_tensors_takes_unquantized_weights_without_scales():
         TPOutputProjection.from_tensors(t["wo_a.weight"], None, wb, None, FLASH_TINY, cos, sin)
     with pytest.raises(ValueError, match=r"wo_a weight has shape \(512, 256\), expected"):
         TPOutputProjection.from_tensors(wa[:512], None, wb, None, FLASH_TINY, cos, sin)
-    with pytest.raises(ValueError, match="wo_a_weight and wo_b_weight are required"):
+    with pytest.raises(TypeError, match="wo_a_weight must be a torch tensor or a JAX array, "
+                                        "got NoneType"):
         TPOutputProjection.from_tensors(None, None, wb, None, FLASH_TINY, cos, sin)
 
 
