@@ -87,6 +87,8 @@ class Backend(Protocol):
         arguments of ``torch_bridge.backends.torch_ref.TorchBackend``'s methods.
       rope_in_activation_dtype: whether its quant wants cos/sin in ``o``'s dtype (callers that
         keep the tables convert them once instead of on every call).
+
+    A backend that caches probes may also define ``cache_clear()``; ``reset_caches`` calls it.
     """
 
     name: str

@@ -1,5 +1,6 @@
 """The BF16 chain: the caller's ``o`` is untouched unless it opts in, on the torch rotation and on
-the Triton rotation (the interpreter on CPU), with the same bits either way."""
+the Triton chain (the interpreter on CPU), and the rotated lanes have the same bits either way
+(an identity weight makes the chain's output its rotated activations, exactly)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from tb_cases import np_to_torch, rope_case, wo_a_checkpoint
 
 import torch_bridge as tb
 from torch_bridge import _dispatch
-from woa_jax.testing import assert_bitwise_equal
+from torch_bridge.backends.torch_ref import rotate_inverse
+from woa_jax.testing import assert_bitwise_equal, assert_close
 
 G, N, H, DH = 2, 128, 4, 64
 
@@ -22,14 +24,20 @@ def _inputs(seed=0):
     return c.torch(), np_to_torch(w), np_to_torch(sc)
 
 
+def _identity(g: int, k: int, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """A ``[G * K, K]`` fp8 checkpoint weight holding G identities, scale 1 (E8M0 byte 127)."""
+    eye = torch.eye(k, device=device).repeat(g, 1).to(torch.float8_e4m3fn)
+    return eye, torch.full((g * k // 128, k // 128), 127, dtype=torch.uint8, device=device)
+
+
 @pytest.fixture
 def rotations(monkeypatch):
-    """Counts the Triton in-place rotations the BF16 chain runs."""
+    """Counts the BF16 chains run by the Triton backend."""
     from torch_bridge.backends.triton import launch
 
     calls = []
-    real = launch.inverse_rope_
-    monkeypatch.setattr(launch, "inverse_rope_", lambda *a: calls.append(1) or real(*a))
+    real = launch.wo_a_bf16
+    monkeypatch.setattr(launch, "wo_a_bf16", lambda *a, **k: calls.append(1) or real(*a, **k))
     return calls
 
 
@@ -57,14 +65,19 @@ def test_o_is_untouched_unless_overwrite_o(rotation, monkeypatch, rotations):
     assert len(rotations) == (3 if rotation == "triton" else 0)
 
 
-def test_triton_and_torch_rotations_give_the_same_bits(monkeypatch):
+def test_triton_and_torch_rotations_give_the_same_bits(monkeypatch, rotations):
     if not _triton_on():
         pytest.skip("triton backend unavailable")
-    (o, pos, cos, sin), w, sc = _inputs(1)
-    y_triton = tb.wo_a_bf16(o, pos, cos, sin, w, sc, G)
+    (o, pos, cos, sin), _, _ = _inputs(1)
+    eye, one = _identity(G, H * DH // G)
+    y_triton = tb.wo_a_bf16(o, pos, cos, sin, eye, one, G)
+    assert rotations
     monkeypatch.setenv("WOA_USE_TRITON", "0")
     _dispatch.reset_caches()
-    assert_bitwise_equal(tb.wo_a_bf16(o, pos, cos, sin, w, sc, G), y_triton)
+    y_torch = tb.wo_a_bf16(o, pos, cos, sin, eye, one, G)
+    assert_bitwise_equal(y_triton, y_torch, name="rotated activations")
+    assert_bitwise_equal(y_torch.reshape(o.shape), rotate_inverse(o, pos, cos, sin).to(
+        torch.bfloat16))
 
 
 def test_fp8_chain_ignores_overwrite_o():
@@ -92,9 +105,6 @@ def test_gpu_fallback_runs_the_triton_rotation_with_the_torch_bits(rope_dtype, s
     """On CUDA the BF16 chain rotates with the Triton kernel (``launch.wo_a_bf16``): its rotated
     lanes have the torch rotation's bits, ``o`` is untouched unless ``overwrite_o``, and the
     result agrees with the pure-torch chain."""
-    from torch_bridge.backends.torch_ref import rotate_inverse
-    from woa_jax.testing import assert_close
-
     rng = np.random.default_rng(s)
     g, h, dh = 16, 64, 512
     c = rope_case(rng, s=s, h=h, dh=dh, rd=64, num_groups=g, gs=128, p=4096, scale=1.0)
@@ -106,12 +116,10 @@ def test_gpu_fallback_runs_the_triton_rotation_with_the_torch_bits(rope_dtype, s
     before = o.clone()
     y = proj(o, pos)
     assert rotations and torch.equal(o, before)
-    rotated = o.clone()
-    from torch_bridge.backends.triton import launch
-
-    launch.inverse_rope_(rotated, pos, cos, sin)
     want = rotate_inverse(o, pos, cos, sin).to(torch.bfloat16)
-    assert_bitwise_equal(rotated, want, name="Triton rotation vs torch rotation")
+    eye, one = _identity(g, h * dh // g, "cuda")
+    rotated = tb.WoAProjection(eye, one, g, cos, sin, backend="bf16")(o, pos)
+    assert_bitwise_equal(rotated.reshape(o.shape), want, name="Triton vs torch rotation")
     assert_bitwise_equal(proj(o.clone(), pos, overwrite_o=True), y, name="overwrite_o")
     x = want.reshape(s, g, -1).transpose(0, 1)
     ref = torch.bmm(x, proj.weight_bf16.cuda().transpose(1, 2)).transpose(0, 1)

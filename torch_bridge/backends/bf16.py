@@ -5,16 +5,14 @@ caller, ``WoAProjection``), bf16 GEMM with fp32 accumulation, bf16 out (``docs/N
 section 7).
 
 * Where the triton backend runs (CUDA, or its CPU interpreter) and ``o`` is bf16 with packed
-  ``[H, Dh]`` dims and a power-of-two rope width, the rotation is the Triton in-place kernel
-  (``launch.inverse_rope_``): one pass over the rope lanes instead of an fp32 copy of all of
-  ``o``. Its rotated lanes have the bits of the torch rotation below.
-* Elsewhere the rotation is pure torch (``torch_ref.rotate_inverse``).
-
-The GEMM: on CUDA torch's BLAS bf16 batched GEMM (``launch.wo_a_bf16`` when the rotation is
-Triton's), which accumulates in fp32 except where torch allows reduced-precision split-K reductions
-(``torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction``, on by default); on CPU the
-bf16 operands are upcast to fp32 (exact), so the product is an fp32 contraction with one final
-rounding, like ``woa_jax.wo_a_bf16``.
+  ``[H, Dh]`` dims and a power-of-two rope width, the chain is the Triton backend's
+  ``launch.wo_a_bf16``: the Triton rotation (one pass, no fp32 copy of ``o``; its rotated lanes
+  have the bits of the torch rotation) and torch's bf16 batched GEMM, which accumulates in fp32
+  except where torch allows reduced-precision split-K reductions
+  (``torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction``, on by default).
+* Elsewhere the rotation is pure torch (``torch_ref.rotate_inverse``); on CPU the bf16 operands
+  are then upcast to fp32 (exact), so the product is an fp32 contraction with one final rounding,
+  like ``woa_jax.wo_a_bf16``.
 
 ``o`` is never written unless the caller passes ``overwrite_o=True``; then the Triton rotation
 works in place (no copy of ``o``) and ``o``'s contents afterwards are unspecified.
@@ -75,17 +73,13 @@ class Bf16Backend:
         ``w_bf16`` holds bf16 values; on CPU it may already be their fp32 copy (no upcast then).
         ``overwrite_o`` lets the rotation run in place on ``o`` (module docstring).
         """
-        s = o.shape[0]
         if _triton_rotation(o, cos_cache):
             from .triton import launch
 
-            if o.device.type == "cuda":
-                return launch.wo_a_bf16(o, positions, cos_cache, sin_cache, w_bf16, num_groups,
-                                        inplace=overwrite_o)
-            x = launch.inverse_rope_(o if overwrite_o else o.clone(), positions, cos_cache,
-                                     sin_cache)
-        else:
-            x = rotate_inverse(o, positions, cos_cache, sin_cache).to(torch.bfloat16)
+            return launch.wo_a_bf16(o, positions, cos_cache, sin_cache,
+                                    w_bf16.to(torch.bfloat16), num_groups, inplace=overwrite_o)
+        s = o.shape[0]
+        x = rotate_inverse(o, positions, cos_cache, sin_cache).to(torch.bfloat16)
         x = x.reshape(s, num_groups, -1).transpose(0, 1)  # [G, S, K]
         if x.device.type == "cpu":
             y = torch.bmm(x.to(torch.float32), w_bf16.to(torch.float32).transpose(1, 2))
