@@ -146,10 +146,7 @@ class WoBProjection:
         if scale is None:
             raise ValueError(f"an FP8 ({wname}) wo_b weight needs its block scale, got None")
         self.hidden, self.in_features, self.block = woa_tp.check_wo_b_weight(weight, scale)
-        try:
-            checks.check_wo_a_weight_values(weight, scale)
-        except ValueError as e:  # the same rule; name the tensor as wo_b's
-            raise ValueError(f"wo_b {e}") from None
+        checks.check_wo_a_weight_values(weight, scale, names=("wo_b weight", "wo_b weight_scale"))
         if not weight.is_contiguous():
             raise ValueError("wo_b weight must be contiguous to be viewed as [1, hidden, K']; "
                              "pass weight.contiguous()")
