@@ -1,4 +1,5 @@
-"""Bad input to the public ops: each raises a clear error naming what was wrong."""
+"""Bad input to the public ops (and the JAX entry points): each raises a clear error naming what
+was wrong."""
 
 from __future__ import annotations
 
