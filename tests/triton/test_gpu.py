@@ -206,7 +206,7 @@ def test_split_k_gemm_bits_never_depend_on_timing(m):
     graph replay all give the same bits, and every tile counter is back at zero after each."""
     import jax.numpy as jnp
 
-    from torch_bridge.backends.triton import launch
+    from torch_bridge.backends.triton import launch, split_k
     from woa_jax.testing import TOLERANCES
 
     g = 2
@@ -234,7 +234,7 @@ def test_split_k_gemm_bits_never_depend_on_timing(m):
     torch.cuda.synchronize()
     for i, r in enumerate(runs):
         assert torch.equal(r.view(torch.int16), first.view(torch.int16)), f"seed {seed}: run {i}"
-    assert int(launch._COUNTER_POOLS[x.device].counters.count_nonzero()) == 0
+    assert int(split_k.COUNTER_POOLS[x.device].counters.count_nonzero()) == 0
 
 
 def test_split_k_captured_before_any_eager_launch_runs_unsplit(monkeypatch, caplog):
@@ -244,17 +244,17 @@ def test_split_k_captured_before_any_eager_launch_runs_unsplit(monkeypatch, capl
 
     import jax.numpy as jnp
 
-    from torch_bridge.backends.triton import launch
+    from torch_bridge.backends.triton import launch, split_k
     from woa_jax.testing import TOLERANCES
 
-    monkeypatch.setattr(launch, "_COUNTER_POOLS", {})
-    monkeypatch.setattr(launch, "_SPLIT_FALLBACK_LOGGED", set())
+    monkeypatch.setattr(split_k, "COUNTER_POOLS", {})
+    monkeypatch.setattr(split_k, "_FALLBACK_LOGGED", set())
     seed = _seed()
     x, w, xs, ws = _gemm_inputs(16, 2, N, HPG * DH, seed)
     y = torch.full((16, 2, N), float("nan"), dtype=torch.bfloat16, device="cuda")
     launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, out=y,
                                      config=launch.GemmConfig(16, 64, swap_ab=True))  # compile
-    monkeypatch.setattr(launch, "_COUNTER_POOLS", {})
+    monkeypatch.setattr(split_k, "COUNTER_POOLS", {})
     graph = torch.cuda.CUDAGraph()
     with caplog.at_level(logging.WARNING, logger="woa"), torch.cuda.graph(graph):
         launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, out=y,
@@ -338,7 +338,7 @@ def test_gemm_wgmma_relaunch_goes_straight_to_the_compiled_kernel():
     gets its own, and every launch is right with fresh inputs."""
     import jax.numpy as jnp
 
-    from torch_bridge.backends.triton import launch
+    from torch_bridge.backends.triton import gemm, launch
     from woa_jax.testing import TOLERANCES
 
     ok, why = launch.wgmma_available(torch.cuda.current_device())
@@ -346,7 +346,7 @@ def test_gemm_wgmma_relaunch_goes_straight_to_the_compiled_kernel():
         pytest.skip(why)
     config = launch.GemmConfig(128, 128, num_warps=8, num_stages=4, wgmma=True,
                                programs_per_sm=1)
-    launch._GLUON_KERNELS.clear()
+    gemm.COMPILED_WGMMA.clear()
     for m in (1024, 2048, 1040, 1000, 1000):
         seed = _seed()
         x, w, xs, ws = _gemm_inputs(m, 16, N, HPG * DH, seed)
@@ -356,7 +356,7 @@ def test_gemm_wgmma_relaunch_goes_straight_to_the_compiled_kernel():
                                                    dtype=jnp.float32)
         err = _relerr(y, ref)
         assert err <= TOLERANCES["gemm_bf16"].rel, f"M {m}, seed {seed}: relerr {err:.3g}"
-    assert len(launch._GLUON_KERNELS) == 2
+    assert len(gemm.COMPILED_WGMMA) == 2
 
 
 def test_operands_on_a_gpu_that_is_not_the_current_device():

@@ -23,7 +23,15 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from torch_bridge import _dispatch  # noqa: E402
-from torch_bridge.backends.triton import BACKEND, kernels, launch  # noqa: E402
+from torch_bridge.backends.triton import (  # noqa: E402
+    BACKEND,
+    _common,
+    gemm,
+    kernels,
+    launch,
+    quant,
+    split_k,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -86,7 +94,7 @@ def test_strided_positions_are_read_as_values_not_memory(rng):
     q, sc = launch.inverse_rope_group_quant(o, strided, cos, sin, 2, 128)
     _assert_quant_equal(q, sc, *woa_jax.inverse_rope_group_quant(*_jx(o, pos, cos, sin), 2, 128))
     x = o.clone()
-    launch.inverse_rope_(x, strided, cos, sin)
+    launch.inverse_rope(x, strided, cos, sin, inplace=True)
     np.testing.assert_array_equal(to_numpy(x).view(np.uint16), np.asarray(
         woa_jax.inverse_rope(*_jx(o, pos, cos.float(), sin.float()))).view(np.uint16))
 
@@ -198,8 +206,9 @@ def test_gemm_config_splits_k_for_few_programs(rng, monkeypatch):
     assert launch.gemm_config(1, 16, 1024, 4096, 128).split_k == 1
     assert launch.gemm_config(8192, 2, 1024, 4096, 128).split_k == 1
     seen = []
-    real = launch._bmm_op
-    monkeypatch.setattr(launch, "_bmm_op", lambda *a: (seen.append(a[7]), real(*a)))
+    real = gemm._batched_gemm_a8w8_mxscale_op
+    monkeypatch.setattr(gemm, "_batched_gemm_a8w8_mxscale_op",
+                        lambda *a: (seen.append(a[7]), real(*a)))
     x, w, xs, ws = _gemm_case(rng, 1, 2, 128, 256)
     ref = woa_jax.batched_gemm_a8w8_mxscale(*_jx(x, w, xs, ws), dtype=jnp.float32)
     first = launch.batched_gemm_a8w8_mxscale(x, w, xs, ws)
@@ -211,13 +220,13 @@ def test_gemm_config_splits_k_for_few_programs(rng, monkeypatch):
         torch.use_deterministic_algorithms(False)
     assert seen == [2, 2]  # K / B = 2 blocks caps the split at 2
     assert torch.equal(first.view(torch.int16), again.view(torch.int16))
-    assert int(launch._COUNTER_POOLS[x.device].counters.count_nonzero()) == 0
+    assert int(split_k.COUNTER_POOLS[x.device].counters.count_nonzero()) == 0
 
 
 def test_split_k_counter_pool_ranges():
     """Eager launches on one stream share a range (grown when a launch needs more tiles);
     captured launches get ranges of their own; an exhausted pool says so with None."""
-    pool = launch._CounterPool(torch.device(DEVICE))
+    pool = split_k.CounterPool(torch.device(DEVICE))
     eager = pool.take(8, stream=7)
     assert pool.take(8, stream=7).data_ptr() == eager.data_ptr()
     assert pool.take(4, stream=7).data_ptr() == eager.data_ptr()
@@ -227,7 +236,7 @@ def test_split_k_counter_pool_ranges():
     assert len(starts) == 4
     grown = pool.take(16, stream=7)
     assert grown.numel() == 16 and grown.data_ptr() not in starts
-    assert pool.take(launch._SPLIT_COUNTERS, stream=None) is None
+    assert pool.take(split_k.SPLIT_COUNTERS, stream=None) is None
 
 
 def test_split_k_counters_are_rearmed_for_launches_of_other_shapes(rng):
@@ -239,13 +248,13 @@ def test_split_k_counters_are_rearmed_for_launches_of_other_shapes(rng):
         cfg = launch.GemmConfig(16, bn, split_k=split, swap_ab=True)
         y = launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, config=cfg, dtype=torch.float32)
         assert_close(y, ref, tolerance="gemm_fp32")
-        assert int(launch._COUNTER_POOLS[x.device].counters.count_nonzero()) == 0
+        assert int(split_k.COUNTER_POOLS[x.device].counters.count_nonzero()) == 0
 
 
 def test_split_k_without_counters_runs_unsplit_and_logs_why(rng, monkeypatch, caplog):
-    monkeypatch.setattr(launch, "_SPLIT_COUNTERS", 4)
-    monkeypatch.setattr(launch, "_COUNTER_POOLS", {})
-    monkeypatch.setattr(launch, "_SPLIT_FALLBACK_LOGGED", set())
+    monkeypatch.setattr(split_k, "SPLIT_COUNTERS", 4)
+    monkeypatch.setattr(split_k, "COUNTER_POOLS", {})
+    monkeypatch.setattr(split_k, "_FALLBACK_LOGGED", set())
     x, w, xs, ws = _gemm_case(rng, 3, 2, 128, 256)  # 2 groups x 2 N tiles of 64 = 4 counters
     ref = woa_jax.batched_gemm_a8w8_mxscale(*_jx(x, w, xs, ws), dtype=jnp.float32)
     cfg = launch.GemmConfig(16, 64, split_k=2, swap_ab=True)
@@ -315,7 +324,8 @@ def test_default_gluon_shape_runs_the_triton_kernels_when_x_has_no_tma_view(rng)
     xt = x.transpose(0, 1).contiguous().transpose(0, 1)
     out = torch.full((3, 2, 128), float("nan"), dtype=torch.bfloat16, device=DEVICE)
     swapped = launch.GemmConfig(8, 64, swap_ab=True, num_warps=4, num_stages=8, wgmma=True)
-    launch._LAUNCHERS[launch._bmm_op](xt, w, xs, ws, out, *dataclasses.astuple(swapped))
+    launcher = _common.LAUNCHERS[gemm._batched_gemm_a8w8_mxscale_op]
+    launcher(xt, w, xs, ws, out, *dataclasses.astuple(swapped))
     assert torch.equal(out, launch.batched_gemm_a8w8_mxscale(x, w, xs, ws))
 
 
@@ -323,7 +333,7 @@ def test_wgmma_kernel_is_hopper_only(rng):
     """The Gluon kernel never runs under the interpreter: the default shape avoids it and an
     explicit ``wgmma=True`` says why it cannot run."""
     ok, why = launch.wgmma_available(None)
-    assert not ok and why == "TRITON_INTERPRET=1 runs no Gluon kernels"
+    assert not ok and why == "TRITON_INTERPRET=1 runs no wgmma (Gluon) kernels"
     assert not launch.wgmma_chosen(8192, 16, 1024, 4096, 128)
     assert not launch.gemm_config(8192, 16, 1024, 4096, 128).wgmma
     cfg = launch.gemm_config(8192, 16, 1024, 4096, 128, wgmma=True)
@@ -363,50 +373,75 @@ def test_tma_kernel_runs_only_when_the_operands_allow(rng, monkeypatch):
     """A ``tma=True`` config launches the TMA kernel (persistent: 12 tiles on 1 x 4 interpreter
     "SMs") when the operands view as 2D tiles, and falls back to pointer loads otherwise."""
     grids = []
-    real = kernels.bmm_fp8_block_tma_kernel
+    real = kernels.batched_gemm_a8w8_mxscale_tma_kernel
 
     class Spy:
         def __getitem__(self, grid):
             grids.append(grid)
             return real[grid]
 
-    monkeypatch.setattr(kernels, "bmm_fp8_block_tma_kernel", Spy())
+    monkeypatch.setattr(kernels, "batched_gemm_a8w8_mxscale_tma_kernel", Spy())
     cfg = launch.GemmConfig(16, 64, tma=True, programs_per_sm=1)
     x, w, xs, ws = _gemm_case(rng, 33, 2, 128, 256)
     y = launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, config=cfg)
     assert grids == [(4,)]  # min(3 x 2 x 2 tiles, 1 x 4 SMs)
     assert_close(y, woa_jax.batched_gemm_a8w8_mxscale(*_jx(x, w, xs, ws), dtype=jnp.float32),
                  tolerance="gemm_bf16")
-    assert launch._tma_ok(x, w, y, 64)
+    assert gemm.tma_ok(x, w, y, 64)
     xt = x.transpose(0, 1).contiguous().transpose(0, 1)  # [M, G, K] view of [G, M, K]
-    assert not launch._tma_ok(xt, w, y, 64)
-    assert not launch._tma_ok(x, w, y, 256)  # N = 128 is not a multiple of BLOCK_N
+    assert not gemm.tma_ok(xt, w, y, 64)
+    assert not gemm.tma_ok(x, w, y, 256)  # N = 128 is not a multiple of BLOCK_N
     shifted = torch.empty(y.numel() + 8, dtype=y.dtype, device=DEVICE)[1:1 + y.numel()]
-    assert not launch._tma_ok(x, w, shifted.view(y.shape), 64)  # base not 16-byte aligned
+    assert not gemm.tma_ok(x, w, shifted.view(y.shape), 64)  # base not 16-byte aligned
     y2 = launch.batched_gemm_a8w8_mxscale(xt, w, xs, ws, config=cfg)
     assert grids == [(4,)]
     assert_close(y2, y, tolerance="gemm_bf16")
 
 
-def test_inplace_inverse_rope_bf16_chain(rng):
-    o, pos, cos, sin = _rope_case(rng, rope_dtype=torch.float32)
-    ref = woa_jax.inverse_rope(*_jx(o, pos, cos, sin))
+@pytest.mark.parametrize("rope_dtype", [torch.float32, torch.bfloat16])
+def test_inverse_rope_in_place_and_copying_give_the_oracle_bits(rng, rope_dtype):
+    """The BF16 chain's rotation: the copying variant (one read of ``o``, NoPE lanes copied)
+    leaves ``o`` as it was, the in-place one rotates ``o``; both give the oracle's bits, and a
+    head-padded ``o`` (Dh contiguous only) is copied but not rotated in place."""
+    o, pos, cos, sin = _rope_case(rng, s=37, rope_dtype=rope_dtype)
+    ref = np.asarray(woa_jax.inverse_rope(*_jx(o, pos, cos, sin))).view(np.uint16)
+    before = o.clone()
+    y = launch.inverse_rope(o, pos, cos, sin)
+    assert y is not o and y.is_contiguous()
+    assert torch.equal(o.view(torch.int16), before.view(torch.int16))
+    np.testing.assert_array_equal(to_numpy(y).view(np.uint16), ref)
     x = o.clone()
-    assert launch.inverse_rope_(x, pos, cos, sin) is x
-    np.testing.assert_array_equal(to_numpy(x).view(np.uint16), np.asarray(ref).view(np.uint16))
+    assert launch.inverse_rope(x, pos, cos, sin, inplace=True) is x
+    np.testing.assert_array_equal(to_numpy(x).view(np.uint16), ref)
+    padded = torch.zeros((37, 4, 640), dtype=torch.bfloat16, device=DEVICE)[:, :, :512]
+    padded.copy_(o)
+    np.testing.assert_array_equal(to_numpy(launch.inverse_rope(padded, pos, cos, sin))
+                                  .view(np.uint16), ref)
+    with pytest.raises(ValueError, match="packed"):
+        launch.inverse_rope(padded, pos, cos, sin, inplace=True)
     with pytest.raises(TypeError, match="bfloat16"):
-        launch.inverse_rope_(o.float(), pos, cos, sin)
-    # the whole BF16 chain against the oracle's
+        launch.inverse_rope(o.float(), pos, cos, sin)
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_bf16_chain_matches_the_oracle_and_keeps_o_unless_in_place(rng, inplace):
+    o, pos, cos, sin = _rope_case(rng, rope_dtype=torch.float32)
     g, n = 2, 128
     weight = torch.from_numpy(rng.standard_normal((g * n, 1024)).astype(np.float32)).to(
         torch.float8_e4m3fn).to(DEVICE)
     scale = torch.from_numpy(rng.integers(118, 124, (g * n // 128, 8)).astype(np.uint8)).to(
         DEVICE)
     w_bf16 = woa_jax.dequant_wo_a_weight(*_jx(weight, scale), g)
-    y = launch.wo_a_bf16(o, pos, cos, sin, torch.from_numpy(np.array(w_bf16.astype(
-        jnp.float32))).to(torch.bfloat16).to(DEVICE), g)
     ref = woa_jax.wo_a_bf16(*_jx(o, pos, cos, sin, weight, scale), g)
+    rotated = np.asarray(woa_jax.inverse_rope(*_jx(o, pos, cos, sin))).view(np.uint16)
+    before = o.clone()
+    y = launch.wo_a_bf16(o, pos, cos, sin, torch.from_numpy(np.array(w_bf16.astype(
+        jnp.float32))).to(torch.bfloat16).to(DEVICE), g, inplace=inplace)
     assert_close(y, ref, tolerance="gemm_bf16")
+    if inplace:
+        np.testing.assert_array_equal(to_numpy(o).view(np.uint16), rotated)
+    else:
+        assert torch.equal(o.view(torch.int16), before.view(torch.int16))
 
 
 def test_whole_chain_through_public_api(rng):
@@ -470,12 +505,12 @@ def test_custom_ops_opcheck(rng):
     o, pos, cos, sin = _rope_case(rng, s=2, h=2)
     xq = torch.empty((2, 2, 512), dtype=torch.float8_e4m3fn, device=DEVICE)
     xs = torch.empty((2, 2, 4), dtype=torch.uint8, device=DEVICE)
-    torch.library.opcheck(torch.ops.woa_triton.inverse_rope_group_quant_.default,
+    torch.library.opcheck(torch.ops.woa_triton.inverse_rope_group_quant.default,
                           (o, pos, cos, sin, xq, xs, 128, 1e-8, 8, 2, 0),
                           test_utils=("test_faketensor",))
     x, w, xsc, wsc = _gemm_case(rng, 2, 2, 64, 128)
     y = torch.empty((2, 2, 64), dtype=torch.bfloat16, device=DEVICE)
-    torch.library.opcheck(torch.ops.woa_triton.bmm_fp8_block_.default,
+    torch.library.opcheck(torch.ops.woa_triton.batched_gemm_a8w8_mxscale.default,
                           (x, w, xsc, wsc, y, 16, 64, 1, False, 4, 3, True, 1, False),
                           test_utils=("test_faketensor",))
 
@@ -497,7 +532,7 @@ def test_launchers_bump_version_counters_of_what_they_write(rng):
     t = o.clone()
     scale = torch.ones((), dtype=torch.bfloat16, requires_grad=True)
     total = (t * scale).sum()  # the product saves t for scale's gradient
-    launch.inverse_rope_(t, pos, cos, sin)
+    launch.inverse_rope(t, pos, cos, sin, inplace=True)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         total.backward()
 
@@ -508,10 +543,10 @@ def test_eager_calls_launch_directly_and_fake_tensors_take_the_op(rng, monkeypat
     implementation run and nothing launches."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    op = launch._inverse_rope_group_quant_op
+    op = quant._inverse_rope_group_quant_op
     launched = []
-    real = launch._LAUNCHERS[op]
-    monkeypatch.setitem(launch._LAUNCHERS, op, lambda *a: (launched.append(a[0]), real(*a)))
+    real = _common.LAUNCHERS[op]
+    monkeypatch.setitem(_common.LAUNCHERS, op, lambda *a: (launched.append(a[0]), real(*a)))
     o, pos, cos, sin = _rope_case(rng, s=2, h=2)
     q, sc = launch.inverse_rope_group_quant(o, pos, cos, sin, 2, 128)
     assert len(launched) == 1 and launched[0] is o

@@ -21,7 +21,7 @@ from _sm90 import run_compile_script
 
 import woa_jax
 from torch_bridge import jax_ops
-from torch_bridge.backends.triton import jax_launch, launch
+from torch_bridge.backends.triton import configs, jax_launch, launch
 from woa_jax.testing import assert_bitwise_equal, assert_close
 
 HPG, DH, RD, N, P = 8, 512, 64, 1024, 65536
@@ -207,10 +207,10 @@ def _quant_call(s, g, gs=128, dh=DH):
 
 
 def test_quant_spec_rows_kernel(monkeypatch):
-    monkeypatch.setattr(launch, "quant_config", lambda s: launch.QuantConfig(16, 2))
+    monkeypatch.setattr(configs, "quant_config", lambda s: launch.QuantConfig(16, 2))
     call = _quant_call(7, 2)
     nq = 2 * HPG * DH // 128
-    assert call.kernel is jax_launch._quant_rows_kernel
+    assert call.kernel is jax_launch._inverse_rope_group_quant_kernel
     assert call.scalars == (7 * nq, P) and call.grid == (-(-7 * nq // 16),)
     assert call.num_warps == 2
     cx = dict(call.constexprs)
@@ -220,14 +220,14 @@ def test_quant_spec_rows_kernel(monkeypatch):
 
 
 def test_quant_spec_head_kernel(monkeypatch):
-    monkeypatch.setattr(launch, "quant_config", lambda s: launch.QuantConfig(4, block_h=6))
+    monkeypatch.setattr(configs, "quant_config", lambda s: launch.QuantConfig(4, block_h=6))
     call = _quant_call(9, 2)  # H = 16: BLOCK_H = gcd(16, 6) = 2
-    assert call.kernel is jax_launch._quant_head_kernel
+    assert call.kernel is jax_launch._inverse_rope_group_quant_head_kernel
     assert call.grid == (3 * 8,) and call.scalars == (9, P)  # token blocks x head blocks
     cx = dict(call.constexprs)
     assert (cx["H"], cx["BLOCK_T"], cx["BLOCK_H"]) == (16, 4, 2)
     # GS not dividing Dh falls back to the rows kernel, as in the torch launcher
-    assert _quant_call(9, 1, gs=128, dh=192).kernel is jax_launch._quant_rows_kernel
+    assert _quant_call(9, 1, gs=128, dh=192).kernel is jax_launch._inverse_rope_group_quant_kernel
 
 
 @pytest.mark.parametrize("m,g", [(1, 2), (16, 2), (64, 2), (1000, 2), (32, 8), (64, 16)])
@@ -245,7 +245,7 @@ def test_gemm_spec_follows_gemm_config(m, g):
                        "y": [cx["SYM"], cx["SYG"]]}
     assert (cx["BLOCK_M"], cx["BLOCK_N"], cx["SWAP_AB"]) == (cfg.block_m, cfg.block_n,
                                                               cfg.swap_ab)
-    assert call.kernel is jax_launch._gemm_kernel and "SPLIT_K" not in cx
+    assert call.kernel is jax_launch._batched_gemm_a8w8_mxscale_kernel and "SPLIT_K" not in cx
     assert cx["OUT_BF16"] and call.scalars == (m,)
     assert (call.num_warps, call.num_stages) == (cfg.num_warps, cfg.num_stages)
     if g > 2 and 16 < m <= 64:  # the unswapped 64 x 64 pointer tile, 6 stages
@@ -309,12 +309,12 @@ def test_fused_spec_follows_fused_config():
                                  dtype=jnp.bfloat16)
     cfg = launch.fused_config(1, 16, N, HPG * DH, 128)
     cx = dict(call.constexprs)
-    assert call.kernel is jax_launch._fused_kernel and call.scalars == (1, P)
+    assert call.kernel is jax_launch._wo_a_fp8_kernel and call.scalars == (1, P)
     assert call.grid == (N // cfg.block_n, 16, 1)
     assert (call.num_warps, call.num_stages) == (cfg.num_warps, cfg.num_stages)
     assert (cx["BLOCK_M"], cx["BLOCK_N"], cx["SOM"], cx["SWSG"], cx["SYM"]) == (
         cfg.block_m, cfg.block_n, 16 * HPG * DH, N // 128 * HPG * DH // 128, 16 * N)
-    assert cx["QUANT_ROWS"] == launch._FUSED_QUANT_LANES // 128 and cx["OUT_BF16"]
+    assert cx["QUANT_ROWS"] == configs.FUSED_QUANT_LANES // 128 and cx["OUT_BF16"]
     assert [(t.shape, t.dtype) for t in call.out_shape] == [
         ((1, 16, HPG * DH), jnp.float8_e4m3fn), ((1, 16, HPG * DH // 128), jnp.uint8),
         ((1, 16, N), jnp.bfloat16)]
@@ -330,7 +330,7 @@ _COMPILE_SCRIPT = textwrap.dedent("""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from torch_bridge.backends.triton import jax_launch, launch
+    from torch_bridge.backends.triton import configs, jax_launch, launch
 
     TY = {"bfloat16": "bf16", "int32": "i32", "uint8": "u8", "float8_e4m3fn": "fp8e4nv"}
 
@@ -347,7 +347,7 @@ _COMPILE_SCRIPT = textwrap.dedent("""
 
     rope = ["bfloat16", "int32", "bfloat16", "bfloat16"]
     for cfg in (launch.QuantConfig(), launch.QuantConfig(block_r=4, block_h=8)):
-        launch.quant_config = lambda s, cfg=cfg: cfg
+        configs.quant_config = lambda s, cfg=cfg: cfg
         call = jax_launch.quant_call(7, 16, 512, 64, 1024, 2, 128,
                                      fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8)
         print(call.kernel.__name__, sorted(set(re.findall(r"ld\\.global\\.v\\d", ptx(call, rope)))))
@@ -367,8 +367,9 @@ def test_specs_compile_for_sm90(tmp_path):
     this session's kernels are interpreted."""
     lines = run_compile_script(_COMPILE_SCRIPT, tmp_path)
     assert len(lines) == 4, lines
-    assert lines[0].startswith("_quant_rows_kernel") and "ld.global.v4" in lines[0], lines
-    assert lines[1].startswith("_quant_head_kernel") and "ld.global.v" in lines[1], lines
+    assert lines[0].startswith("_inverse_rope_group_quant_kernel "), lines
+    assert lines[1].startswith("_inverse_rope_group_quant_head_kernel "), lines
+    assert "ld.global.v4" in lines[0] and "ld.global.v" in lines[1], lines
     assert lines[2] == "gemm True", lines
     assert lines[3] == "fused True True", lines
 
@@ -442,7 +443,7 @@ def on_gpu(monkeypatch):
 def test_gpu_quant_bit_exact(on_gpu, monkeypatch, s, g, quant_config):
     """The tuned launch shape (per-head kernel) and the flat-rows kernel."""
     if quant_config is not None:
-        monkeypatch.setattr(launch, "quant_config", lambda s: quant_config)
+        monkeypatch.setattr(configs, "quant_config", lambda s: quant_config)
     seed = _seed()
     args, _, _ = _inputs(s, g, seed)
     quant = lambda *a: jax_ops.inverse_rope_group_quant(*a, g, 128)  # noqa: E731

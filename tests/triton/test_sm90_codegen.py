@@ -20,7 +20,7 @@ _SCRIPT = textwrap.dedent("""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from torch_bridge.backends.triton import kernels, launch
+    from torch_bridge.backends.triton import _common, configs, kernels, launch
 
     def ptx(kernel, sig, cx, aligned, num_warps=4, num_stages=4):
         # Like torch's launcher: pointers and ints that are multiples of 16 carry the hint.
@@ -42,7 +42,7 @@ _SCRIPT = textwrap.dedent("""
                "xs_ptr": "*u8", "ws_ptr": "*u8", "M": "i32", "num_programs": "i32"}
         cx = dict(scales, G=g, N=n, K=k, SB=sb, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                   SWAP_AB=cfg.swap_ab, OUT_BF16=True)
-        code = ptx(kernels.bmm_fp8_block_tma_kernel, sig, cx, ("xs_ptr", "ws_ptr"),
+        code = ptx(kernels.batched_gemm_a8w8_mxscale_tma_kernel, sig, cx, ("xs_ptr", "ws_ptr"),
                    cfg.num_warps, cfg.num_stages)
         print("tma", cfg.label(), "wgmma" in code, "cp.async.bulk.tensor" in code)
 
@@ -54,8 +54,8 @@ _SCRIPT = textwrap.dedent("""
     cx = dict(scales, SXM=g * k, SXG=k, SWG=n * k, SWN=k, SYM=g * n, SYG=n, N=n, K=k, SB=sb,
               BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SPLIT_K=1, SWAP_AB=False,
               OUT_BF16=True)
-    code = ptx(kernels.bmm_fp8_block_kernel, sig, cx, ("x_ptr", "w_ptr", "xs_ptr", "ws_ptr",
-                                                       "M", "y_ptr"),
+    code = ptx(kernels.batched_gemm_a8w8_mxscale_kernel, sig, cx,
+               ("x_ptr", "w_ptr", "xs_ptr", "ws_ptr", "M", "y_ptr"),
                cfg.num_warps, cfg.num_stages)
     print("pointer", cfg.label(), "wgmma" in code, "cp.async.cg.shared.global" in code)
 
@@ -69,8 +69,8 @@ _SCRIPT = textwrap.dedent("""
               SWSG=n // sb * k // sb, SWSN=k // sb, SYM=2 * n, SYG=n, N=n, K=k, SB=sb,
               BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SPLIT_K=cfg.split_k,
               SWAP_AB=cfg.swap_ab, OUT_BF16=True)
-    code = ptx(kernels.bmm_fp8_block_kernel, sig, cx, ("x_ptr", "w_ptr", "xs_ptr", "ws_ptr",
-                                                       "y_ptr", "part_ptr", "count_ptr"),
+    code = ptx(kernels.batched_gemm_a8w8_mxscale_kernel, sig, cx,
+               ("x_ptr", "w_ptr", "xs_ptr", "ws_ptr", "y_ptr", "part_ptr", "count_ptr"),
                cfg.num_warps, cfg.num_stages)
 
     def serial_split(code):  # an acquire-release ticket; the parts read back from L2
@@ -85,9 +85,9 @@ _SCRIPT = textwrap.dedent("""
            "stride_sp": "i32", "q_ptr": "*fp8e4nv", "s_ptr": "*u8"}
     import torch
     cx = dict(H=128, DH=512, RD=64, GS=128, BLOCK_T=qc.block_r, BLOCK_H=qc.block_h,
-              **launch._quant_constants(torch.float8_e4m3fn, 1e-8))
+              **_common.quant_constants(torch.float8_e4m3fn, 1e-8))
     assert cx["HW_CAST"]
-    code = ptx(kernels.inv_rope_group_quant_head_kernel, sig, cx,
+    code = ptx(kernels.inverse_rope_group_quant_head_kernel, sig, cx,
                ("o_ptr", "pos_ptr", "cos_ptr", "sin_ptr", "stride_os", "stride_cp", "stride_sp",
                 "q_ptr", "s_ptr"), qc.num_warps)
     print("quant", "cvt.rn.satfinite.e4m3x2.f32" in code, "ld.global.v4" in code)
@@ -99,10 +99,10 @@ _SCRIPT = textwrap.dedent("""
            "x_ptr": "*fp8e4nv", "xs_ptr": "*u8", "y_ptr": "*bf16", **split}
     cx = dict(SOM=2 * k, SCP=32, SSP=32, SWG=n * k, SWN=k, SWSG=n // sb * k // sb,
               SWSN=k // sb, SYM=2 * n, SYG=n, G=2, N=n, K=k, SB=sb, DH=512, RD=64,
-              **launch._quant_constants(torch.float8_e4m3fn, 1e-8), BLOCK_M=cfg.block_m,
+              **_common.quant_constants(torch.float8_e4m3fn, 1e-8), BLOCK_M=cfg.block_m,
               BLOCK_N=cfg.block_n, SPLIT_K=cfg.split_k, OUT_BF16=True,
-              QUANT_ROWS=launch._FUSED_QUANT_LANES // sb)
-    code = ptx(kernels.inv_rope_quant_bmm_kernel, sig, cx,
+              QUANT_ROWS=configs.FUSED_QUANT_LANES // sb)
+    code = ptx(kernels.wo_a_fp8_kernel, sig, cx,
                tuple(sig)[:6] + ("x_ptr", "xs_ptr", "y_ptr", *split), cfg.num_warps,
                cfg.num_stages)
     print("fused", cfg.label(), "wgmma" in code, serial_split(code),
@@ -133,7 +133,7 @@ _GLUON_SCRIPT = textwrap.dedent("""
     from triton.backends.nvidia.compiler import get_ptxas
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
-    from torch_bridge.backends.triton import gluon_kernels, launch
+    from torch_bridge.backends.triton import launch, wgmma_kernels
 
     g, n, sb = 16, 1024, 128
     cfg = launch.gemm_config(8192, g, n, 4096, sb, wgmma=True)
@@ -161,7 +161,7 @@ _GLUON_SCRIPT = textwrap.dedent("""
                "xs_ptr": "*u8", "ws_ptr": "*u8", "M": "i32", "num_programs": "i32"}
         cx = dict(SXSM=g * k // sb, SXSG=k // sb, SWSG=n // sb * k // sb, SWSN=k // sb, G=g,
                   N=n, K=k, STAGES=stages, num_warps=warps, SWAP_AB=swap)
-        src = GluonASTSource(gluon_kernels.bmm_fp8_block_wgmma_kernel,
+        src = GluonASTSource(wgmma_kernels.batched_gemm_a8w8_mxscale_wgmma_kernel,
                              {**sig, **{c: "constexpr" for c in cx}}, cx,
                              {(3,): [["tt.divisibility", 16]], (4,): [["tt.divisibility", 16]]})
         compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),

@@ -1,7 +1,7 @@
 """The Triton backend (``WOA_BACKEND=triton``): NVIDIA sm_89+ (Hopper tuned) and AMD gfx942/gfx950.
 
 Kernel bodies live in ``kernels.py`` (no torch, so ``torch_bridge.jax_ops`` launches the same
-kernels) and ``gluon_kernels.py`` (the Hopper GEMM where it has enough tiles, in Triton's
+kernels) and ``wgmma_kernels.py`` (the Hopper GEMM where it has enough tiles, in Triton's
 Gluon dialect);
 ``launch.py`` holds the torch launchers, registered as ``torch.library`` custom ops.
 With ``TRITON_INTERPRET=1`` the kernels run on CPU tensors through Triton's interpreter (CI).
