@@ -43,15 +43,19 @@ _SCRIPT = textwrap.dedent("""
     for arch, fp8_dtype in (("gfx942", torch.float8_e4m3fnuz), ("gfx950", torch.float8_e4m3fn)):
         fp8 = {torch.float8_e4m3fnuz: "fp8e4b8", torch.float8_e4m3fn: "fp8e4nv"}[fp8_dtype]
         # As _common.hw_fp8_cast decides on ROCm (this CPU torch is not a ROCm build).
-        consts = {**_common.quant_constants(fp8_dtype, 1e-8), "HW_CAST": False}
-        rope = {"o_ptr": "*bf16", "pos_ptr": "*i64", "cos_ptr": "*bf16", "sin_ptr": "*bf16"}
+        consts = {**_common.quant_constants(fp8_dtype, 1e-8), "HW_CAST": False,
+                  "ROUND_PRODUCTS": configs.round_products("bfloat16", "float32", "hip")}
+        # fp32 tables: the rotation rounds each product with v_mul_f32 (inline assembly)
+        rope = {"o_ptr": "*bf16", "pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32"}
         rows = {"n_tokens": "i32", "n_pos_rows": "i32", "stride_os": "i32", "stride_cp": "i32",
                 "stride_sp": "i32"}
         out = {"q_ptr": f"*{fp8}", "s_ptr": "*u8"}
         qc = launch.quant_config(8192)
-        amdgcn(arch, kernels.inverse_rope_group_quant_head_kernel, {**rope, **rows, **out},
-               dict(H=8 * g, DH=512, RD=64, GS=128, BLOCK_T=qc.block_r, BLOCK_H=qc.block_h,
-                    **consts), ("o_ptr", "q_ptr"), qc.num_warps)
+        asm = amdgcn(arch, kernels.inverse_rope_group_quant_head_kernel,
+                     {**rope, **rows, **out},
+                     dict(H=8 * g, DH=512, RD=64, GS=128, BLOCK_T=qc.block_r,
+                          BLOCK_H=qc.block_h, **consts), ("o_ptr", "q_ptr"), qc.num_warps)
+        assert consts["ROUND_PRODUCTS"] == 2 and "v_mul_f32" in asm
         amdgcn(arch, kernels.inverse_rope_group_quant_kernel,
                {**rope, "n_rows": "i32", **dict(list(rows.items())[1:]), **out},
                dict(NQ=8 * g * 512 // 32, GS=32, DH=512, RD=64, BLOCK_R=32, **consts))
@@ -60,7 +64,8 @@ _SCRIPT = textwrap.dedent("""
                   "stride_ys": "i32", "stride_yh": "i32"}
         for copy in (False, True):
             amdgcn(arch, kernels.inverse_rope_kernel, rotate,
-                   dict(H=8 * g, DH=512, RD=64, BLOCK_R=32, COPY_NOPE=copy))
+                   dict(H=8 * g, DH=512, RD=64, BLOCK_R=32, COPY_NOPE=copy,
+                        ROUND_PRODUCTS=consts["ROUND_PRODUCTS"]))
         print(arch, "quant and rope")
 
         for m, groups, sb in ((1, g, 128), (64, g, 128), (8192, g, 128), (1, 2, 128),

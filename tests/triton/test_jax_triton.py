@@ -193,17 +193,20 @@ def test_quant_constants_are_the_torch_launchers(monkeypatch):
     import torch
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the compiled CUDA kernel's values
-    c = jax_launch._quant_constants(jnp.float8_e4m3fn, woa_jax.CUDA_AMAX_FLOOR)
+    c = jax_launch._quant_constants(jnp.float8_e4m3fn, woa_jax.CUDA_AMAX_FLOOR, jnp.bfloat16,
+                                    jnp.bfloat16)
     assert c == dict(INV_FP8_MAX=float(np.float32(1 / 448)), FP8_MAX=448.0,
                      FP8_MIN_NORMAL_EXP=-6, AMAX_FLOOR=float(np.float32(1e-10)),
-                     HW_CAST=torch.version.hip is None)
-    fnuz = jax_launch._quant_constants(jnp.float8_e4m3fnuz, 1e-8)
+                     HW_CAST=torch.version.hip is None, ROUND_PRODUCTS=0)
+    fnuz = jax_launch._quant_constants(jnp.float8_e4m3fnuz, 1e-8, jnp.bfloat16, jnp.float32)
     assert (fnuz["FP8_MAX"], fnuz["FP8_MIN_NORMAL_EXP"], fnuz["HW_CAST"]) == (240.0, -7, False)
+    # fp32 tables: each product of the rotation rounded by PTX mul.rn (as the oracle rounds it)
+    assert fnuz["ROUND_PRODUCTS"] == 1
 
 
 def _quant_call(s, g, gs=128, dh=DH):
     return jax_launch.quant_call(s, g * HPG, dh, RD, P, g, gs, fp8_dtype=jnp.float8_e4m3fn,
-                                 amax_floor=1e-8)
+                                 amax_floor=1e-8, o_dtype=jnp.bfloat16, rope_dtype=jnp.bfloat16)
 
 
 def test_quant_spec_rows_kernel(monkeypatch):
@@ -306,7 +309,8 @@ def test_chain_takes_the_fused_launch(native_ok, monkeypatch):
 def test_fused_spec_follows_fused_config():
     call = jax_launch.fused_call(1, 16 * HPG, DH, RD, P, 16, N, HPG * DH, 128, N // 128,
                                  fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8,
-                                 dtype=jnp.bfloat16)
+                                 dtype=jnp.bfloat16, o_dtype=jnp.bfloat16,
+                                 rope_dtype=jnp.bfloat16)
     cfg = launch.fused_config(1, 16, N, HPG * DH, 128)
     cx = dict(call.constexprs)
     assert call.kernel is jax_launch._wo_a_fp8_kernel and call.scalars == (1, P)
@@ -320,7 +324,8 @@ def test_fused_spec_follows_fused_config():
         ((1, 16, N), jnp.bfloat16)]
     with pytest.raises(ValueError, match="the native fused chain does not split K"):
         jax_launch.fused_call(1, 2 * HPG, DH, RD, P, 2, N, HPG * DH, 128, N // 128,
-                              fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8, dtype=jnp.bfloat16)
+                              fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8, dtype=jnp.bfloat16,
+                              o_dtype=jnp.bfloat16, rope_dtype=jnp.bfloat16)
 
 
 _COMPILE_SCRIPT = textwrap.dedent("""
@@ -332,7 +337,8 @@ _COMPILE_SCRIPT = textwrap.dedent("""
     from triton.compiler import ASTSource
     from torch_bridge.backends.triton import configs, jax_launch, launch
 
-    TY = {"bfloat16": "bf16", "int32": "i32", "uint8": "u8", "float8_e4m3fn": "fp8e4nv"}
+    TY = {"bfloat16": "bf16", "float32": "fp32", "int32": "i32", "uint8": "u8",
+          "float8_e4m3fn": "fp8e4nv"}
 
     def ptx(call, in_dtypes):
         # jax-triton's signature: arrays 16-byte aligned, scalars unhinted, outputs last
@@ -349,29 +355,39 @@ _COMPILE_SCRIPT = textwrap.dedent("""
     for cfg in (launch.QuantConfig(), launch.QuantConfig(block_r=4, block_h=8)):
         configs.quant_config = lambda s, cfg=cfg: cfg
         call = jax_launch.quant_call(7, 16, 512, 64, 1024, 2, 128,
-                                     fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8)
+                                     fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8,
+                                     o_dtype=jnp.bfloat16, rope_dtype=jnp.bfloat16)
         print(call.kernel.__name__, sorted(set(re.findall(r"ld\\.global\\.v\\d", ptx(call, rope)))))
+    rope32 = ["bfloat16", "int32", "float32", "float32"]
+    call = jax_launch.quant_call(7, 16, 512, 64, 1024, 2, 128, fp8_dtype=jnp.float8_e4m3fn,
+                                 amax_floor=1e-8, o_dtype=jnp.bfloat16, rope_dtype=jnp.float32)
+    print("quant fp32 tables", "mul.rn.f32" in ptx(call, rope32))
     call = jax_launch.gemm_call(1, 2, 256, 512, 128, 2, dtype=jnp.bfloat16)
     print("gemm", "wgmma" in ptx(call, ["float8_e4m3fn"] * 2 + ["uint8"] * 2))
-    call = jax_launch.fused_call(1, 128, 512, 64, 1024, 16, 1024, 4096, 128, 8,
-                                 fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8,
-                                 dtype=jnp.bfloat16)
-    code = ptx(call, rope + ["float8_e4m3fn", "uint8"])
-    print("fused", "wgmma" in code, "cvt.rn.satfinite.e4m3x2.f32" in code)
+    for tables, rope_dtype in ((rope, jnp.bfloat16), (rope32, jnp.float32)):
+        call = jax_launch.fused_call(1, 128, 512, 64, 1024, 16, 1024, 4096, 128, 8,
+                                     fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8,
+                                     dtype=jnp.bfloat16, o_dtype=jnp.bfloat16,
+                                     rope_dtype=rope_dtype)
+        code = ptx(call, tables + ["float8_e4m3fn", "uint8"])
+        print("fused", "wgmma" in code, "cvt.rn.satfinite.e4m3x2.f32" in code,
+              "mul.rn.f32" in code)
 """)
 
 
 def test_specs_compile_for_sm90(tmp_path):
     """Every native launch compiles to sm_90 PTX with vectorized ``o`` loads (constexpr strides),
-    wgmma in the GEMM, wgmma and the hardware fp8 cast in the fused chain; a subprocess, since
-    this session's kernels are interpreted."""
+    wgmma in the GEMM, wgmma and the hardware fp8 cast in the fused chain, and with fp32 tables
+    the rotation's products rounded by ``mul.rn``; a subprocess, since the kernels of this
+    process are interpreted."""
     lines = run_compile_script(_COMPILE_SCRIPT, tmp_path)
-    assert len(lines) == 4, lines
+    assert len(lines) == 6, lines
     assert lines[0].startswith("_inverse_rope_group_quant_kernel "), lines
     assert lines[1].startswith("_inverse_rope_group_quant_head_kernel "), lines
     assert "ld.global.v4" in lines[0] and "ld.global.v" in lines[1], lines
-    assert lines[2] == "gemm True", lines
-    assert lines[3] == "fused True True", lines
+    assert lines[2] == "quant fp32 tables True", lines
+    assert lines[3] == "gemm True", lines
+    assert lines[4].startswith("fused True True") and lines[5] == "fused True True True", lines
 
 
 # ---------------------------------------------------------------------------------------------

@@ -85,28 +85,31 @@ _SCRIPT = textwrap.dedent("""
            "stride_sp": "i32", "q_ptr": "*fp8e4nv", "s_ptr": "*u8"}
     import torch
     cx = dict(H=128, DH=512, RD=64, GS=128, BLOCK_T=qc.block_r, BLOCK_H=qc.block_h,
-              **_common.quant_constants(torch.float8_e4m3fn, 1e-8))
+              **_common.quant_constants(torch.float8_e4m3fn, 1e-8), ROUND_PRODUCTS=0)
     assert cx["HW_CAST"]
     code = ptx(kernels.inverse_rope_group_quant_head_kernel, sig, cx,
                ("o_ptr", "pos_ptr", "cos_ptr", "sin_ptr", "stride_os", "stride_cp", "stride_sp",
                 "q_ptr", "s_ptr"), qc.num_warps)
     print("quant", "cvt.rn.satfinite.e4m3x2.f32" in code, "ld.global.v4" in code)
 
-    # The fused chain at its G = 2 decode shape: wgmma and serial split-K.
+    # The fused chain at its G = 2 decode shape: wgmma and serial split-K; fp32 tables, so
+    # the rotation's products are rounded by mul.rn (configs.round_products).
     cfg = launch.fused_config(1, 2, n, k, sb)
-    sig = {"o_ptr": "*bf16", "pos_ptr": "*i32", "cos_ptr": "*bf16", "sin_ptr": "*bf16",
+    sig = {"o_ptr": "*bf16", "pos_ptr": "*i32", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
            "w_ptr": "*fp8e4nv", "ws_ptr": "*u8", "M": "i32", "n_pos_rows": "i32",
            "x_ptr": "*fp8e4nv", "xs_ptr": "*u8", "y_ptr": "*bf16", **split}
     cx = dict(SOM=2 * k, SCP=32, SSP=32, SWG=n * k, SWN=k, SWSG=n // sb * k // sb,
               SWSN=k // sb, SYM=2 * n, SYG=n, G=2, N=n, K=k, SB=sb, DH=512, RD=64,
-              **_common.quant_constants(torch.float8_e4m3fn, 1e-8), BLOCK_M=cfg.block_m,
+              **_common.quant_constants(torch.float8_e4m3fn, 1e-8),
+              ROUND_PRODUCTS=configs.round_products("bfloat16", "float32", "cuda"),
+              BLOCK_M=cfg.block_m,
               BLOCK_N=cfg.block_n, SPLIT_K=cfg.split_k, OUT_BF16=True,
               QUANT_ROWS=configs.FUSED_QUANT_LANES // sb)
     code = ptx(kernels.wo_a_fp8_kernel, sig, cx,
                tuple(sig)[:6] + ("x_ptr", "xs_ptr", "y_ptr", *split), cfg.num_warps,
                cfg.num_stages)
     print("fused", cfg.label(), "wgmma" in code, serial_split(code),
-          "cvt.rn.satfinite.e4m3x2.f32" in code)
+          "cvt.rn.satfinite.e4m3x2.f32" in code, "mul.rn.f32" in code)
 """)
 
 
@@ -115,7 +118,7 @@ def test_gpu_only_paths_compile_for_sm90(tmp_path):
     copy; the default decode tile without Gluon (64 x 64 pointer loads) uses wgmma fed by
     cp.async; split-K uses wgmma, an acquire-release ticket and L2 reads of the parts; the
     per-head quant kernel uses the hardware RNE fp8 cast and 16-byte loads. The fused chain uses
-    wgmma, serial split-K and the hardware cast."""
+    wgmma, serial split-K, the hardware cast and, with fp32 tables, products rounded apart."""
     lines = run_compile_script(_SCRIPT, tmp_path)
     assert len(lines) == 6, lines
     assert lines[0].startswith("tma ") and lines[0].endswith("True True"), lines
@@ -123,7 +126,7 @@ def test_gpu_only_paths_compile_for_sm90(tmp_path):
     assert lines[2].startswith("pointer ") and lines[2].endswith("True True"), lines
     assert lines[3].startswith("split ") and lines[3].endswith("True True"), lines
     assert lines[4] == "quant True True", lines
-    assert lines[5].startswith("fused ") and lines[5].endswith("True True True"), lines
+    assert lines[5].startswith("fused ") and lines[5].endswith("True True True True"), lines
 
 
 _GLUON_SCRIPT = textwrap.dedent("""

@@ -119,6 +119,12 @@ def hw_fp8_cast(fp8_dtype: torch.dtype) -> bool:
     return target() == "cuda" and fp8_dtype == torch.float8_e4m3fn
 
 
+def round_products(o: torch.Tensor, cos_cache: torch.Tensor) -> int:
+    """The rotation's ``ROUND_PRODUCTS`` for these operands here (``configs.round_products``)."""
+    return configs.round_products(str(o.dtype).removeprefix("torch."),
+                                  str(cos_cache.dtype).removeprefix("torch."), target())
+
+
 def quant_constants(fp8_dtype: torch.dtype, amax_floor: float) -> dict:
     """The quantizing kernels' fp8 constexprs for this torch fp8 dtype (``configs``)."""
     name = str(fp8_dtype).removeprefix("torch.")

@@ -20,6 +20,7 @@ from ._common import (
     on_device_of,
     output,
     quant_constants,
+    round_products,
     rows_contiguous,
     run_mutating,
 )
@@ -53,6 +54,7 @@ def _wo_a_fp8_op(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tens
             SSP=sin_cache.stride(0), SWG=w.stride(0), SWN=w.stride(1), SWSG=w_scale.stride(0),
             SWSN=w_scale.stride(1), SYM=out.stride(0), SYG=out.stride(1), G=g, N=n, K=k, SB=block,
             DH=dh, RD=2 * cos_cache.shape[1], **quant_constants(w.dtype, amax_floor),
+            ROUND_PRODUCTS=round_products(o, cos_cache),
             BLOCK_M=block_m, BLOCK_N=block_n, SPLIT_K=split_k,
             OUT_BF16=out.dtype == torch.bfloat16,
             QUANT_ROWS=configs.FUSED_QUANT_LANES // block,
@@ -146,7 +148,7 @@ def _launch_inverse_rope(o: torch.Tensor, positions: torch.Tensor, cos_cache: to
             o, positions, cos_cache, sin_cache, s * h, cos_cache.shape[0], o.stride(0),
             o.stride(1), cos_cache.stride(0), sin_cache.stride(0), y, y.stride(0), y.stride(1),
             H=h, DH=dh, RD=2 * cos_cache.shape[1], BLOCK_R=ROPE_BLOCK_R, COPY_NOPE=y is not o,
-            num_warps=4)
+            ROUND_PRODUCTS=round_products(o, cos_cache), num_warps=4)
 
 
 @launcher_op("inverse_rope", mutates_args=("y",))

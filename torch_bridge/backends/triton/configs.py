@@ -107,6 +107,27 @@ def quant_constants(fp8_name: str, amax_floor: float,
             ("AMAX_FLOOR", float(np.float32(amax_floor))), ("HW_CAST", hw_cast))
 
 
+#: ``ROUND_PRODUCTS`` values: leave the products to the compiler, or round each product to fp32
+#: with the target's own multiply instruction (PTX ``mul.rn.f32``, AMDGCN ``v_mul_f32``).
+PRODUCTS_AS_COMPILED, PRODUCTS_PTX, PRODUCTS_AMDGCN = 0, 1, 2
+
+#: Dtypes whose products of two values are exact in fp32 (at most 24 significant bits).
+_NARROW_FLOATS = ("bfloat16", "float16")
+
+
+def round_products(o_dtype: str, rope_dtype: str, target: str) -> int:
+    """How the rotation's kernels must round the products ``a * cos`` and ``b * sin``.
+
+    The oracle rounds each product to fp32 before the sum; a compiled ``a * c + b * s`` becomes
+    a fused multiply-add, which differs when a product is inexact. Products of two bf16/fp16
+    values are exact, so only an fp32 ``o`` or fp32 table needs each product rounded on its own
+    (``target``: ``"cuda"``, ``"hip"``, or ``"interpreter"``, which never contracts).
+    """
+    if o_dtype in _NARROW_FLOATS and rope_dtype in _NARROW_FLOATS:
+        return PRODUCTS_AS_COMPILED
+    return {"cuda": PRODUCTS_PTX, "hip": PRODUCTS_AMDGCN}.get(target, PRODUCTS_AS_COMPILED)
+
+
 # ---------------------------------------------------------------------------------------------
 # Block-scaled FP8 batched GEMM
 # ---------------------------------------------------------------------------------------------

@@ -94,7 +94,7 @@ def _inverse_rope_group_quant_kernel(
     STRIDE_CP: tl.constexpr, STRIDE_SP: tl.constexpr, NQ: tl.constexpr, GS: tl.constexpr,
     DH: tl.constexpr, RD: tl.constexpr, INV_FP8_MAX: tl.constexpr, FP8_MAX: tl.constexpr,
     FP8_MIN_NORMAL_EXP: tl.constexpr, AMAX_FLOOR: tl.constexpr, HW_CAST: tl.constexpr,
-    BLOCK_R: tl.constexpr
+    ROUND_PRODUCTS: tl.constexpr, BLOCK_R: tl.constexpr
 ):
     """``kernels.inverse_rope_group_quant_kernel`` with constexpr strides (inlined: same
     code)."""
@@ -103,7 +103,7 @@ def _inverse_rope_group_quant_kernel(
         n_pos_rows=n_pos_rows, stride_os=STRIDE_OS, stride_cp=STRIDE_CP, stride_sp=STRIDE_SP,
         q_ptr=q_ptr, s_ptr=s_ptr, NQ=NQ, GS=GS, DH=DH, RD=RD, INV_FP8_MAX=INV_FP8_MAX,
         FP8_MAX=FP8_MAX, FP8_MIN_NORMAL_EXP=FP8_MIN_NORMAL_EXP, AMAX_FLOOR=AMAX_FLOOR,
-        HW_CAST=HW_CAST, BLOCK_R=BLOCK_R)
+        HW_CAST=HW_CAST, ROUND_PRODUCTS=ROUND_PRODUCTS, BLOCK_R=BLOCK_R)
 
 
 @triton.jit
@@ -112,7 +112,7 @@ def _inverse_rope_group_quant_head_kernel(
     STRIDE_CP: tl.constexpr, STRIDE_SP: tl.constexpr, H: tl.constexpr, DH: tl.constexpr,
     RD: tl.constexpr, GS: tl.constexpr, INV_FP8_MAX: tl.constexpr, FP8_MAX: tl.constexpr,
     FP8_MIN_NORMAL_EXP: tl.constexpr, AMAX_FLOOR: tl.constexpr, HW_CAST: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr
+    ROUND_PRODUCTS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr
 ):
     """``kernels.inverse_rope_group_quant_head_kernel`` with constexpr strides (inlined)."""
     kernels.inverse_rope_group_quant_head_kernel(
@@ -120,19 +120,23 @@ def _inverse_rope_group_quant_head_kernel(
         n_pos_rows=n_pos_rows, stride_os=STRIDE_OS, stride_cp=STRIDE_CP, stride_sp=STRIDE_SP,
         q_ptr=q_ptr, s_ptr=s_ptr, H=H, DH=DH, RD=RD, GS=GS, INV_FP8_MAX=INV_FP8_MAX,
         FP8_MAX=FP8_MAX, FP8_MIN_NORMAL_EXP=FP8_MIN_NORMAL_EXP, AMAX_FLOOR=AMAX_FLOOR,
-        HW_CAST=HW_CAST, BLOCK_T=BLOCK_T, BLOCK_H=BLOCK_H)
+        HW_CAST=HW_CAST, ROUND_PRODUCTS=ROUND_PRODUCTS, BLOCK_T=BLOCK_T, BLOCK_H=BLOCK_H)
 
 
-def _quant_constants(fp8_dtype, amax_floor: float) -> dict[str, Any]:
-    """The quantizing kernels' fp8 constexprs (``configs.quant_constants``) on this route's only
-    target, CUDA, where the e4m3fn cast is already round-to-nearest-even."""
+def _quant_constants(fp8_dtype, amax_floor: float, o_dtype, rope_dtype) -> dict[str, Any]:
+    """The quantizing kernels' constexprs (``configs.quant_constants``, ``ROUND_PRODUCTS``) on
+    this route's only target, CUDA, where the e4m3fn cast is already round-to-nearest-even."""
     name = np.dtype(fp8_dtype).name
-    hw_cast = name == "float8_e4m3fn" and not interpreter_on()
-    return dict(configs.quant_constants(name, amax_floor, hw_cast))
+    target = "interpreter" if interpreter_on() else "cuda"
+    hw_cast = name == "float8_e4m3fn" and target == "cuda"
+    return dict(configs.quant_constants(name, amax_floor, hw_cast),
+                ROUND_PRODUCTS=configs.round_products(np.dtype(o_dtype).name,
+                                                      np.dtype(rope_dtype).name, target))
 
 
 def quant_call(s: int, h: int, dh: int, rd: int, n_pos: int, num_groups: int,
-               quant_group_size: int, *, fp8_dtype, amax_floor: float) -> KernelCall:
+               quant_group_size: int, *, fp8_dtype, amax_floor: float, o_dtype,
+               rope_dtype) -> KernelCall:
     """The quant launch for ``o [S, H, Dh]``, cos/sin ``[n_pos, rd / 2]``, positions ``[S]``.
 
     The kernel and grid are ``configs.quant_launch`` of ``configs.quant_config(S)``, as for
@@ -146,7 +150,8 @@ def quant_call(s: int, h: int, dh: int, rd: int, n_pos: int, num_groups: int,
                  jax.ShapeDtypeStruct((s, num_groups, d // gs), jnp.uint8))
     plan = configs.quant_launch(s, h, dh, gs, cfg)
     constexprs = dict(STRIDE_OS=h * dh, STRIDE_CP=rd // 2, STRIDE_SP=rd // 2, DH=dh, RD=rd, GS=gs,
-                      **_quant_constants(fp8_dtype, amax_floor), **plan.shape)
+                      **_quant_constants(fp8_dtype, amax_floor, o_dtype, rope_dtype),
+                      **plan.shape)
     kernel = (_inverse_rope_group_quant_head_kernel if plan.per_head
               else _inverse_rope_group_quant_kernel)
     return KernelCall(kernel, (plan.n_work, n_pos), out_shape, plan.grid, cfg.num_warps, None,
@@ -161,7 +166,8 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
     """
     s, h, dh = o.shape
     call = quant_call(s, h, dh, 2 * cos_cache.shape[1], cos_cache.shape[0], num_groups,
-                      quant_group_size, fp8_dtype=fp8_dtype, amax_floor=amax_floor)
+                      quant_group_size, fp8_dtype=fp8_dtype, amax_floor=amax_floor,
+                      o_dtype=o.dtype, rope_dtype=cos_cache.dtype)
     if s == 0:  # a zero-size grid is not a valid launch
         return tuple(jnp.zeros(t.shape, t.dtype) for t in call.out_shape)
     return run(call, o, positions, cos_cache, sin_cache)
@@ -221,8 +227,8 @@ def _wo_a_fp8_kernel(
     SWSG: tl.constexpr, SWSN: tl.constexpr, SYM: tl.constexpr, SYG: tl.constexpr, G: tl.constexpr,
     N: tl.constexpr, K: tl.constexpr, SB: tl.constexpr, DH: tl.constexpr, RD: tl.constexpr,
     INV_FP8_MAX: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MIN_NORMAL_EXP: tl.constexpr,
-    AMAX_FLOOR: tl.constexpr, HW_CAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    OUT_BF16: tl.constexpr, QUANT_ROWS: tl.constexpr
+    AMAX_FLOOR: tl.constexpr, HW_CAST: tl.constexpr, ROUND_PRODUCTS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, OUT_BF16: tl.constexpr, QUANT_ROWS: tl.constexpr
 ):
     """``kernels.wo_a_fp8_kernel`` without split-K, so without its scratch (inlined)."""
     kernels.wo_a_fp8_kernel(
@@ -231,8 +237,8 @@ def _wo_a_fp8_kernel(
         part_ptr=y_ptr, count_ptr=y_ptr, SOM=SOM, SCP=SCP, SSP=SSP, SWG=SWG, SWN=SWN,
         SWSG=SWSG, SWSN=SWSN, SYM=SYM, SYG=SYG, G=G, N=N, K=K, SB=SB, DH=DH, RD=RD,
         INV_FP8_MAX=INV_FP8_MAX, FP8_MAX=FP8_MAX, FP8_MIN_NORMAL_EXP=FP8_MIN_NORMAL_EXP,
-        AMAX_FLOOR=AMAX_FLOOR, HW_CAST=HW_CAST, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, SPLIT_K=1,
-        OUT_BF16=OUT_BF16, QUANT_ROWS=QUANT_ROWS)
+        AMAX_FLOOR=AMAX_FLOOR, HW_CAST=HW_CAST, ROUND_PRODUCTS=ROUND_PRODUCTS, BLOCK_M=BLOCK_M,
+        BLOCK_N=BLOCK_N, SPLIT_K=1, OUT_BF16=OUT_BF16, QUANT_ROWS=QUANT_ROWS)
 
 
 def fused_fits(s: int, g: int, n: int, k: int, block: int, dh: int, rd: int) -> bool:
@@ -245,8 +251,8 @@ def fused_fits(s: int, g: int, n: int, k: int, block: int, dh: int, rd: int) -> 
 
 
 def fused_call(s: int, h: int, dh: int, rd: int, n_pos: int, g: int, n: int, k: int,
-               block: int, n_blocks: int, *, fp8_dtype, amax_floor: float,
-               dtype) -> KernelCall:
+               block: int, n_blocks: int, *, fp8_dtype, amax_floor: float, dtype, o_dtype,
+               rope_dtype) -> KernelCall:
     """The fused chain's launch for dense ``o [S, H, Dh]``, positions ``[S]``, cos/sin
     ``[n_pos, rd / 2]``, ``w [G, N, K]``, ``w_scale [G, n_blocks, K / B]`` (uint8). Outputs:
     the quantized activations ``x_fp8 [S, G, K]``, ``x_scale [S, G, K / B]`` uint8 (scratch)
@@ -262,8 +268,8 @@ def fused_call(s: int, h: int, dh: int, rd: int, n_pos: int, g: int, n: int, k: 
     constexprs = dict(
         SOM=h * dh, SCP=rd // 2, SSP=rd // 2, SWG=n * k, SWN=k, SWSG=n_blocks * kb, SWSN=kb,
         SYM=g * n, SYG=n, G=g, N=n, K=k, SB=block, DH=dh, RD=rd,
-        **_quant_constants(fp8_dtype, amax_floor), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        OUT_BF16=np.dtype(dtype) == np.dtype(jnp.bfloat16),
+        **_quant_constants(fp8_dtype, amax_floor, o_dtype, rope_dtype), BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n, OUT_BF16=np.dtype(dtype) == np.dtype(jnp.bfloat16),
         QUANT_ROWS=configs.FUSED_QUANT_LANES // block)
     grid = (triton.cdiv(s, cfg.block_m) * triton.cdiv(n, cfg.block_n), g, 1)
     return KernelCall(_wo_a_fp8_kernel, (s, n_pos), out_shape, grid, cfg.num_warps, cfg.num_stages,
@@ -278,7 +284,8 @@ def wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: int, *,
     g, n, k = w.shape
     call = fused_call(s, h, dh, 2 * cos_cache.shape[1], cos_cache.shape[0], num_groups, n, k,
                       k // w_scale.shape[2], w_scale.shape[1], fp8_dtype=w.dtype,
-                      amax_floor=amax_floor, dtype=dtype)
+                      amax_floor=amax_floor, dtype=dtype, o_dtype=o.dtype,
+                      rope_dtype=cos_cache.dtype)
     _, _, y = run(call, o, positions, cos_cache, sin_cache, w, _scale_bytes(w_scale))
     return y
 

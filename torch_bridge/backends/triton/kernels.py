@@ -78,15 +78,43 @@ def _round_bf16_rne(x):
 
 
 @triton.jit
-def _inverse_rope_pairs(x, c, s, is_rope, ROWS: tl.constexpr, GS: tl.constexpr):
+def _product(a, b, ROUND_PRODUCTS: tl.constexpr):
+    """fp32 ``a * b``; with ``ROUND_PRODUCTS`` (``configs.round_products``) an instruction that
+    rounds the product itself, which no compiler pass fuses into an FMA with the sum after it.
+
+    PTX's ``mul.rn`` is never contracted (an explicit rounding mode), and inline assembly is
+    opaque to LLVM; ``v_mul_f32`` is AMDGCN's fp32 multiply.
+    """
+    if ROUND_PRODUCTS == 1:
+        p = tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=f,f,f", [a, b],
+                                      dtype=tl.float32, is_pure=True, pack=1)
+    elif ROUND_PRODUCTS == 2:
+        p = tl.inline_asm_elementwise("v_mul_f32 $0, $1, $2", "=v,v,v", [a, b],
+                                      dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        p = a * b
+    return p
+
+
+@triton.jit
+def _rotate(a, b, c, s, ROUND_PRODUCTS: tl.constexpr):
+    """``(a c + b s, b c - a s)`` in fp32, each product rounded before the sum where
+    ``ROUND_PRODUCTS`` asks (the oracle's arithmetic: docs/NUMERICS.md, inverse RoPE)."""
+    return (_product(a, c, ROUND_PRODUCTS) + _product(b, s, ROUND_PRODUCTS),
+            _product(b, c, ROUND_PRODUCTS) - _product(a, s, ROUND_PRODUCTS))
+
+
+@triton.jit
+def _inverse_rope_pairs(x, c, s, is_rope, ROWS: tl.constexpr, GS: tl.constexpr,
+                        ROUND_PRODUCTS: tl.constexpr):
     """Rotate the GPT-J pairs of ``x [ROWS, GS]`` (fp32) by -theta where ``is_rope``.
 
-    ``c``, ``s`` and ``is_rope`` broadcast to ``[ROWS, GS / 2]``. Every kernel that rotates goes
-    through this one expression, so the compiler contracts the products the same way in each.
+    ``c``, ``s`` and ``is_rope`` broadcast to ``[ROWS, GS / 2]``.
     """
     a, b = tl.split(tl.reshape(x, (ROWS, GS // 2, 2)))
-    a2 = tl.where(is_rope, a * c + b * s, a)
-    b2 = tl.where(is_rope, b * c - a * s, b)
+    a1, b1 = _rotate(a, b, c, s, ROUND_PRODUCTS)
+    a2 = tl.where(is_rope, a1, a)
+    b2 = tl.where(is_rope, b1, b)
     return tl.reshape(tl.join(a2, b2), (ROWS, GS))
 
 
@@ -105,7 +133,8 @@ def _rope_cos_sin(lane, row_ok, pos, cos_ptr, sin_ptr, stride_cp, stride_sp,
 
 @triton.jit
 def _inverse_rope_group(x, lane0, pos, row_ok, cos_ptr, sin_ptr, stride_cp, stride_sp,
-                    ROPE_FROM: tl.constexpr, ROWS: tl.constexpr, GS: tl.constexpr):
+                        ROPE_FROM: tl.constexpr, ROWS: tl.constexpr, GS: tl.constexpr,
+                        ROUND_PRODUCTS: tl.constexpr):
     """Inverse RoPE of one 1 x GS group per row, ``x [ROWS, GS]`` fp32 starting at head lane
     ``lane0``; lanes below ``ROPE_FROM`` pass through unchanged, cos/sin rows are ``pos``.
 
@@ -120,7 +149,7 @@ def _inverse_rope_group(x, lane0, pos, row_ok, cos_ptr, sin_ptr, stride_cp, stri
                 other=1.0).to(tl.float32)
     s = tl.load(sin_ptr + pos[:, None] * stride_sp + col[None, :], mask=rope_ok,
                 other=0.0).to(tl.float32)
-    return _inverse_rope_pairs(x, c, s, is_rope[None, :], ROWS, GS)
+    return _inverse_rope_pairs(x, c, s, is_rope[None, :], ROWS, GS, ROUND_PRODUCTS)
 
 
 @triton.jit
@@ -136,6 +165,7 @@ def inverse_rope_group_quant_kernel(
     FP8_MIN_NORMAL_EXP: tl.constexpr,  # -6 for e4m3fn, -7 for e4m3fnuz
     AMAX_FLOOR: tl.constexpr,  # the fp32-rounded floor
     HW_CAST: tl.constexpr,  # the target's fp32 -> fp8 cast is RNE (CUDA e4m3fn)
+    ROUND_PRODUCTS: tl.constexpr,  # how the rotation rounds its products (_product)
     BLOCK_R: tl.constexpr,
 ):
     """One program quantizes ``BLOCK_R`` consecutive 1 x GS groups of the flat ``[S * NQ, GS]``.
@@ -161,7 +191,7 @@ def inverse_rope_group_quant_kernel(
     d = (qg[:, None] * GS + 2 * pairs[None, :]) % DH
     c, s, is_rope = _rope_cos_sin(d, row_ok, pos, cos_ptr, sin_ptr, stride_cp, stride_sp,
                                   DH - RD)
-    v = _inverse_rope_pairs(x, c, s, is_rope, BLOCK_R, GS)
+    v = _inverse_rope_pairs(x, c, s, is_rope, BLOCK_R, GS, ROUND_PRODUCTS)
     q, byte = _quantize_group(v, INV_FP8_MAX, FP8_MAX, FP8_MIN_NORMAL_EXP, AMAX_FLOOR, HW_CAST,
                               q_ptr.dtype.element_ty)
     out_off = rows[:, None] * GS + lanes[None, :]
@@ -203,6 +233,7 @@ def inverse_rope_group_quant_head_kernel(
     FP8_MIN_NORMAL_EXP: tl.constexpr,  # -6 for e4m3fn, -7 for e4m3fnuz
     AMAX_FLOOR: tl.constexpr,  # the fp32-rounded floor
     HW_CAST: tl.constexpr,  # the target's fp32 -> fp8 cast is RNE (CUDA e4m3fn)
+    ROUND_PRODUCTS: tl.constexpr,  # how the rotation rounds its products (_product)
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
     """One program quantizes ``BLOCK_T`` tokens x ``BLOCK_H`` heads, one 1 x GS group at a time.
@@ -254,7 +285,7 @@ def inverse_rope_group_quant_head_kernel(
                 w3 = tl.load(in_row + (j + 4) * GS, mask=tok_ok[:, None], other=0.0)
             if (j + 1) * GS > ROPE_FROM:  # this group holds rope lanes
                 x = _inverse_rope_group(x, j * GS, pos, tok_ok, cos_ptr, sin_ptr, stride_cp,
-                                    stride_sp, ROPE_FROM, BLOCK_T, GS)
+                                        stride_sp, ROPE_FROM, BLOCK_T, GS, ROUND_PRODUCTS)
             q, byte = _quantize_group(x, INV_FP8_MAX, FP8_MAX, FP8_MIN_NORMAL_EXP, AMAX_FLOOR,
                                       HW_CAST, FP8_TY)
             tl.store(out_row + j * GS + lanes[None, :], q, mask=tok_ok[:, None])
@@ -432,8 +463,8 @@ def wo_a_fp8_kernel(
     G: tl.constexpr, N: tl.constexpr, K: tl.constexpr, SB: tl.constexpr, DH: tl.constexpr,
     RD: tl.constexpr, INV_FP8_MAX: tl.constexpr, FP8_MAX: tl.constexpr,
     FP8_MIN_NORMAL_EXP: tl.constexpr, AMAX_FLOOR: tl.constexpr, HW_CAST: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
-    OUT_BF16: tl.constexpr, QUANT_ROWS: tl.constexpr,
+    ROUND_PRODUCTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SPLIT_K: tl.constexpr, OUT_BF16: tl.constexpr, QUANT_ROWS: tl.constexpr,
 ):
     """The decode chain in one launch: each program first quantizes the activations its tile
     reads, then runs ``batched_gemm_a8w8_mxscale_kernel``'s swapped tile on them.
@@ -470,7 +501,7 @@ def wo_a_fp8_kernel(
         # Head offset of each even lane (a group may start inside a head when G > H).
         lane = (g * K + kb[:, None] * SB) % DH + 2 * pairs[None, :]
         c, s, is_rope = _rope_cos_sin(lane, row_ok, pos, cos_ptr, sin_ptr, SCP, SSP, ROPE_FROM)
-        x = _inverse_rope_pairs(x, c, s, is_rope, QUANT_ROWS, SB)
+        x = _inverse_rope_pairs(x, c, s, is_rope, QUANT_ROWS, SB, ROUND_PRODUCTS)
         q, byte = _quantize_group(x, INV_FP8_MAX, FP8_MAX, FP8_MIN_NORMAL_EXP, AMAX_FLOOR,
                                   HW_CAST, FP8_TY)
         tl.store(x_ptr + tok[:, None] * (G * K) + g * K + kb[:, None] * SB + lanes[None, :], q,
@@ -487,7 +518,7 @@ def inverse_rope_kernel(
     o_ptr, pos_ptr, cos_ptr, sin_ptr, n_rows, n_pos_rows, stride_os, stride_oh, stride_cp,
     stride_sp, y_ptr, stride_ys, stride_yh,
     H: tl.constexpr, DH: tl.constexpr, RD: tl.constexpr, BLOCK_R: tl.constexpr,
-    COPY_NOPE: tl.constexpr,
+    COPY_NOPE: tl.constexpr, ROUND_PRODUCTS: tl.constexpr,
 ):
     """Rotate the last RD lanes of each of ``BLOCK_R`` (token, head) rows of ``o`` by -theta
     into ``y``; with ``COPY_NOPE`` the other lanes are copied too (``y`` a rotated copy of
@@ -519,5 +550,5 @@ def inverse_rope_kernel(
                 other=1.0).to(tl.float32)
     s = tl.load(sin_ptr + pos[:, None] * stride_sp + cols[None, :], mask=row_ok[:, None],
                 other=0.0).to(tl.float32)
-    v = tl.reshape(tl.join(a * c + b * s, b * c - a * s), (BLOCK_R, RD))
+    v = tl.reshape(tl.join(*_rotate(a, b, c, s, ROUND_PRODUCTS)), (BLOCK_R, RD))
     tl.store(out_row + ROPE_FROM, _round_bf16_rne(v).to(x.dtype), mask=row_ok[:, None])

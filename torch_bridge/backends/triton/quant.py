@@ -14,6 +14,7 @@ from ._common import (
     launcher_op,
     on_device_of,
     quant_constants,
+    round_products,
     rows_contiguous,
     run_mutating,
 )
@@ -38,6 +39,7 @@ def _inverse_rope_group_quant_op(o: torch.Tensor, positions: torch.Tensor,
             o, positions, cos_cache, sin_cache, plan.n_work, cos_cache.shape[0], o.stride(0),
             cos_cache.stride(0), sin_cache.stride(0), x_fp8, x_scale, GS=quant_group_size, DH=dh,
             RD=2 * cos_cache.shape[1], num_warps=num_warps, **plan.shape,
+            ROUND_PRODUCTS=round_products(o, cos_cache),
             **quant_constants(x_fp8.dtype, amax_floor))
 
 
