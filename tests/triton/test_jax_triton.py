@@ -78,10 +78,10 @@ def test_import_failure_is_the_reason(native_ok, monkeypatch):
     assert "woa[jax-triton]" in reason
 
 
-def test_gemms_of_the_gluon_kernel_keep_buffer_callback(native_ok, monkeypatch):
+def test_gemms_of_the_wgmma_kernel_keep_buffer_callback(native_ok, monkeypatch):
     monkeypatch.setattr(launch, "wgmma_chosen", lambda m, g, n, k, b: m > 16)
     assert jax_ops.native_route_reason("triton", (16, 16, 1024, 4096, 128)) is None
-    # decode sizes stay native even where torch takes the Gluon kernel
+    # decode sizes stay native even where torch takes the wgmma kernel
     assert jax_ops.native_route_reason("triton", (128, 16, 1024, 4096, 128)) is None
     reason = jax_ops.native_route_reason("triton", (129, 16, 1024, 4096, 128))
     assert "Gluon wgmma kernel (Hopper, M > 128)" in reason
@@ -421,7 +421,7 @@ def _assert_native(fn, *args):
 
 
 def _gemm_route(s, g) -> set[str]:
-    """The GEMMs above M = 128 that the torch launcher runs on the Gluon wgmma kernel go
+    """The GEMMs above M = 128 that the torch launcher runs on the wgmma kernel go
     through the callback."""
     return {"callback"} if s > 128 and launch.wgmma_chosen(s, g, N, HPG * 512, 128) else {
         "native"}

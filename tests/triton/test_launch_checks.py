@@ -15,7 +15,7 @@ def _fp8(*shape):
 
 
 def test_explicit_wgmma_config_refuses_operands_it_cannot_tile(monkeypatch):
-    """The default shape falls back to the Triton kernels; an explicit Gluon config must not
+    """The default shape falls back to the Triton kernels; an explicit wgmma config must not
     quietly run (and be timed as) the pointer kernel instead."""
     monkeypatch.setattr(gemm, "wgmma_available", lambda index: (True, "ok"))
     cfg = launch.GemmConfig(64, 128, num_warps=4, wgmma=True)
@@ -40,8 +40,8 @@ def test_inplace_rope_rejects_rd_that_is_no_tile(half):
         launch.inverse_rope(o, pos, cos, cos)
 
 
-def test_gluon_relaunch_passes_every_argument_in_kernel_order(monkeypatch):
-    """The direct relaunch of a compiled Gluon GEMM (no GPU here: the kernel and the stream are
+def test_wgmma_relaunch_passes_every_argument_in_kernel_order(monkeypatch):
+    """The direct relaunch of a compiled wgmma GEMM (no GPU here: the kernel and the stream are
     stand-ins) assembles the launcher's arguments by the kernel's own parameter names, passes
     Triton's launch metadata and profiler hooks as Triton's own path does, reuses the compiled
     kernel only for the same specialization, and leaves Triton's path to the first launch of
@@ -108,7 +108,7 @@ def test_gluon_relaunch_passes_every_argument_in_kernel_order(monkeypatch):
 
 def test_tune_candidates_have_distinct_labels():
     """A tune table names each launch shape by its label: persistent and one-program-per-tile
-    Gluon shapes must not print alike."""
+    wgmma shapes must not print alike."""
     from benchmarks import bench
 
     for m in (1, 16, 33, 64, 128, 8192):

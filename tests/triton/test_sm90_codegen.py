@@ -46,7 +46,7 @@ _SCRIPT = textwrap.dedent("""
                    cfg.num_warps, cfg.num_stages)
         print("tma", cfg.label(), "wgmma" in code, "cp.async.bulk.tensor" in code)
 
-    # The decode tile without Gluon (17-64 tokens): pointer loads pipelined by cp.async.
+    # The decode tile without wgmma (17-64 tokens): pointer loads pipelined by cp.async.
     cfg = launch.gemm_config(64, g, n, k, sb)
     assert not (cfg.tma or cfg.wgmma or cfg.swap_ab) and cfg.split_k == 1, cfg
     sig = {"x_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "xs_ptr": "*u8", "ws_ptr": "*u8",
@@ -115,7 +115,7 @@ _SCRIPT = textwrap.dedent("""
 
 def test_gpu_only_paths_compile_for_sm90(tmp_path):
     """TMA GEMM tiles (large M and the swapped decode tile) use wgmma and the bulk tensor
-    copy; the default decode tile without Gluon (64 x 64 pointer loads) uses wgmma fed by
+    copy; the default decode tile without wgmma (64 x 64 pointer loads) uses wgmma fed by
     cp.async; split-K uses wgmma, an acquire-release ticket and L2 reads of the parts; the
     per-head quant kernel uses the hardware RNE fp8 cast and 16-byte loads. The fused chain uses
     wgmma, serial split-K, the hardware cast and, with fp32 tables, products rounded apart."""
@@ -183,8 +183,8 @@ _GLUON_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_gluon_gemm_compiles_for_sm90_without_serialized_wgmma(tmp_path):
-    """The Gluon GEMM (the default large-M and decode shapes, the swapped decode tiles, the
+def test_wgmma_gemm_compiles_for_sm90_without_serialized_wgmma(tmp_path):
+    """The wgmma GEMM (the default large-M and decode shapes, the swapped decode tiles, the
     4-warp fp32-output shape, odd and single K block counts, the deepest pipelines the
     launcher allows) fits Hopper's shared memory and compiles to sm_90a with async wgmma and
     TMA copies, no register spills, and no ptxas C7514 warning: with it, ptxas serializes

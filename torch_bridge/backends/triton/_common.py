@@ -67,6 +67,31 @@ def run_mutating(op, mutated: tuple[torch.Tensor, ...], *args) -> None:
     torch.autograd.graph.increment_version(mutated)
 
 
+#: Launch plans by call signature (``plan``). Bounded: every token count is a signature.
+PLANS: dict[tuple, tuple] = {}
+_MAX_PLANS = 4096
+
+
+def plan(key: tuple, make) -> tuple:
+    """The launch plan of one call signature: ``make()`` on first sight, then remembered.
+
+    ``key`` holds everything the plan depends on (the launcher's name, shapes, strides, dtypes,
+    device and options), so a repeated eager call pays a dict lookup instead of the launch
+    rules and their checks.
+    """
+    found = PLANS.get(key)
+    if found is None:
+        if len(PLANS) >= _MAX_PLANS:
+            PLANS.clear()
+        found = PLANS[key] = make()
+    return found
+
+
+def signature(t: torch.Tensor) -> tuple:
+    """What a launch plan may depend on in a tensor: shape, strides, dtype, device."""
+    return t.shape, t.stride(), t.dtype, t.device
+
+
 def on_device_of(t: torch.Tensor):
     """Triton launches on torch's current CUDA device: make it the operands' (a no-op when it
     already is, and for the interpreter's CPU tensors)."""

@@ -19,10 +19,12 @@ from ._common import (
     launcher_op,
     on_device_of,
     output,
+    plan,
     quant_constants,
     round_products,
     rows_contiguous,
     run_mutating,
+    signature,
 )
 from .configs import GemmConfig
 from .gemm import batched_gemm_a8w8_mxscale
@@ -40,25 +42,36 @@ def _wo_a_fp8_op(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tens
                  x_fp8: torch.Tensor, x_scale: torch.Tensor, out: torch.Tensor, amax_floor: float,
                  block_m: int, block_n: int, split_k: int, num_warps: int,
                  num_stages: int) -> None:
+    if o.shape[0] == 0:
+        return
+    key = ("wo_a_fp8", *signature(o), *signature(cos_cache), sin_cache.stride(), *signature(w),
+           *signature(w_scale), *signature(out), amax_floor, block_m, block_n, split_k,
+           num_warps, num_stages)
+    grid, constexprs = plan(key, lambda: _wo_a_fp8_plan(
+        o, cos_cache, sin_cache, w, w_scale, out, amax_floor, block_m, block_n, num_warps,
+        num_stages))
     with on_device_of(o):
-        s, _, dh = o.shape
-        if s == 0:
-            return
-        g, n, k = w.shape
-        block = k // w_scale.shape[2]
-        tiles = configs.cdiv(s, block_m) * configs.cdiv(n, block_n)
-        split_k, parts, counters = split_scratch(out, split_k, tiles * g)
-        kernels.wo_a_fp8_kernel[(tiles, g, split_k)](
-            o, positions, cos_cache, sin_cache, w, w_scale, s, cos_cache.shape[0], x_fp8,
-            x_scale, out, parts, counters, SOM=o.stride(0), SCP=cos_cache.stride(0),
-            SSP=sin_cache.stride(0), SWG=w.stride(0), SWN=w.stride(1), SWSG=w_scale.stride(0),
-            SWSN=w_scale.stride(1), SYM=out.stride(0), SYG=out.stride(1), G=g, N=n, K=k, SB=block,
-            DH=dh, RD=2 * cos_cache.shape[1], **quant_constants(w.dtype, amax_floor),
-            ROUND_PRODUCTS=round_products(o, cos_cache),
-            BLOCK_M=block_m, BLOCK_N=block_n, SPLIT_K=split_k,
-            OUT_BF16=out.dtype == torch.bfloat16,
-            QUANT_ROWS=configs.FUSED_QUANT_LANES // block,
-            num_warps=num_warps, num_stages=num_stages)
+        split, parts, counters = split_scratch(out, split_k, grid[0] * grid[1])
+        kernels.wo_a_fp8_kernel[(*grid, split)](
+            o, positions, cos_cache, sin_cache, w, w_scale, o.shape[0], cos_cache.shape[0], x_fp8,
+            x_scale, out, parts, counters, SPLIT_K=split, **constexprs)
+
+
+def _wo_a_fp8_plan(o, cos_cache, sin_cache, w, w_scale, out, amax_floor, block_m, block_n,
+                   num_warps, num_stages):
+    """``((N tiles x M tiles, G), constexprs)`` of one fused-chain launch signature."""
+    s, _, dh = o.shape
+    g, n, k = w.shape
+    block = k // w_scale.shape[2]
+    tiles = configs.cdiv(s, block_m) * configs.cdiv(n, block_n)
+    return (tiles, g), dict(
+        SOM=o.stride(0), SCP=cos_cache.stride(0), SSP=sin_cache.stride(0), SWG=w.stride(0),
+        SWN=w.stride(1), SWSG=w_scale.stride(0), SWSN=w_scale.stride(1), SYM=out.stride(0),
+        SYG=out.stride(1), G=g, N=n, K=k, SB=block, DH=dh, RD=2 * cos_cache.shape[1],
+        **quant_constants(w.dtype, amax_floor), ROUND_PRODUCTS=round_products(o, cos_cache),
+        BLOCK_M=block_m, BLOCK_N=block_n, OUT_BF16=out.dtype == torch.bfloat16,
+        QUANT_ROWS=configs.FUSED_QUANT_LANES // block, num_warps=num_warps,
+        num_stages=num_stages)
 
 
 def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
@@ -139,16 +152,24 @@ ROPE_BLOCK_R = 32
 
 def _launch_inverse_rope(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
                          sin_cache: torch.Tensor, y: torch.Tensor) -> None:
+    if o.shape[0] == 0:
+        return
+    copy = y is not o
+    key = ("inverse_rope", *signature(o), *signature(cos_cache), copy)
+    grid, constexprs = plan(key, lambda: _inverse_rope_plan(o, cos_cache, copy))
     with on_device_of(o):
-        s, h, dh = o.shape
-        if s == 0:
-            return
-        grid = (configs.cdiv(s * h, ROPE_BLOCK_R),)
         kernels.inverse_rope_kernel[grid](
-            o, positions, cos_cache, sin_cache, s * h, cos_cache.shape[0], o.stride(0),
-            o.stride(1), cos_cache.stride(0), sin_cache.stride(0), y, y.stride(0), y.stride(1),
-            H=h, DH=dh, RD=2 * cos_cache.shape[1], BLOCK_R=ROPE_BLOCK_R, COPY_NOPE=y is not o,
-            ROUND_PRODUCTS=round_products(o, cos_cache), num_warps=4)
+            o, positions, cos_cache, sin_cache, o.shape[0] * o.shape[1], cos_cache.shape[0],
+            o.stride(0), o.stride(1), cos_cache.stride(0), sin_cache.stride(0), y, y.stride(0),
+            y.stride(1), **constexprs)
+
+
+def _inverse_rope_plan(o, cos_cache, copy: bool):
+    """``(grid, constexprs)`` of one rotation launch signature."""
+    s, h, dh = o.shape
+    return (configs.cdiv(s * h, ROPE_BLOCK_R),), dict(
+        H=h, DH=dh, RD=2 * cos_cache.shape[1], BLOCK_R=ROPE_BLOCK_R, COPY_NOPE=copy,
+        ROUND_PRODUCTS=round_products(o, cos_cache), num_warps=4)
 
 
 @launcher_op("inverse_rope", mutates_args=("y",))

@@ -58,7 +58,10 @@ def quant_config(s: int) -> QuantConfig:
     One warp holds a whole 1 x 128 group per token row, so each thread keeps more loads in
     flight and more programs fit on an SM than with 4 warps or the flat-rows kernel.
     """
-    return QuantConfig(4, 1, block_h=1)
+    return _QUANT_CONFIG
+
+
+_QUANT_CONFIG = QuantConfig(4, 1, block_h=1)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,7 +11,16 @@ import functools
 import torch
 
 from . import configs, kernels
-from ._common import as_bytes, launcher_op, on_device_of, output, rows_contiguous, run_mutating
+from ._common import (
+    as_bytes,
+    launcher_op,
+    on_device_of,
+    output,
+    plan,
+    rows_contiguous,
+    run_mutating,
+    signature,
+)
 from .configs import GemmConfig
 from .split_k import split_scratch
 
@@ -81,50 +90,66 @@ def _batched_gemm_a8w8_mxscale_op(x: torch.Tensor, w: torch.Tensor, x_scale: tor
                                   block_n: int, split_k: int, swap_ab: bool, num_warps: int,
                                   num_stages: int, tma: bool, programs_per_sm: int,
                                   wgmma: bool) -> None:
+    if x.shape[0] == 0:
+        return
+    aligned = tuple(t.data_ptr() % 16 == 0 for t in (x, w, out))
+    key = ("gemm", *signature(x), *signature(w), *signature(x_scale), *signature(w_scale),
+           *signature(out), aligned, block_m, block_n, split_k, swap_ab, num_warps, num_stages,
+           tma, programs_per_sm, wgmma)
+    path, grid, split, constexprs = plan(key, lambda: _gemm_plan(
+        x, w, x_scale, w_scale, out, GemmConfig(block_m, block_n, split_k, swap_ab, num_warps,
+                                                num_stages, tma, programs_per_sm, wgmma)))
     with on_device_of(x):
-        m, g, k = x.shape
-        n = w.shape[1]
-        if m == 0:
-            return
-        block = k // x_scale.shape[2]
-        if wgmma:
-            if block % block_n == 0 and tma_ok(x, w, out, block_n):
-                _launch_wgmma(x, w, x_scale, w_scale, out, block_m, block_n, block, num_warps,
-                              num_stages, programs_per_sm, swap_ab)
-                return
-            # A default shape whose operands the wgmma kernel cannot view (x transposed from
-            # [G, M, K], a misaligned base; explicit ones were refused before): the Triton
-            # kernels' own shape, as the swapped decode tile is too narrow for tl.dot.
-            cfg = configs.gemm_config(m, g, n, k, block)
-            block_m, block_n, split_k, swap_ab = cfg.block_m, cfg.block_n, cfg.split_k, cfg.swap_ab
-            num_warps, num_stages, tma = cfg.num_warps, cfg.num_stages, cfg.tma
-            programs_per_sm = cfg.programs_per_sm
-        if tma and split_k == 1 and tma_ok(x, w, out, block_n):
+        if path == "wgmma":
+            _launch_wgmma(x, w, x_scale, w_scale, out, **constexprs)
+        elif path == "tma":
             from triton.tools.tensor_descriptor import TensorDescriptor
 
-            x_desc = TensorDescriptor(x, [m, g * k], [x.stride(0), 1], [block_m, block])
-            w_desc = TensorDescriptor(w, [g * n, k], [k, 1], [block_n, block])
-            y_desc = TensorDescriptor(out, [m, g * n], [out.stride(0), 1], [block_m, block_n])
-            programs = configs.tile_programs(m, g, n, block_m, block_n, programs_per_sm,
-                                             sm_count(x.device.index))
-            kernels.batched_gemm_a8w8_mxscale_tma_kernel[(programs,)](
-                x_desc, w_desc, y_desc, x_scale, w_scale, m, programs,
-                SXSM=x_scale.stride(0), SXSG=x_scale.stride(1), SWSG=w_scale.stride(0),
-                SWSN=w_scale.stride(1), G=g, N=n, K=k, SB=block, BLOCK_M=block_m, BLOCK_N=block_n,
-                SWAP_AB=swap_ab, OUT_BF16=out.dtype == torch.bfloat16,
-                num_warps=num_warps, num_stages=num_stages)
-            return
-        tiles = configs.cdiv(m, block_m) * configs.cdiv(n, block_n)
-        split_k, parts, counters = split_scratch(out, split_k, tiles * g)
-        kernels.batched_gemm_a8w8_mxscale_kernel[(tiles, g, split_k)](
-            x, w, x_scale, w_scale, m, out, parts, counters,
-            SXM=x.stride(0), SXG=x.stride(1), SXSM=x_scale.stride(0), SXSG=x_scale.stride(1),
-            SWG=w.stride(0), SWN=w.stride(1), SWSG=w_scale.stride(0), SWSN=w_scale.stride(1),
-            SYM=out.stride(0), SYG=out.stride(1), N=n, K=k, SB=block,
-            BLOCK_M=block_m, BLOCK_N=block_n, SPLIT_K=split_k, SWAP_AB=swap_ab,
-            OUT_BF16=out.dtype == torch.bfloat16,
-            num_warps=num_warps, num_stages=num_stages,
-        )
+            m, g, k = x.shape
+            n = w.shape[1]
+            bm, bn, sb = constexprs["BLOCK_M"], constexprs["BLOCK_N"], constexprs["SB"]
+            x_desc = TensorDescriptor(x, [m, g * k], [x.stride(0), 1], [bm, sb])
+            w_desc = TensorDescriptor(w, [g * n, k], [k, 1], [bn, sb])
+            y_desc = TensorDescriptor(out, [m, g * n], [out.stride(0), 1], [bm, bn])
+            kernels.batched_gemm_a8w8_mxscale_tma_kernel[grid](
+                x_desc, w_desc, y_desc, x_scale, w_scale, m, grid[0], **constexprs)
+        else:
+            g = x.shape[1]
+            split, parts, counters = split_scratch(out, split, grid[0])
+            kernels.batched_gemm_a8w8_mxscale_kernel[(grid[0] // g, g, split)](
+                x, w, x_scale, w_scale, x.shape[0], out, parts, counters, SPLIT_K=split,
+                **constexprs)
+
+
+def _gemm_plan(x, w, x_scale, w_scale, out, cfg: GemmConfig):
+    """``(kernel path, grid, split_k, constexprs)`` of one GEMM launch signature."""
+    m, g, k = x.shape
+    n = w.shape[1]
+    block = k // x_scale.shape[2]
+    if cfg.wgmma:
+        if block % cfg.block_n == 0 and tma_ok(x, w, out, cfg.block_n):
+            return "wgmma", None, 1, dict(
+                block_m=cfg.block_m, block_n=cfg.block_n, block=block, num_warps=cfg.num_warps,
+                num_stages=cfg.num_stages, programs_per_sm=cfg.programs_per_sm,
+                swap_ab=cfg.swap_ab)
+        # A default shape whose operands the wgmma kernel cannot view (x transposed from
+        # [G, M, K], a misaligned base; explicit ones were refused before): the Triton
+        # kernels' own shape, as the swapped decode tile is too narrow for tl.dot.
+        cfg = configs.gemm_config(m, g, n, k, block)
+    common = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SWAP_AB=cfg.swap_ab,
+                  OUT_BF16=out.dtype == torch.bfloat16, num_warps=cfg.num_warps,
+                  num_stages=cfg.num_stages, N=n, K=k, SB=block)
+    if cfg.tma and cfg.split_k == 1 and tma_ok(x, w, out, cfg.block_n):
+        programs = configs.tile_programs(m, g, n, cfg.block_m, cfg.block_n, cfg.programs_per_sm,
+                                         sm_count(x.device.index))
+        return "tma", (programs,), 1, dict(
+            SXSM=x_scale.stride(0), SXSG=x_scale.stride(1), SWSG=w_scale.stride(0),
+            SWSN=w_scale.stride(1), G=g, **common)
+    tiles = configs.cdiv(m, cfg.block_m) * configs.cdiv(n, cfg.block_n)
+    return "pointer", (tiles * g,), cfg.split_k, dict(
+        SXM=x.stride(0), SXG=x.stride(1), SXSM=x_scale.stride(0), SXSG=x_scale.stride(1),
+        SWG=w.stride(0), SWN=w.stride(1), SWSG=w_scale.stride(0), SWSN=w_scale.stride(1),
+        SYM=out.stride(0), SYG=out.stride(1), **common)
 
 
 _GL_DTYPES = {torch.float8_e4m3fn: "float8e4nv", torch.bfloat16: "bfloat16",

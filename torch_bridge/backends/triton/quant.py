@@ -13,10 +13,12 @@ from ._common import (
     last_dims_contiguous,
     launcher_op,
     on_device_of,
+    plan,
     quant_constants,
     round_products,
     rows_contiguous,
     run_mutating,
+    signature,
 )
 from .configs import QuantConfig
 
@@ -27,20 +29,30 @@ def _inverse_rope_group_quant_op(o: torch.Tensor, positions: torch.Tensor,
                                  x_fp8: torch.Tensor, x_scale: torch.Tensor,
                                  quant_group_size: int, amax_floor: float, block_r: int,
                                  num_warps: int, block_h: int) -> None:
+    if o.shape[0] == 0:
+        return
+    key = ("quant", *signature(o), *signature(cos_cache), x_fp8.dtype, quant_group_size,
+           amax_floor, block_r, num_warps, block_h)
+    kernel, grid, n_work, constexprs = plan(key, lambda: _quant_plan(
+        o, cos_cache, x_fp8.dtype, quant_group_size, amax_floor,
+        QuantConfig(block_r, num_warps, block_h)))
     with on_device_of(o):
-        s, h, dh = o.shape
-        if s == 0:
-            return
-        plan = configs.quant_launch(s, h, dh, quant_group_size,
-                                    QuantConfig(block_r, num_warps, block_h))
-        kernel = (kernels.inverse_rope_group_quant_head_kernel if plan.per_head
-                  else kernels.inverse_rope_group_quant_kernel)
-        kernel[plan.grid](
-            o, positions, cos_cache, sin_cache, plan.n_work, cos_cache.shape[0], o.stride(0),
-            cos_cache.stride(0), sin_cache.stride(0), x_fp8, x_scale, GS=quant_group_size, DH=dh,
-            RD=2 * cos_cache.shape[1], num_warps=num_warps, **plan.shape,
-            ROUND_PRODUCTS=round_products(o, cos_cache),
-            **quant_constants(x_fp8.dtype, amax_floor))
+        getattr(kernels, kernel)[grid](
+            o, positions, cos_cache, sin_cache, n_work, cos_cache.shape[0], o.stride(0),
+            cos_cache.stride(0), sin_cache.stride(0), x_fp8, x_scale, **constexprs)
+
+
+def _quant_plan(o, cos_cache, fp8_dtype, quant_group_size, amax_floor, cfg: QuantConfig):
+    """``(kernel name, grid, first scalar, constexprs)`` of one quant launch signature."""
+    s, h, dh = o.shape
+    launch = configs.quant_launch(s, h, dh, quant_group_size, cfg)
+    kernel = ("inverse_rope_group_quant_head_kernel" if launch.per_head
+              else "inverse_rope_group_quant_kernel")
+    constexprs = dict(GS=quant_group_size, DH=dh, RD=2 * cos_cache.shape[1],
+                      num_warps=cfg.num_warps, **launch.shape,
+                      ROUND_PRODUCTS=round_products(o, cos_cache),
+                      **quant_constants(fp8_dtype, amax_floor))
+    return kernel, launch.grid, launch.n_work, constexprs
 
 
 def inverse_rope_group_quant(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
