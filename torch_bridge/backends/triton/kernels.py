@@ -173,7 +173,7 @@ def inverse_rope_group_quant_kernel(
     Row ``r`` is quant group ``r % NQ`` of token ``r // NQ``; its lanes are ``o``'s lanes
     ``(r % NQ) * GS + [0, GS)`` of that token, so ``x_fp8`` and ``x_scale`` are written with the
     same flat index as the (contiguous) outputs. A lane meets its GPT-J partner through
-    ``split``/``join`` (a second load of ``lane ^ 1`` measured 15-30 % slower on an H200).
+    ``split``/``join`` (cheaper than a second load of ``lane ^ 1``).
     """
     HALF: tl.constexpr = GS // 2
     pid = tl.program_id(0)
@@ -245,13 +245,11 @@ def inverse_rope_group_quant_head_kernel(
 
     The 1D grid walks heads fastest: programs that run together read one token block's rows
     end to end, and a token's scale bytes (one sector per group) are complete in L2 before it
-    evicts them (3.54 against 3.36 TB/s for tokens fastest at S = 8192, G = 16 on an H200).
+    evicts them.
 
     Loads run four groups ahead of the stores (``w0`` .. ``w3``): the compiler keeps a load
-    after a store that may alias it, so a load written next to its group was issued only once
-    the group before it had arrived and been stored, one memory round trip per group (H200,
-    4 tokens per program: 4.19 against 3.88 TB/s at S = 8192, G = 16; 2.99 against 3.24 us at
-    S = 16).
+    after a store that may alias it, so a load written next to its group would be issued only
+    once the group before it had arrived and been stored, one memory round trip per group.
     """
     NG: tl.constexpr = DH // GS
     ROPE_FROM: tl.constexpr = DH - RD
