@@ -206,6 +206,9 @@ def test_split_k_counter_pool_ranges():
     assert len(starts) == 4
     grown = pool.take(16, stream=7)
     assert grown.numel() == 16 and grown.data_ptr() not in starts
+    odd = pool.take(3, stream=None)  # ranges start 16-byte aligned (one kernel specialization)
+    assert odd.numel() == 3 and pool.take(5, stream=None).data_ptr() - odd.data_ptr() == 16
+    assert all(t.data_ptr() % 16 == 0 for t in (eager, other, *captured, grown, odd))
     assert pool.take(split_k.SPLIT_COUNTERS, stream=None) is None
 
 

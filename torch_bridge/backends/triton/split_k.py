@@ -14,6 +14,7 @@ log = logging.getLogger("woa")
 #: captured in a CUDA graph gets a range of its own for good: graphs captured on one stream may
 #: replay concurrently on different streams.
 SPLIT_COUNTERS = 1 << 20
+_ALIGN = 4  # int32 counters per 16 bytes
 
 
 class CounterPool:
@@ -26,10 +27,14 @@ class CounterPool:
         self.lock = threading.Lock()  # threads launching on different streams get disjoint ranges
 
     def _take(self, tiles: int) -> torch.Tensor | None:
-        if self.used + tiles > SPLIT_COUNTERS:
+        # Every range starts 16-byte aligned: Triton specializes a kernel on its pointers'
+        # alignment, and a new specialization met inside a CUDA-graph capture compiles and
+        # loads a module there.
+        start = -(-self.used // _ALIGN) * _ALIGN
+        if start + tiles > SPLIT_COUNTERS:
             return None
-        self.used += tiles
-        return self.counters[self.used - tiles:self.used]
+        self.used = start + tiles
+        return self.counters[start:start + tiles]
 
     def take(self, tiles: int, stream: int | None) -> torch.Tensor | None:
         """``tiles`` zeroed counters for a launch on ``stream`` (``None``: being captured)."""
