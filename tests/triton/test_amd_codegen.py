@@ -24,7 +24,7 @@ _SCRIPT = textwrap.dedent("""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from torch_bridge.backends.triton import kernels, launch
+    from torch_bridge.backends.triton import _common, configs, kernels, launch
 
     def amdgcn(arch, kernel, sig, cx, aligned=(), num_warps=4, num_stages=2):
         names = list(sig)
@@ -42,21 +42,30 @@ _SCRIPT = textwrap.dedent("""
     g, n, k = 16, 1024, 4096
     for arch, fp8_dtype in (("gfx942", torch.float8_e4m3fnuz), ("gfx950", torch.float8_e4m3fn)):
         fp8 = {torch.float8_e4m3fnuz: "fp8e4b8", torch.float8_e4m3fn: "fp8e4nv"}[fp8_dtype]
-        # As launch._hw_fp8_cast decides on ROCm (this CPU torch is not a ROCm build).
-        consts = {**launch._quant_constants(fp8_dtype, 1e-8), "HW_CAST": False}
-        rope = {"o_ptr": "*bf16", "pos_ptr": "*i64", "cos_ptr": "*bf16", "sin_ptr": "*bf16"}
+        # As _common.hw_fp8_cast decides on ROCm (this CPU torch is not a ROCm build).
+        consts = {**_common.quant_constants(fp8_dtype, 1e-8), "HW_CAST": False,
+                  "ROUND_PRODUCTS": configs.round_products("bfloat16", "float32", "hip")}
+        # fp32 tables: the rotation rounds each product with v_mul_f32 (inline assembly)
+        rope = {"o_ptr": "*bf16", "pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32"}
         rows = {"n_tokens": "i32", "n_pos_rows": "i32", "stride_os": "i32", "stride_cp": "i32",
                 "stride_sp": "i32"}
         out = {"q_ptr": f"*{fp8}", "s_ptr": "*u8"}
         qc = launch.quant_config(8192)
-        amdgcn(arch, kernels.inv_rope_group_quant_head_kernel, {**rope, **rows, **out},
-               dict(H=8 * g, DH=512, RD=64, GS=128, BLOCK_T=qc.block_r, BLOCK_H=qc.block_h,
-                    **consts), ("o_ptr", "q_ptr"), qc.num_warps)
-        amdgcn(arch, kernels.inv_rope_group_quant_kernel,
+        asm = amdgcn(arch, kernels.inverse_rope_group_quant_head_kernel,
+                     {**rope, **rows, **out},
+                     dict(H=8 * g, DH=512, RD=64, GS=128, BLOCK_T=qc.block_r,
+                          BLOCK_H=qc.block_h, **consts), ("o_ptr", "q_ptr"), qc.num_warps)
+        assert consts["ROUND_PRODUCTS"] == 2 and "v_mul_f32" in asm
+        amdgcn(arch, kernels.inverse_rope_group_quant_kernel,
                {**rope, "n_rows": "i32", **dict(list(rows.items())[1:]), **out},
                dict(NQ=8 * g * 512 // 32, GS=32, DH=512, RD=64, BLOCK_R=32, **consts))
-        amdgcn(arch, kernels.inv_rope_inplace_kernel, {**rope, "n_rows": "i32", **dict(
-            list(rows.items())[1:])}, dict(H=8 * g, DH=512, RD=64, BLOCK_R=32))
+        rotate = {**rope, "n_rows": "i32", "n_pos_rows": "i32", "stride_os": "i32",
+                  "stride_oh": "i32", "stride_cp": "i32", "stride_sp": "i32", "y_ptr": "*bf16",
+                  "stride_ys": "i32", "stride_yh": "i32"}
+        for copy in (False, True):
+            amdgcn(arch, kernels.inverse_rope_kernel, rotate,
+                   dict(H=8 * g, DH=512, RD=64, BLOCK_R=32, COPY_NOPE=copy,
+                        ROUND_PRODUCTS=consts["ROUND_PRODUCTS"]))
         print(arch, "quant and rope")
 
         for m, groups, sb in ((1, g, 128), (64, g, 128), (8192, g, 128), (1, 2, 128),
@@ -68,7 +77,7 @@ _SCRIPT = textwrap.dedent("""
                       SWN=k, SWSG=n // sb * k // sb, SWSN=k // sb, SYM=groups * n, SYG=n, N=n,
                       K=k, SB=sb, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                       SPLIT_K=cfg.split_k, SWAP_AB=cfg.swap_ab, OUT_BF16=True)
-            asm = amdgcn(arch, kernels.bmm_fp8_block_kernel, sig, cx,
+            asm = amdgcn(arch, kernels.batched_gemm_a8w8_mxscale_kernel, sig, cx,
                          ("x_ptr", "w_ptr", "xs_ptr", "ws_ptr", "y_ptr"), cfg.num_warps,
                          cfg.num_stages)
             line = [arch, "gemm", f"m{m}g{groups}b{sb}", fp8_mfma(asm)]
@@ -82,9 +91,9 @@ _SCRIPT = textwrap.dedent("""
                 cx = dict(SXSM=groups * k // sb, SXSG=k // sb, SWSG=n // sb * k // sb,
                           SWSN=k // sb, G=groups, N=n, K=k, SB=sb, BLOCK_M=cfg.block_m,
                           BLOCK_N=cfg.block_n, SWAP_AB=cfg.swap_ab, OUT_BF16=True)
-                line.append(fp8_mfma(amdgcn(arch, kernels.bmm_fp8_block_tma_kernel, sig, cx,
-                                            ("xs_ptr", "ws_ptr"), cfg.num_warps,
-                                            cfg.num_stages)))
+                tma_kernel = kernels.batched_gemm_a8w8_mxscale_tma_kernel
+                line.append(fp8_mfma(amdgcn(arch, tma_kernel, sig, cx, ("xs_ptr", "ws_ptr"),
+                                            cfg.num_warps, cfg.num_stages)))
             print(*line)
 
         cfg = launch.fused_config(1, 2, n, k, 128)  # the fused decode chain at G = 2
@@ -94,8 +103,8 @@ _SCRIPT = textwrap.dedent("""
         cx = dict(SOM=2 * k, SCP=32, SSP=32, SWG=n * k, SWN=k, SWSG=n // 128 * k // 128,
                   SWSN=k // 128, SYM=2 * n, SYG=n, G=2, N=n, K=k, SB=128, DH=512, RD=64,
                   **consts, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SPLIT_K=cfg.split_k,
-                  OUT_BF16=True, QUANT_ROWS=launch._FUSED_QUANT_LANES // 128)
-        asm = amdgcn(arch, kernels.inv_rope_quant_bmm_kernel, sig, cx, ("o_ptr", "w_ptr"),
+                  OUT_BF16=True, QUANT_ROWS=configs.FUSED_QUANT_LANES // 128)
+        asm = amdgcn(arch, kernels.wo_a_fp8_kernel, sig, cx, ("o_ptr", "w_ptr"),
                       cfg.num_warps, cfg.num_stages)
         print(arch, "gemm", "fused", fp8_mfma(asm), "global_atomic" in asm)
 """)

@@ -1,4 +1,4 @@
-"""The fused decode chain (``launch.wo_a_fp8``, ``inv_rope_quant_bmm_kernel``) on tiny shapes.
+"""The fused decode chain (``launch.wo_a_fp8``, ``wo_a_fp8_kernel``) on tiny shapes.
 
 CPU through ``TRITON_INTERPRET=1`` (on a GPU machine these run on the GPU). The fused kernel must
 give the bits of the two-kernel chain (quant, then the pointer GEMM with the same tiles) and stay
@@ -17,7 +17,7 @@ from woa_jax.testing import assert_close, to_numpy
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from torch_bridge.backends.triton import launch  # noqa: E402
+from torch_bridge.backends.triton import chain, gemm, launch  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -105,16 +105,14 @@ def test_default_fuses_where_the_prologue_is_one_step(rng, monkeypatch):
     the public ``WoAProjection`` takes the same road."""
     from torch_bridge import WoAProjection
 
-    for m, g, want in ((1, 16, True), (2, 16, False), (1, 2, True), (8, 2, True), (9, 2, False),
-                       (16, 2, False), (1, 8, True), (5, 8, False)):
-        assert launch.fused_chosen(m, g, 1024, 4096, 128) == want, (m, g)
     calls = []
-    for name in ("_fused_op", "_bmm_op"):
-        real = getattr(launch, name)
-        monkeypatch.setattr(launch, name,
+    for module, name in ((chain, "_wo_a_fp8_op"), (gemm, "_batched_gemm_a8w8_mxscale_op")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name,
                             lambda *a, real=real, name=name: (calls.append(name), real(*a)))
     # K = 1024 in 8 blocks, split 8 ways: one prologue step up to 32 tokens.
-    for s, want in ((1, ["_fused_op"]), (32, ["_fused_op"]), (33, ["_bmm_op"])):
+    for s, want in ((1, ["_wo_a_fp8_op"]), (32, ["_wo_a_fp8_op"]),
+                    (33, ["_batched_gemm_a8w8_mxscale_op"])):
         calls.clear()
         o, pos, cos, sin, w, ws = _chain_case(rng, s)
         y = launch.wo_a_fp8(o, pos, cos, sin, w, ws, 2)
@@ -125,29 +123,15 @@ def test_default_fuses_where_the_prologue_is_one_step(rng, monkeypatch):
     proj = WoAProjection(w.flatten(0, 1), ws.flatten(0, 1).view(torch.float8_e8m0fnu), 2, cos,
                          sin, backend="triton")
     y = proj(o, pos)
-    assert calls == ["_fused_op"] and proj.path == "triton"
+    assert calls == ["_wo_a_fp8_op"] and proj.path == "triton"
     assert_close(y, _oracle(o, pos, cos, sin, w, ws, 2, 128), tolerance="gemm_bf16")
-
-
-def test_fused_config_tiles_and_split():
-    """128 weight rows per program, 8 warps, 16-64 token columns; K split like the GEMM's
-    (to ~256 programs when the tiles give 64 or fewer, at most 256 / block_m parts), then 4
-    stages, else 5."""
-    cases = {(1, 2): (16, 8, 4), (16, 2): (16, 8, 4), (40, 2): (64, 4, 4), (1, 16): (16, 1, 5),
-             (1, 8): (16, 4, 4), (300, 16): (64, 1, 5)}
-    for (m, g), want in cases.items():
-        cfg = launch.fused_config(m, g, 1024, 4096, 128)
-        assert (cfg.block_m, cfg.split_k, cfg.num_stages) == want, (m, g, cfg)
-        assert (cfg.block_n, cfg.num_warps, cfg.swap_ab, cfg.tma, cfg.wgmma) == (
-            128, 8, True, False, False)
-    assert launch.fused_config(1, 2, 1024, 256, 128).split_k == 2  # K / B = 2 caps the split
 
 
 def test_fused_split_k_is_the_same_in_deterministic_mode(rng, monkeypatch):
     """Split-K parts are added in K order in the kernel: deterministic mode keeps the split."""
     seen = []
-    real = launch._fused_op
-    monkeypatch.setattr(launch, "_fused_op", lambda *a: (seen.append(a[12]), real(*a)))
+    real = chain._wo_a_fp8_op
+    monkeypatch.setattr(chain, "_wo_a_fp8_op", lambda *a: (seen.append(a[12]), real(*a)))
     o, pos, cos, sin, w, ws = _chain_case(rng, 1, g=1, h=2)
     split = launch.fused_config(1, 1, 128, 1024, 128).split_k
     assert split > 1
@@ -195,7 +179,7 @@ def test_fused_op_is_opaque_to_torch_compile(rng):
     y = torch.empty((2, 2, 128), dtype=torch.bfloat16, device=DEVICE)
     xq = torch.empty((2, 2, 1024), dtype=torch.float8_e4m3fn, device=DEVICE)
     xs = torch.empty((2, 2, 8), dtype=torch.uint8, device=DEVICE)
-    torch.library.opcheck(torch.ops.woa_triton.inv_rope_quant_bmm_.default,
+    torch.library.opcheck(torch.ops.woa_triton.wo_a_fp8.default,
                           (o, pos, cos, sin, w, ws, xq, xs, y, 1e-8, 16, 64, 1, 4, 3),
                           test_utils=("test_faketensor",))
     v = y._version

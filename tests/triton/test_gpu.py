@@ -206,7 +206,7 @@ def test_split_k_gemm_bits_never_depend_on_timing(m):
     graph replay all give the same bits, and every tile counter is back at zero after each."""
     import jax.numpy as jnp
 
-    from torch_bridge.backends.triton import launch
+    from torch_bridge.backends.triton import launch, split_k
     from woa_jax.testing import TOLERANCES
 
     g = 2
@@ -234,7 +234,7 @@ def test_split_k_gemm_bits_never_depend_on_timing(m):
     torch.cuda.synchronize()
     for i, r in enumerate(runs):
         assert torch.equal(r.view(torch.int16), first.view(torch.int16)), f"seed {seed}: run {i}"
-    assert int(launch._COUNTER_POOLS[x.device].counters.count_nonzero()) == 0
+    assert int(split_k.COUNTER_POOLS[x.device].counters.count_nonzero()) == 0
 
 
 def test_split_k_captured_before_any_eager_launch_runs_unsplit(monkeypatch, caplog):
@@ -244,17 +244,17 @@ def test_split_k_captured_before_any_eager_launch_runs_unsplit(monkeypatch, capl
 
     import jax.numpy as jnp
 
-    from torch_bridge.backends.triton import launch
+    from torch_bridge.backends.triton import launch, split_k
     from woa_jax.testing import TOLERANCES
 
-    monkeypatch.setattr(launch, "_COUNTER_POOLS", {})
-    monkeypatch.setattr(launch, "_SPLIT_FALLBACK_LOGGED", set())
+    monkeypatch.setattr(split_k, "COUNTER_POOLS", {})
+    monkeypatch.setattr(split_k, "_FALLBACK_LOGGED", set())
     seed = _seed()
     x, w, xs, ws = _gemm_inputs(16, 2, N, HPG * DH, seed)
     y = torch.full((16, 2, N), float("nan"), dtype=torch.bfloat16, device="cuda")
     launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, out=y,
                                      config=launch.GemmConfig(16, 64, swap_ab=True))  # compile
-    monkeypatch.setattr(launch, "_COUNTER_POOLS", {})
+    monkeypatch.setattr(split_k, "COUNTER_POOLS", {})
     graph = torch.cuda.CUDAGraph()
     with caplog.at_level(logging.WARNING, logger="woa"), torch.cuda.graph(graph):
         launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, out=y,
@@ -277,7 +277,7 @@ def test_split_k_captured_before_any_eager_launch_runs_unsplit(monkeypatch, capl
                                          (300, 3, torch.bfloat16, 31 * 128),
                                          (200, 4, torch.bfloat16, 128)))
 def test_gemm_wgmma_kernel(m, g, dtype, k, cfg):
-    """The Gluon kernel itself (explicit config; ragged M tiles, and decode-size M below one
+    """The wgmma kernel itself (explicit config; ragged M tiles, and decode-size M below one
     tile, clip on the TMA store; persistent programs carry the K pipeline across tiles; an odd
     number of K blocks ends on the other register set, and one K block leaves the unrolled loop
     empty)."""
@@ -289,7 +289,7 @@ def test_gemm_wgmma_kernel(m, g, dtype, k, cfg):
 
 
 def _check_wgmma(m, g, dtype, k, config):
-    """Run the Gluon kernel at ``config`` on fresh inputs, check it against the oracle and
+    """Run the wgmma kernel at ``config`` on fresh inputs, check it against the oracle and
     return ``(inputs, output, seed)``."""
     import jax.numpy as jnp
 
@@ -317,7 +317,7 @@ def _check_wgmma(m, g, dtype, k, config):
                                          (16, 2, torch.bfloat16, 31 * 128),
                                          (40, 3, torch.bfloat16, 128)))
 def test_gemm_wgmma_swapped_kernel(m, g, dtype, k, cfg):
-    """The Gluon kernel's swapped decode tile (tokens on the MMA's N side): fewer tokens than
+    """The wgmma kernel's swapped decode tile (tokens on the MMA's N side): fewer tokens than
     the tile (the TMA load zero-fills, the store clips), several token tiles (walked by
     persistent programs too), odd and single K block counts, fp32 output. Within the oracle's
     tolerance, and bit-equal to the pointer kernel's swapped tile, which promotes the same
@@ -333,12 +333,12 @@ def test_gemm_wgmma_swapped_kernel(m, g, dtype, k, cfg):
 
 
 def test_gemm_wgmma_relaunch_goes_straight_to_the_compiled_kernel():
-    """After its first launch, a specialization of the Gluon kernel launches without Triton's
+    """After its first launch, a specialization of the wgmma kernel launches without Triton's
     dispatch: M 1024, 2048 and 1040 share one compiled kernel (M % 16 == 0, same grid), M 1000
     gets its own, and every launch is right with fresh inputs."""
     import jax.numpy as jnp
 
-    from torch_bridge.backends.triton import launch
+    from torch_bridge.backends.triton import gemm, launch
     from woa_jax.testing import TOLERANCES
 
     ok, why = launch.wgmma_available(torch.cuda.current_device())
@@ -346,7 +346,7 @@ def test_gemm_wgmma_relaunch_goes_straight_to_the_compiled_kernel():
         pytest.skip(why)
     config = launch.GemmConfig(128, 128, num_warps=8, num_stages=4, wgmma=True,
                                programs_per_sm=1)
-    launch._GLUON_KERNELS.clear()
+    gemm.COMPILED_WGMMA.clear()
     for m in (1024, 2048, 1040, 1000, 1000):
         seed = _seed()
         x, w, xs, ws = _gemm_inputs(m, 16, N, HPG * DH, seed)
@@ -356,13 +356,13 @@ def test_gemm_wgmma_relaunch_goes_straight_to_the_compiled_kernel():
                                                    dtype=jnp.float32)
         err = _relerr(y, ref)
         assert err <= TOLERANCES["gemm_bf16"].rel, f"M {m}, seed {seed}: relerr {err:.3g}"
-    assert len(launch._GLUON_KERNELS) == 2
+    assert len(gemm.COMPILED_WGMMA) == 2
 
 
 def test_operands_on_a_gpu_that_is_not_the_current_device():
     """Triton launches on torch's current device; the launchers switch to the operands' GPU
     (and back). Quant, the decode GEMM (split-K at G = 2 included: its counters are cuda:1's)
-    and the Gluon GEMM on cuda:1 while cuda:0 is current give the bytes they give on cuda:0
+    and the wgmma GEMM on cuda:1 while cuda:0 is current give the bytes they give on cuda:0
     (all are deterministic)."""
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two GPUs")
@@ -554,7 +554,7 @@ def test_jax_jit_path(s):
     _assert_bytes_equal(q, rq, "fp8", seed)
     _assert_bytes_equal(sc, rs, "scale", seed)
     ref = _chain_oracle(o, pos, cos, sin, weight, scale, g)
-    for cb in (None, False, True):  # None: on for the Gluon GEMM (s = 8192), else off
+    for cb in (None, False, True):  # None: on for the wgmma GEMM (s = 8192), else off
         fn = jax.jit(lambda *a, cb=cb: jax_ops.wo_a_fp8(*a, g, command_buffer=cb))
         y = fn(*args, w, ws)
         assert y.dtype == jnp.bfloat16
@@ -567,7 +567,7 @@ def test_jax_jit_path(s):
         assert _relerr(y2, ref2) <= TOLERANCES["gemm_bf16"].rel, f"seed {seed}, replay cb={cb}"
 
 
-# On Hopper every GEMM here is Gluon's: the swapped tile at 4, 64- and 128-row tiles above.
+# On Hopper every GEMM here the wgmma kernel's: the swapped tile at 4, 64- and 128-row tiles above.
 @pytest.mark.parametrize("s", (4, 64, 256))
 def test_cuda_graph_and_torch_compile(s):
     from torch_bridge.backends.triton import launch

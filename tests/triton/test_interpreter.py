@@ -17,36 +17,29 @@ import numpy as np
 import pytest
 
 import woa_jax
-from woa_jax.testing import assert_bitwise_equal, assert_close, to_numpy
+from woa_jax.testing import assert_close, to_numpy
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
+from _cases import (  # noqa: E402
+    DEVICE,
+    assert_quant_equal,
+    gemm_case,
+    jx,
+    rope_case,
+)
+
 from torch_bridge import _dispatch  # noqa: E402
-from torch_bridge.backends.triton import BACKEND, kernels, launch  # noqa: E402
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _rope_case(rng, s=3, h=4, dh=512, rd=64, p=64, *, rope_dtype=torch.bfloat16,
-               pos_dtype=torch.int64, o_dtype=torch.bfloat16):
-    o = torch.from_numpy(rng.standard_normal((s, h, dh)).astype(np.float32) / 10).to(o_dtype)
-    pos = torch.from_numpy(rng.integers(0, p, s)).to(pos_dtype)
-    ang = rng.uniform(0, 6.3, (p, rd // 2)).astype(np.float32)
-    cos = torch.from_numpy(np.cos(ang)).to(rope_dtype)
-    sin = torch.from_numpy(np.sin(ang)).to(rope_dtype)
-    return [t.to(DEVICE) for t in (o, pos, cos, sin)]
-
-
-def _jx(*ts):
-    return [jnp.asarray(to_numpy(t)) for t in ts]
-
-
-def _assert_quant_equal(q, sc, rq, rs):
-    assert_bitwise_equal(to_numpy(sc).view(np.uint8), np.asarray(rs).view(np.uint8),
-                         name="scale bytes")
-    assert_bitwise_equal(to_numpy(q).view(np.uint8), np.asarray(rq).view(np.uint8),
-                         name="fp8 bytes")
+from torch_bridge.backends.triton import (  # noqa: E402
+    BACKEND,
+    _common,
+    gemm,
+    kernels,
+    launch,
+    quant,
+    split_k,
+)
 
 
 @pytest.mark.parametrize("gs,g,pos_dtype", [(128, 2, torch.int64), (128, 1, torch.int32),
@@ -58,57 +51,57 @@ def _assert_quant_equal(q, sc, rq, rs):
 def test_quant_bit_exact(rng, gs, g, pos_dtype, config):
     """Both quant kernels (flat rows; per head, where block_h=3 does not divide H=4 and is cut
     to a divisor) give the oracle's bytes."""
-    o, pos, cos, sin = _rope_case(rng, pos_dtype=pos_dtype)
+    o, pos, cos, sin = rope_case(rng, pos_dtype=pos_dtype)
     q, sc = launch.inverse_rope_group_quant(o, pos, cos, sin, g, gs, config=config)
     assert q.dtype == torch.float8_e4m3fn and sc.dtype == torch.uint8
     assert tuple(q.shape) == (3, g, 4 * 512 // g) and tuple(sc.shape) == (3, g, 4 * 512 // g // gs)
-    _assert_quant_equal(q, sc, *woa_jax.inverse_rope_group_quant(*_jx(o, pos, cos, sin), g, gs))
+    assert_quant_equal(q, sc, *woa_jax.inverse_rope_group_quant(*jx(o, pos, cos, sin), g, gs))
 
 
 @pytest.mark.parametrize("dh,gs", [(128, 128), (128, 64), (192, 64), (256, 32)])
 def test_quant_heads_of_fewer_or_more_groups_than_the_load_window(rng, dh, gs):
     """The per-head kernel loads up to four groups ahead of its stores: heads of 1, 2, 3 and 8
     groups give the oracle's bytes too."""
-    o, pos, cos, sin = _rope_case(rng, s=5, dh=dh)
+    o, pos, cos, sin = rope_case(rng, s=5, dh=dh)
     cfg = launch.QuantConfig(4, 1, block_h=1)
     assert launch.quant_launch(5, 4, dh, gs, cfg).per_head
     q, sc = launch.inverse_rope_group_quant(o, pos, cos, sin, 2, gs, config=cfg)
-    _assert_quant_equal(q, sc, *woa_jax.inverse_rope_group_quant(*_jx(o, pos, cos, sin), 2, gs))
+    assert_quant_equal(q, sc, *woa_jax.inverse_rope_group_quant(*jx(o, pos, cos, sin), 2, gs))
 
 
 def test_strided_positions_are_read_as_values_not_memory(rng):
     """The kernels read positions with unit stride; a strided view (here every other entry of
     a longer vector) must give the bytes of its values, not of its neighbours in memory."""
-    o, pos, cos, sin = _rope_case(rng, s=3)
+    o, pos, cos, sin = rope_case(rng, s=3)
     longer = torch.stack([pos, (pos + 17) % 64], dim=1).reshape(-1)  # [p0, x, p1, x, p2, x]
     strided = longer[::2]
     assert strided.stride(0) == 2 and torch.equal(strided, pos)
     q, sc = launch.inverse_rope_group_quant(o, strided, cos, sin, 2, 128)
-    _assert_quant_equal(q, sc, *woa_jax.inverse_rope_group_quant(*_jx(o, pos, cos, sin), 2, 128))
+    assert_quant_equal(q, sc, *woa_jax.inverse_rope_group_quant(*jx(o, pos, cos, sin), 2, 128))
     x = o.clone()
-    launch.inverse_rope_(x, strided, cos, sin)
+    launch.inverse_rope(x, strided, cos, sin, inplace=True)
     np.testing.assert_array_equal(to_numpy(x).view(np.uint16), np.asarray(
-        woa_jax.inverse_rope(*_jx(o, pos, cos.float(), sin.float()))).view(np.uint16))
+        woa_jax.inverse_rope(*jx(o, pos, cos.float(), sin.float()))).view(np.uint16))
 
 
 def test_quant_fp32_rope_and_fp32_o(rng):
     """fp32 cos/sin and fp32 ``o``: the interpreter does not contract to FMA, so bytes match."""
-    o, pos, cos, sin = _rope_case(rng, rope_dtype=torch.float32, o_dtype=torch.float32)
+    o, pos, cos, sin = rope_case(rng, rope_dtype=torch.float32, o_dtype=torch.float32)
     q, sc = launch.inverse_rope_group_quant(o, pos, cos, sin, 2, 128)
-    _assert_quant_equal(q, sc, *woa_jax.inverse_rope_group_quant(*_jx(o, pos, cos, sin), 2, 128))
+    assert_quant_equal(q, sc, *woa_jax.inverse_rope_group_quant(*jx(o, pos, cos, sin), 2, 128))
 
 
 def test_quant_edge_values_floor_and_clamped_positions(rng):
     """Zero group -> byte 92 (floor 1e-8) or 85 (1e-10); NaN lanes ignored in amax; an inf lane
     gives byte 255; out-of-range positions are clamped like AITER's kernel."""
-    o, _, cos, sin = _rope_case(rng, s=4)
+    o, _, cos, sin = rope_case(rng, s=4)
     o[0] = 0.0
     o[1, 0, 5] = float("nan")
     o[2, 1, 7] = float("inf")
     pos = torch.tensor([-3, 0, 63, 1000], device=DEVICE)
     for floor in (woa_jax.AITER_AMAX_FLOOR, woa_jax.CUDA_AMAX_FLOOR):
         q, sc = launch.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, amax_floor=floor)
-        rq, rs = woa_jax.inverse_rope_group_quant(*_jx(o, pos, cos, sin), 2, 128,
+        rq, rs = woa_jax.inverse_rope_group_quant(*jx(o, pos, cos, sin), 2, 128,
                                                   amax_floor=floor)
         assert (to_numpy(sc)[0] == (92 if floor == woa_jax.AITER_AMAX_FLOOR else 85)).all()
         assert to_numpy(sc)[2, 0, 4] == 255  # head 1, lane 7: group 0, chunk 4
@@ -121,18 +114,18 @@ def test_quant_edge_values_floor_and_clamped_positions(rng):
 
 
 def test_quant_writes_into_given_buffers_and_fnuz(rng):
-    o, pos, cos, sin = _rope_case(rng)
+    o, pos, cos, sin = rope_case(rng)
     xq = torch.empty((3, 2, 1024), dtype=torch.float8_e4m3fnuz, device=DEVICE)
     xs = torch.empty((3, 2, 8), dtype=torch.float8_e8m0fnu, device=DEVICE)
     q, sc = launch.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, x_fp8=xq, x_scale=xs)
     assert q is xq and sc is xs
-    rq, rs = woa_jax.inverse_rope_group_quant(*_jx(o, pos, cos, sin), 2, 128,
+    rq, rs = woa_jax.inverse_rope_group_quant(*jx(o, pos, cos, sin), 2, 128,
                                               fp8_dtype=jnp.float8_e4m3fnuz)
-    _assert_quant_equal(q, sc.view(torch.uint8), rq, rs)
+    assert_quant_equal(q, sc.view(torch.uint8), rq, rs)
 
 
 def test_quant_rejects_bad_output_buffer(rng):
-    o, pos, cos, sin = _rope_case(rng)
+    o, pos, cos, sin = rope_case(rng)
     bad = torch.empty((3, 2, 8, 2), dtype=torch.uint8, device=DEVICE)[..., 0]
     with pytest.raises(ValueError, match="x_scale must be a contiguous"):
         launch.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, x_scale=bad)
@@ -141,23 +134,13 @@ def test_quant_rejects_bad_output_buffer(rng):
             (3, 2, 512), dtype=torch.float8_e4m3fn, device=DEVICE))
 
 
-def _gemm_case(rng, m, g, n, k, block=128):
-    x = rng.standard_normal((m, g, k)).astype(np.float32) * 30
-    w = rng.standard_normal((g, n, k)).astype(np.float32) * 30
-    xs = rng.integers(122, 131, (m, g, k // block)).astype(np.uint8)
-    ws = rng.integers(112, 120, (g, -(-n // block), k // block)).astype(np.uint8)
-    ts = (torch.from_numpy(x).to(torch.float8_e4m3fn), torch.from_numpy(w).to(torch.float8_e4m3fn),
-          torch.from_numpy(xs), torch.from_numpy(ws))
-    return [t.to(DEVICE) for t in ts]
-
-
 CONFIGS = [
     None,
     launch.GemmConfig(16, 64, swap_ab=True),
     launch.GemmConfig(16, 64, split_k=2),
     launch.GemmConfig(16, 128, swap_ab=True, num_stages=5),
     launch.GemmConfig(32, 64, swap_ab=True),
-    launch.GemmConfig(64, 64, num_stages=6),  # the decode tile from 17 tokens without Gluon
+    launch.GemmConfig(64, 64, num_stages=6),  # the decode tile from 17 tokens without wgmma
     launch.GemmConfig(16, 64, tma=True),
     launch.GemmConfig(16, 64, swap_ab=True, tma=True, programs_per_sm=1),
     launch.GemmConfig(32, 128, tma=True, programs_per_sm=2),
@@ -167,41 +150,37 @@ CONFIGS = [
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.label() if c else "default")
 @pytest.mark.parametrize("m", [1, 5, 33])
 def test_gemm_against_oracle(rng, m, config):
-    x, w, xs, ws = _gemm_case(rng, m, 2, 128, 256)
+    x, w, xs, ws = gemm_case(rng, m, 2, 128, 256)
     y = torch.full((m, 2, 128), float("nan"), dtype=torch.bfloat16, device=DEVICE)
     out = launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, out=y, config=config)
     assert out is y
-    ref = woa_jax.batched_gemm_a8w8_mxscale(*_jx(x, w, xs, ws), dtype=jnp.float32)
+    ref = woa_jax.batched_gemm_a8w8_mxscale(*jx(x, w, xs, ws), dtype=jnp.float32)
     assert_close(y, ref, tolerance="gemm_bf16")
 
 
 def test_gemm_fp32_out_ragged_n_transposed_x_and_32_blocks(rng):
-    x, w, xs, ws = _gemm_case(rng, 6, 2, 96, 256)  # N = 96: a ragged last 128-row weight block
+    x, w, xs, ws = gemm_case(rng, 6, 2, 96, 256)  # N = 96: a ragged last 128-row weight block
     xt = x.transpose(0, 1).contiguous().transpose(0, 1)
     y = launch.batched_gemm_a8w8_mxscale(xt, w, xs.view(torch.float8_e8m0fnu), ws,
                                          dtype=torch.float32)
-    ref = woa_jax.batched_gemm_a8w8_mxscale(*_jx(x, w, xs, ws), dtype=jnp.float32)
+    ref = woa_jax.batched_gemm_a8w8_mxscale(*jx(x, w, xs, ws), dtype=jnp.float32)
     assert y.dtype == torch.float32
     assert_close(y, ref, tolerance="gemm_fp32")
-    x, w, xs, ws = _gemm_case(rng, 3, 2, 64, 128, block=32)  # V4.1: 32 x 32 blocks
+    x, w, xs, ws = gemm_case(rng, 3, 2, 64, 128, block=32)  # V4.1: 32 x 32 blocks
     y = launch.batched_gemm_a8w8_mxscale(x, w, xs, ws)
-    ref = woa_jax.batched_gemm_a8w8_mxscale(*_jx(x, w, xs, ws), dtype=jnp.float32)
+    ref = woa_jax.batched_gemm_a8w8_mxscale(*jx(x, w, xs, ws), dtype=jnp.float32)
     assert_close(y, ref, tolerance="gemm_bf16")
 
 
 def test_gemm_config_splits_k_for_few_programs(rng, monkeypatch):
     """Few programs (G = 2 decode) split K; the kernel adds the parts in K order, so the bits
     are the same on every call (deterministic mode included) and the counters end at zero."""
-    assert launch.gemm_config(1, 2, 1024, 4096, 128).split_k == 8
-    assert launch.gemm_config(64, 2, 1024, 4096, 128).split_k == 4  # 64-token tiles: <= 4
-    assert launch.gemm_config(128, 2, 1024, 4096, 128).split_k == 4
-    assert launch.gemm_config(1, 16, 1024, 4096, 128).split_k == 1
-    assert launch.gemm_config(8192, 2, 1024, 4096, 128).split_k == 1
     seen = []
-    real = launch._bmm_op
-    monkeypatch.setattr(launch, "_bmm_op", lambda *a: (seen.append(a[7]), real(*a)))
-    x, w, xs, ws = _gemm_case(rng, 1, 2, 128, 256)
-    ref = woa_jax.batched_gemm_a8w8_mxscale(*_jx(x, w, xs, ws), dtype=jnp.float32)
+    real = gemm._batched_gemm_a8w8_mxscale_op
+    monkeypatch.setattr(gemm, "_batched_gemm_a8w8_mxscale_op",
+                        lambda *a: (seen.append(a[7]), real(*a)))
+    x, w, xs, ws = gemm_case(rng, 1, 2, 128, 256)
+    ref = woa_jax.batched_gemm_a8w8_mxscale(*jx(x, w, xs, ws), dtype=jnp.float32)
     first = launch.batched_gemm_a8w8_mxscale(x, w, xs, ws)
     assert_close(first, ref, tolerance="gemm_bf16")
     torch.use_deterministic_algorithms(True)
@@ -211,13 +190,13 @@ def test_gemm_config_splits_k_for_few_programs(rng, monkeypatch):
         torch.use_deterministic_algorithms(False)
     assert seen == [2, 2]  # K / B = 2 blocks caps the split at 2
     assert torch.equal(first.view(torch.int16), again.view(torch.int16))
-    assert int(launch._COUNTER_POOLS[x.device].counters.count_nonzero()) == 0
+    assert int(split_k.COUNTER_POOLS[x.device].counters.count_nonzero()) == 0
 
 
 def test_split_k_counter_pool_ranges():
     """Eager launches on one stream share a range (grown when a launch needs more tiles);
     captured launches get ranges of their own; an exhausted pool says so with None."""
-    pool = launch._CounterPool(torch.device(DEVICE))
+    pool = split_k.CounterPool(torch.device(DEVICE))
     eager = pool.take(8, stream=7)
     assert pool.take(8, stream=7).data_ptr() == eager.data_ptr()
     assert pool.take(4, stream=7).data_ptr() == eager.data_ptr()
@@ -227,27 +206,30 @@ def test_split_k_counter_pool_ranges():
     assert len(starts) == 4
     grown = pool.take(16, stream=7)
     assert grown.numel() == 16 and grown.data_ptr() not in starts
-    assert pool.take(launch._SPLIT_COUNTERS, stream=None) is None
+    odd = pool.take(3, stream=None)  # ranges start 16-byte aligned (one kernel specialization)
+    assert odd.numel() == 3 and pool.take(5, stream=None).data_ptr() - odd.data_ptr() == 16
+    assert all(t.data_ptr() % 16 == 0 for t in (eager, other, *captured, grown, odd))
+    assert pool.take(split_k.SPLIT_COUNTERS, stream=None) is None
 
 
 def test_split_k_counters_are_rearmed_for_launches_of_other_shapes(rng):
     """Launches on one stream share counters: each leaves them at zero for the next, whatever
     its tile count (2 groups x 2, 4 and 1 N tiles; 2 and 4 K parts)."""
-    x, w, xs, ws = _gemm_case(rng, 3, 2, 128, 512)
-    ref = woa_jax.batched_gemm_a8w8_mxscale(*_jx(x, w, xs, ws), dtype=jnp.float32)
+    x, w, xs, ws = gemm_case(rng, 3, 2, 128, 512)
+    ref = woa_jax.batched_gemm_a8w8_mxscale(*jx(x, w, xs, ws), dtype=jnp.float32)
     for bn, split in ((64, 2), (32, 4), (128, 2), (64, 4)):
         cfg = launch.GemmConfig(16, bn, split_k=split, swap_ab=True)
         y = launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, config=cfg, dtype=torch.float32)
         assert_close(y, ref, tolerance="gemm_fp32")
-        assert int(launch._COUNTER_POOLS[x.device].counters.count_nonzero()) == 0
+        assert int(split_k.COUNTER_POOLS[x.device].counters.count_nonzero()) == 0
 
 
 def test_split_k_without_counters_runs_unsplit_and_logs_why(rng, monkeypatch, caplog):
-    monkeypatch.setattr(launch, "_SPLIT_COUNTERS", 4)
-    monkeypatch.setattr(launch, "_COUNTER_POOLS", {})
-    monkeypatch.setattr(launch, "_SPLIT_FALLBACK_LOGGED", set())
-    x, w, xs, ws = _gemm_case(rng, 3, 2, 128, 256)  # 2 groups x 2 N tiles of 64 = 4 counters
-    ref = woa_jax.batched_gemm_a8w8_mxscale(*_jx(x, w, xs, ws), dtype=jnp.float32)
+    monkeypatch.setattr(split_k, "SPLIT_COUNTERS", 4)
+    monkeypatch.setattr(split_k, "COUNTER_POOLS", {})
+    monkeypatch.setattr(split_k, "_FALLBACK_LOGGED", set())
+    x, w, xs, ws = gemm_case(rng, 3, 2, 128, 256)  # 2 groups x 2 N tiles of 64 = 4 counters
+    ref = woa_jax.batched_gemm_a8w8_mxscale(*jx(x, w, xs, ws), dtype=jnp.float32)
     cfg = launch.GemmConfig(16, 64, split_k=2, swap_ab=True)
     with caplog.at_level(logging.WARNING, logger="woa"):
         assert_close(launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, config=cfg), ref,
@@ -263,7 +245,7 @@ def test_split_k_without_counters_runs_unsplit_and_logs_why(rng, monkeypatch, ca
 
 
 def test_gemm_rejects_bad_out_and_split(rng):
-    x, w, xs, ws = _gemm_case(rng, 2, 2, 128, 256)
+    x, w, xs, ws = gemm_case(rng, 2, 2, 128, 256)
     with pytest.raises(ValueError, match="out must be"):
         launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, out=torch.empty(
             (2, 2, 64), dtype=torch.bfloat16, device=DEVICE))
@@ -307,53 +289,27 @@ def test_quant_config_rejects_bad_fields(fields, match):
         launch.QuantConfig(**fields)
 
 
-def test_default_gluon_shape_runs_the_triton_kernels_when_x_has_no_tma_view(rng):
-    """A default Gluon shape reaches the launch op before the operands' layout is known; when
+def test_default_wgmma_shape_runs_the_triton_kernels_when_x_has_no_tma_view(rng):
+    """A default wgmma shape reaches the launch op before the operands' layout is known; when
     x cannot be viewed as TMA tiles (transposed from [G, M, K]) the op runs the Triton
     kernels' own shape, not the 8-token swapped tile, which ``tl.dot`` cannot take."""
-    x, w, xs, ws = _gemm_case(rng, 3, 2, 128, 256)
+    x, w, xs, ws = gemm_case(rng, 3, 2, 128, 256)
     xt = x.transpose(0, 1).contiguous().transpose(0, 1)
     out = torch.full((3, 2, 128), float("nan"), dtype=torch.bfloat16, device=DEVICE)
     swapped = launch.GemmConfig(8, 64, swap_ab=True, num_warps=4, num_stages=8, wgmma=True)
-    launch._LAUNCHERS[launch._bmm_op](xt, w, xs, ws, out, *dataclasses.astuple(swapped))
+    launcher = _common.LAUNCHERS[gemm._batched_gemm_a8w8_mxscale_op]
+    launcher(xt, w, xs, ws, out, *dataclasses.astuple(swapped))
     assert torch.equal(out, launch.batched_gemm_a8w8_mxscale(x, w, xs, ws))
 
 
 def test_wgmma_kernel_is_hopper_only(rng):
-    """The Gluon kernel never runs under the interpreter: the default shape avoids it and an
-    explicit ``wgmma=True`` says why it cannot run."""
+    """The wgmma kernel never runs under the interpreter: the default shape avoids it and an
+    explicit ``wgmma=True`` says why it cannot run (its tile rules: ``test_configs``)."""
     ok, why = launch.wgmma_available(None)
-    assert not ok and why == "TRITON_INTERPRET=1 runs no Gluon kernels"
+    assert not ok and why == "TRITON_INTERPRET=1 runs no wgmma (Gluon) kernels"
     assert not launch.wgmma_chosen(8192, 16, 1024, 4096, 128)
     assert not launch.gemm_config(8192, 16, 1024, 4096, 128).wgmma
-    cfg = launch.gemm_config(8192, 16, 1024, 4096, 128, wgmma=True)
-    assert cfg.wgmma and cfg.block_m == 16 * cfg.num_warps
-    # decode sizes: 64 x 128 tiles, one deep-pipelined program each, when they make one wave
-    one_wave = launch.GemmConfig(64, 128, num_warps=4, num_stages=6, wgmma=True)
-    for m, g in ((17, 16), (64, 16), (128, 8), (256, 2), (512, 2)):
-        assert launch.gemm_config(m, g, 1024, 4096, 128, wgmma=True) == one_wave, (m, g)
-    # up to 64 tokens, 64 tiles (G = 8) ran faster as 64 x 64 pointer tiles
-    pointer_64 = launch.GemmConfig(64, 64, num_warps=4, num_stages=6)
-    for m, g in ((17, 8), (64, 8), (64, 16)):
-        assert launch.gemm_config(m, g, 1024, 4096, 128) == pointer_64, (m, g)
-    assert launch.gemm_config(64, 8, 1024, 4096, 128, wgmma=True) == pointer_64
-    # more tiles than a wave: 128 x 128, one persistent program per SM
-    for m, g in ((128, 16), (1024, 2), (8192, 16)):
-        cfg = launch.gemm_config(m, g, 1024, 4096, 128, wgmma=True)
-        assert (cfg.block_m, cfg.programs_per_sm) == (128, 1), (m, g)
-    # up to 16 tokens: the swapped tile (64 weight rows x 8 or 16 tokens) from 128 programs,
-    # 8 stages at one program per SM, 6 at two
-    for m, g, tokens, stages in ((1, 16, 8, 6), (8, 16, 8, 6), (9, 16, 16, 6), (16, 16, 16, 6),
-                                 (1, 8, 8, 8), (16, 8, 16, 8)):
-        assert launch.gemm_config(m, g, 1024, 4096, 128, wgmma=True) == launch.GemmConfig(
-            tokens, 64, swap_ab=True, num_warps=4, num_stages=stages, wgmma=True), (m, g)
-    # few tiles (G = 2, one M tile; G 4 at decode) and 32 x 32 scale blocks keep the Triton
-    # kernels (split-K at G = 2)
-    assert launch.gemm_config(16, 2, 1024, 4096, 128, wgmma=True).split_k > 1
-    assert not launch.gemm_config(1, 4, 1024, 4096, 128, wgmma=True).wgmma
-    assert not launch.gemm_config(128, 2, 1024, 4096, 128, wgmma=True).wgmma
-    assert not launch.gemm_config(8192, 16, 1024, 4096, 32, wgmma=True).wgmma
-    x, w, xs, ws = _gemm_case(rng, 65, 2, 128, 256)
+    x, w, xs, ws = gemm_case(rng, 65, 2, 128, 256)
     with pytest.raises(RuntimeError, match="wgmma=True. cannot run here: TRITON_INTERPRET=1"):
         launch.batched_gemm_a8w8_mxscale(
             x, w, xs, ws, config=launch.GemmConfig(64, 128, num_warps=4, wgmma=True))
@@ -363,56 +319,81 @@ def test_tma_kernel_runs_only_when_the_operands_allow(rng, monkeypatch):
     """A ``tma=True`` config launches the TMA kernel (persistent: 12 tiles on 1 x 4 interpreter
     "SMs") when the operands view as 2D tiles, and falls back to pointer loads otherwise."""
     grids = []
-    real = kernels.bmm_fp8_block_tma_kernel
+    real = kernels.batched_gemm_a8w8_mxscale_tma_kernel
 
     class Spy:
         def __getitem__(self, grid):
             grids.append(grid)
             return real[grid]
 
-    monkeypatch.setattr(kernels, "bmm_fp8_block_tma_kernel", Spy())
+    monkeypatch.setattr(kernels, "batched_gemm_a8w8_mxscale_tma_kernel", Spy())
     cfg = launch.GemmConfig(16, 64, tma=True, programs_per_sm=1)
-    x, w, xs, ws = _gemm_case(rng, 33, 2, 128, 256)
+    x, w, xs, ws = gemm_case(rng, 33, 2, 128, 256)
     y = launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, config=cfg)
     assert grids == [(4,)]  # min(3 x 2 x 2 tiles, 1 x 4 SMs)
-    assert_close(y, woa_jax.batched_gemm_a8w8_mxscale(*_jx(x, w, xs, ws), dtype=jnp.float32),
+    assert_close(y, woa_jax.batched_gemm_a8w8_mxscale(*jx(x, w, xs, ws), dtype=jnp.float32),
                  tolerance="gemm_bf16")
-    assert launch._tma_ok(x, w, y, 64)
+    assert gemm.tma_ok(x, w, y, 64)
     xt = x.transpose(0, 1).contiguous().transpose(0, 1)  # [M, G, K] view of [G, M, K]
-    assert not launch._tma_ok(xt, w, y, 64)
-    assert not launch._tma_ok(x, w, y, 256)  # N = 128 is not a multiple of BLOCK_N
+    assert not gemm.tma_ok(xt, w, y, 64)
+    assert not gemm.tma_ok(x, w, y, 256)  # N = 128 is not a multiple of BLOCK_N
     shifted = torch.empty(y.numel() + 8, dtype=y.dtype, device=DEVICE)[1:1 + y.numel()]
-    assert not launch._tma_ok(x, w, shifted.view(y.shape), 64)  # base not 16-byte aligned
+    assert not gemm.tma_ok(x, w, shifted.view(y.shape), 64)  # base not 16-byte aligned
     y2 = launch.batched_gemm_a8w8_mxscale(xt, w, xs, ws, config=cfg)
     assert grids == [(4,)]
     assert_close(y2, y, tolerance="gemm_bf16")
 
 
-def test_inplace_inverse_rope_bf16_chain(rng):
-    o, pos, cos, sin = _rope_case(rng, rope_dtype=torch.float32)
-    ref = woa_jax.inverse_rope(*_jx(o, pos, cos, sin))
+@pytest.mark.parametrize("rope_dtype", [torch.float32, torch.bfloat16])
+def test_inverse_rope_in_place_and_copying_give_the_oracle_bits(rng, rope_dtype):
+    """The BF16 chain's rotation: the copying variant (one read of ``o``, NoPE lanes copied)
+    leaves ``o`` as it was, the in-place one rotates ``o``; both give the oracle's bits, and a
+    head-padded ``o`` (Dh contiguous only) is copied but not rotated in place."""
+    o, pos, cos, sin = rope_case(rng, s=37, rope_dtype=rope_dtype)
+    ref = np.asarray(woa_jax.inverse_rope(*jx(o, pos, cos, sin))).view(np.uint16)
+    before = o.clone()
+    y = launch.inverse_rope(o, pos, cos, sin)
+    assert y is not o and y.is_contiguous()
+    assert torch.equal(o.view(torch.int16), before.view(torch.int16))
+    np.testing.assert_array_equal(to_numpy(y).view(np.uint16), ref)
     x = o.clone()
-    assert launch.inverse_rope_(x, pos, cos, sin) is x
-    np.testing.assert_array_equal(to_numpy(x).view(np.uint16), np.asarray(ref).view(np.uint16))
+    assert launch.inverse_rope(x, pos, cos, sin, inplace=True) is x
+    np.testing.assert_array_equal(to_numpy(x).view(np.uint16), ref)
+    padded = torch.zeros((37, 4, 640), dtype=torch.bfloat16, device=DEVICE)[:, :, :512]
+    padded.copy_(o)
+    np.testing.assert_array_equal(to_numpy(launch.inverse_rope(padded, pos, cos, sin))
+                                  .view(np.uint16), ref)
+    with pytest.raises(ValueError, match="packed"):
+        launch.inverse_rope(padded, pos, cos, sin, inplace=True)
     with pytest.raises(TypeError, match="bfloat16"):
-        launch.inverse_rope_(o.float(), pos, cos, sin)
-    # the whole BF16 chain against the oracle's
+        launch.inverse_rope(o.float(), pos, cos, sin)
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_bf16_chain_matches_the_oracle_and_keeps_o_unless_in_place(rng, inplace):
+    o, pos, cos, sin = rope_case(rng, rope_dtype=torch.float32)
     g, n = 2, 128
     weight = torch.from_numpy(rng.standard_normal((g * n, 1024)).astype(np.float32)).to(
         torch.float8_e4m3fn).to(DEVICE)
     scale = torch.from_numpy(rng.integers(118, 124, (g * n // 128, 8)).astype(np.uint8)).to(
         DEVICE)
-    w_bf16 = woa_jax.dequant_wo_a_weight(*_jx(weight, scale), g)
+    w_bf16 = woa_jax.dequant_wo_a_weight(*jx(weight, scale), g)
+    ref = woa_jax.wo_a_bf16(*jx(o, pos, cos, sin, weight, scale), g)
+    rotated = np.asarray(woa_jax.inverse_rope(*jx(o, pos, cos, sin))).view(np.uint16)
+    before = o.clone()
     y = launch.wo_a_bf16(o, pos, cos, sin, torch.from_numpy(np.array(w_bf16.astype(
-        jnp.float32))).to(torch.bfloat16).to(DEVICE), g)
-    ref = woa_jax.wo_a_bf16(*_jx(o, pos, cos, sin, weight, scale), g)
+        jnp.float32))).to(torch.bfloat16).to(DEVICE), g, inplace=inplace)
     assert_close(y, ref, tolerance="gemm_bf16")
+    if inplace:
+        np.testing.assert_array_equal(to_numpy(o).view(np.uint16), rotated)
+    else:
+        assert torch.equal(o.view(torch.int16), before.view(torch.int16))
 
 
 def test_whole_chain_through_public_api(rng):
     from torch_bridge import WoAProjection
 
-    o, pos, cos, sin = _rope_case(rng)
+    o, pos, cos, sin = rope_case(rng)
     g, n = 2, 128
     weight = torch.from_numpy(rng.standard_normal((g * n, 1024)).astype(np.float32)).to(
         torch.float8_e4m3fn).to(DEVICE)
@@ -420,7 +401,7 @@ def test_whole_chain_through_public_api(rng):
         DEVICE)
     proj = WoAProjection(weight, scale.view(torch.float8_e8m0fnu), g, cos, sin, backend="triton")
     y = proj(o, pos)
-    ref = woa_jax.wo_a_fp8(*_jx(o, pos, cos, sin, weight, scale), g, dtype=jnp.float32)
+    ref = woa_jax.wo_a_fp8(*jx(o, pos, cos, sin, weight, scale), g, dtype=jnp.float32)
     assert proj.path == "triton"
     assert y.dtype == torch.bfloat16
     assert_close(y, ref, tolerance="gemm_bf16")
@@ -467,15 +448,15 @@ def test_custom_ops_opcheck(rng):
     """The registered ops' fake implementations (torch.compile / CUDA graphs see opaque ops).
 
     (opcheck's schema test cannot run here: it compares fp8 tensors with ops CPU torch lacks.)"""
-    o, pos, cos, sin = _rope_case(rng, s=2, h=2)
+    o, pos, cos, sin = rope_case(rng, s=2, h=2)
     xq = torch.empty((2, 2, 512), dtype=torch.float8_e4m3fn, device=DEVICE)
     xs = torch.empty((2, 2, 4), dtype=torch.uint8, device=DEVICE)
-    torch.library.opcheck(torch.ops.woa_triton.inverse_rope_group_quant_.default,
+    torch.library.opcheck(torch.ops.woa_triton.inverse_rope_group_quant.default,
                           (o, pos, cos, sin, xq, xs, 128, 1e-8, 8, 2, 0),
                           test_utils=("test_faketensor",))
-    x, w, xsc, wsc = _gemm_case(rng, 2, 2, 64, 128)
+    x, w, xsc, wsc = gemm_case(rng, 2, 2, 64, 128)
     y = torch.empty((2, 2, 64), dtype=torch.bfloat16, device=DEVICE)
-    torch.library.opcheck(torch.ops.woa_triton.bmm_fp8_block_.default,
+    torch.library.opcheck(torch.ops.woa_triton.batched_gemm_a8w8_mxscale.default,
                           (x, w, xsc, wsc, y, 16, 64, 1, False, 4, 3, True, 1, False),
                           test_utils=("test_faketensor",))
 
@@ -483,13 +464,13 @@ def test_custom_ops_opcheck(rng):
 def test_launchers_bump_version_counters_of_what_they_write(rng):
     """The launchers skip the ADInplaceOrView dispatch step for speed; they must still bump the
     version counters of the tensors they write, so autograd's in-place checks keep working."""
-    o, pos, cos, sin = _rope_case(rng, s=2, h=2)
+    o, pos, cos, sin = rope_case(rng, s=2, h=2)
     xq = torch.empty((2, 2, 512), dtype=torch.float8_e4m3fn, device=DEVICE)
     xs = torch.empty((2, 2, 4), dtype=torch.uint8, device=DEVICE)
     before = (xq._version, xs._version)
     launch.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, x_fp8=xq, x_scale=xs)
     assert (xq._version, xs._version) == (before[0] + 1, before[1] + 1)
-    x, w, xsc, wsc = _gemm_case(rng, 2, 2, 128, 256)
+    x, w, xsc, wsc = gemm_case(rng, 2, 2, 128, 256)
     y = torch.empty((2, 2, 128), dtype=torch.bfloat16, device=DEVICE)
     v = y._version
     launch.batched_gemm_a8w8_mxscale(x, w, xsc, wsc, out=y, config=launch.GemmConfig(16, 64))
@@ -497,7 +478,7 @@ def test_launchers_bump_version_counters_of_what_they_write(rng):
     t = o.clone()
     scale = torch.ones((), dtype=torch.bfloat16, requires_grad=True)
     total = (t * scale).sum()  # the product saves t for scale's gradient
-    launch.inverse_rope_(t, pos, cos, sin)
+    launch.inverse_rope(t, pos, cos, sin, inplace=True)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         total.backward()
 
@@ -508,14 +489,14 @@ def test_eager_calls_launch_directly_and_fake_tensors_take_the_op(rng, monkeypat
     implementation run and nothing launches."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    op = launch._inverse_rope_group_quant_op
+    op = quant._inverse_rope_group_quant_op
     launched = []
-    real = launch._LAUNCHERS[op]
-    monkeypatch.setitem(launch._LAUNCHERS, op, lambda *a: (launched.append(a[0]), real(*a)))
-    o, pos, cos, sin = _rope_case(rng, s=2, h=2)
+    real = _common.LAUNCHERS[op]
+    monkeypatch.setitem(_common.LAUNCHERS, op, lambda *a: (launched.append(a[0]), real(*a)))
+    o, pos, cos, sin = rope_case(rng, s=2, h=2)
     q, sc = launch.inverse_rope_group_quant(o, pos, cos, sin, 2, 128)
     assert len(launched) == 1 and launched[0] is o
-    _assert_quant_equal(q, sc, *woa_jax.inverse_rope_group_quant(*_jx(o, pos, cos, sin), 2, 128))
+    assert_quant_equal(q, sc, *woa_jax.inverse_rope_group_quant(*jx(o, pos, cos, sin), 2, 128))
     with FakeTensorMode() as mode:
         fq, fs = launch.inverse_rope_group_quant(*(mode.from_tensor(t) for t in (o, pos, cos, sin)),
                                                  2, 128)
@@ -526,8 +507,8 @@ def test_eager_calls_launch_directly_and_fake_tensors_take_the_op(rng, monkeypat
 def test_launchers_trace_under_torch_compile_without_graph_breaks(rng):
     """``fullgraph=True`` fails on any graph break: the launchers' eager fast path must not be
     traced (``torch.compiler.is_compiling()`` routes to the plain op call)."""
-    o, pos, cos, sin = _rope_case(rng, s=2, h=2)
-    x, w, xsc, wsc = _gemm_case(rng, 2, 2, 128, 256)
+    o, pos, cos, sin = rope_case(rng, s=2, h=2)
+    x, w, xsc, wsc = gemm_case(rng, 2, 2, 128, 256)
 
     def chain(o, x):
         q, sc = launch.inverse_rope_group_quant(o, pos, cos, sin, 2, 128)
@@ -547,13 +528,13 @@ def test_jax_entry_points_oracle_and_callback(rng, monkeypatch):
     from torch_bridge import jax_ops
 
     monkeypatch.delenv("WOA_BACKEND", raising=False)
-    o, pos, cos, sin = _jx(*_rope_case(rng))
+    o, pos, cos, sin = jx(*rope_case(rng))
     ref = woa_jax.inverse_rope_group_quant(o, pos, cos, sin, 2, 128)
     for backend in (None, "triton"):
         q, sc = jax.jit(lambda *a, b=backend: jax_ops.inverse_rope_group_quant(
             *a, 2, 128, backend=b))(o, pos, cos, sin)
         assert q.dtype == jnp.float8_e4m3fn and sc.dtype == jnp.float8_e8m0fnu
-        _assert_quant_equal(q, sc, *ref)
+        assert_quant_equal(q, sc, *ref)
     w = jnp.asarray(rng.standard_normal((2, 128, 1024)).astype(np.float32)).astype(
         jnp.float8_e4m3fn)
     ws = jnp.asarray(rng.integers(118, 124, (2, 1, 8)).astype(np.uint8))
@@ -567,7 +548,7 @@ def test_jax_entry_points_oracle_and_callback(rng, monkeypatch):
 
 
 def test_command_buffer_default(monkeypatch):
-    """Unset, ``WOA_JAX_COMMAND_BUFFER`` leaves each op its own default (on for the Gluon
+    """Unset, ``WOA_JAX_COMMAND_BUFFER`` leaves each op its own default (on for the wgmma
     GEMMs); set, it decides; an explicit argument beats both."""
     from torch_bridge import jax_ops
 
@@ -580,7 +561,7 @@ def test_command_buffer_default(monkeypatch):
     monkeypatch.setenv("WOA_JAX_COMMAND_BUFFER", "1")
     assert jax_ops._command_buffer(None, False) is True
     assert jax_ops._command_buffer(False, True) is False
-    # the GEMM's default: on where the callback runs the Gluon kernel (CUDA, triton backend)
+    # the GEMM's default: on where the callback runs the wgmma kernel (CUDA, triton backend)
     monkeypatch.delenv("WOA_JAX_COMMAND_BUFFER")
     monkeypatch.setattr(jax_ops, "_device_type", lambda: "cuda")
     monkeypatch.setattr(jax_ops, "_takes_gluon", lambda gemm: gemm[0] > 128)

@@ -21,7 +21,7 @@ from _sm90 import run_compile_script
 
 import woa_jax
 from torch_bridge import jax_ops
-from torch_bridge.backends.triton import jax_launch, launch
+from torch_bridge.backends.triton import configs, jax_launch, launch
 from woa_jax.testing import assert_bitwise_equal, assert_close
 
 HPG, DH, RD, N, P = 8, 512, 64, 1024, 65536
@@ -78,10 +78,10 @@ def test_import_failure_is_the_reason(native_ok, monkeypatch):
     assert "woa[jax-triton]" in reason
 
 
-def test_gemms_of_the_gluon_kernel_keep_buffer_callback(native_ok, monkeypatch):
+def test_gemms_of_the_wgmma_kernel_keep_buffer_callback(native_ok, monkeypatch):
     monkeypatch.setattr(launch, "wgmma_chosen", lambda m, g, n, k, b: m > 16)
     assert jax_ops.native_route_reason("triton", (16, 16, 1024, 4096, 128)) is None
-    # decode sizes stay native even where torch takes the Gluon kernel
+    # decode sizes stay native even where torch takes the wgmma kernel
     assert jax_ops.native_route_reason("triton", (128, 16, 1024, 4096, 128)) is None
     reason = jax_ops.native_route_reason("triton", (129, 16, 1024, 4096, 128))
     assert "Gluon wgmma kernel (Hopper, M > 128)" in reason
@@ -193,24 +193,27 @@ def test_quant_constants_are_the_torch_launchers(monkeypatch):
     import torch
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the compiled CUDA kernel's values
-    c = jax_launch._quant_constants(jnp.float8_e4m3fn, woa_jax.CUDA_AMAX_FLOOR)
+    c = jax_launch._quant_constants(jnp.float8_e4m3fn, woa_jax.CUDA_AMAX_FLOOR, jnp.bfloat16,
+                                    jnp.bfloat16)
     assert c == dict(INV_FP8_MAX=float(np.float32(1 / 448)), FP8_MAX=448.0,
                      FP8_MIN_NORMAL_EXP=-6, AMAX_FLOOR=float(np.float32(1e-10)),
-                     HW_CAST=torch.version.hip is None)
-    fnuz = jax_launch._quant_constants(jnp.float8_e4m3fnuz, 1e-8)
+                     HW_CAST=torch.version.hip is None, ROUND_PRODUCTS=0)
+    fnuz = jax_launch._quant_constants(jnp.float8_e4m3fnuz, 1e-8, jnp.bfloat16, jnp.float32)
     assert (fnuz["FP8_MAX"], fnuz["FP8_MIN_NORMAL_EXP"], fnuz["HW_CAST"]) == (240.0, -7, False)
+    # fp32 tables: each product of the rotation rounded by PTX mul.rn (as the oracle rounds it)
+    assert fnuz["ROUND_PRODUCTS"] == 1
 
 
 def _quant_call(s, g, gs=128, dh=DH):
     return jax_launch.quant_call(s, g * HPG, dh, RD, P, g, gs, fp8_dtype=jnp.float8_e4m3fn,
-                                 amax_floor=1e-8)
+                                 amax_floor=1e-8, o_dtype=jnp.bfloat16, rope_dtype=jnp.bfloat16)
 
 
 def test_quant_spec_rows_kernel(monkeypatch):
-    monkeypatch.setattr(launch, "quant_config", lambda s: launch.QuantConfig(16, 2))
+    monkeypatch.setattr(configs, "quant_config", lambda s: launch.QuantConfig(16, 2))
     call = _quant_call(7, 2)
     nq = 2 * HPG * DH // 128
-    assert call.kernel is jax_launch._quant_rows_kernel
+    assert call.kernel is jax_launch._inverse_rope_group_quant_kernel
     assert call.scalars == (7 * nq, P) and call.grid == (-(-7 * nq // 16),)
     assert call.num_warps == 2
     cx = dict(call.constexprs)
@@ -220,14 +223,14 @@ def test_quant_spec_rows_kernel(monkeypatch):
 
 
 def test_quant_spec_head_kernel(monkeypatch):
-    monkeypatch.setattr(launch, "quant_config", lambda s: launch.QuantConfig(4, block_h=6))
+    monkeypatch.setattr(configs, "quant_config", lambda s: launch.QuantConfig(4, block_h=6))
     call = _quant_call(9, 2)  # H = 16: BLOCK_H = gcd(16, 6) = 2
-    assert call.kernel is jax_launch._quant_head_kernel
+    assert call.kernel is jax_launch._inverse_rope_group_quant_head_kernel
     assert call.grid == (3 * 8,) and call.scalars == (9, P)  # token blocks x head blocks
     cx = dict(call.constexprs)
     assert (cx["H"], cx["BLOCK_T"], cx["BLOCK_H"]) == (16, 4, 2)
     # GS not dividing Dh falls back to the rows kernel, as in the torch launcher
-    assert _quant_call(9, 1, gs=128, dh=192).kernel is jax_launch._quant_rows_kernel
+    assert _quant_call(9, 1, gs=128, dh=192).kernel is jax_launch._inverse_rope_group_quant_kernel
 
 
 @pytest.mark.parametrize("m,g", [(1, 2), (16, 2), (64, 2), (1000, 2), (32, 8), (64, 16)])
@@ -245,7 +248,7 @@ def test_gemm_spec_follows_gemm_config(m, g):
                        "y": [cx["SYM"], cx["SYG"]]}
     assert (cx["BLOCK_M"], cx["BLOCK_N"], cx["SWAP_AB"]) == (cfg.block_m, cfg.block_n,
                                                               cfg.swap_ab)
-    assert call.kernel is jax_launch._gemm_kernel and "SPLIT_K" not in cx
+    assert call.kernel is jax_launch._batched_gemm_a8w8_mxscale_kernel and "SPLIT_K" not in cx
     assert cx["OUT_BF16"] and call.scalars == (m,)
     assert (call.num_warps, call.num_stages) == (cfg.num_warps, cfg.num_stages)
     if g > 2 and 16 < m <= 64:  # the unswapped 64 x 64 pointer tile, 6 stages
@@ -306,21 +309,23 @@ def test_chain_takes_the_fused_launch(native_ok, monkeypatch):
 def test_fused_spec_follows_fused_config():
     call = jax_launch.fused_call(1, 16 * HPG, DH, RD, P, 16, N, HPG * DH, 128, N // 128,
                                  fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8,
-                                 dtype=jnp.bfloat16)
+                                 dtype=jnp.bfloat16, o_dtype=jnp.bfloat16,
+                                 rope_dtype=jnp.bfloat16)
     cfg = launch.fused_config(1, 16, N, HPG * DH, 128)
     cx = dict(call.constexprs)
-    assert call.kernel is jax_launch._fused_kernel and call.scalars == (1, P)
+    assert call.kernel is jax_launch._wo_a_fp8_kernel and call.scalars == (1, P)
     assert call.grid == (N // cfg.block_n, 16, 1)
     assert (call.num_warps, call.num_stages) == (cfg.num_warps, cfg.num_stages)
     assert (cx["BLOCK_M"], cx["BLOCK_N"], cx["SOM"], cx["SWSG"], cx["SYM"]) == (
         cfg.block_m, cfg.block_n, 16 * HPG * DH, N // 128 * HPG * DH // 128, 16 * N)
-    assert cx["QUANT_ROWS"] == launch._FUSED_QUANT_LANES // 128 and cx["OUT_BF16"]
+    assert cx["QUANT_ROWS"] == configs.FUSED_QUANT_LANES // 128 and cx["OUT_BF16"]
     assert [(t.shape, t.dtype) for t in call.out_shape] == [
         ((1, 16, HPG * DH), jnp.float8_e4m3fn), ((1, 16, HPG * DH // 128), jnp.uint8),
         ((1, 16, N), jnp.bfloat16)]
     with pytest.raises(ValueError, match="the native fused chain does not split K"):
         jax_launch.fused_call(1, 2 * HPG, DH, RD, P, 2, N, HPG * DH, 128, N // 128,
-                              fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8, dtype=jnp.bfloat16)
+                              fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8, dtype=jnp.bfloat16,
+                              o_dtype=jnp.bfloat16, rope_dtype=jnp.bfloat16)
 
 
 _COMPILE_SCRIPT = textwrap.dedent("""
@@ -330,9 +335,10 @@ _COMPILE_SCRIPT = textwrap.dedent("""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from torch_bridge.backends.triton import jax_launch, launch
+    from torch_bridge.backends.triton import configs, jax_launch, launch
 
-    TY = {"bfloat16": "bf16", "int32": "i32", "uint8": "u8", "float8_e4m3fn": "fp8e4nv"}
+    TY = {"bfloat16": "bf16", "float32": "fp32", "int32": "i32", "uint8": "u8",
+          "float8_e4m3fn": "fp8e4nv"}
 
     def ptx(call, in_dtypes):
         # jax-triton's signature: arrays 16-byte aligned, scalars unhinted, outputs last
@@ -347,30 +353,41 @@ _COMPILE_SCRIPT = textwrap.dedent("""
 
     rope = ["bfloat16", "int32", "bfloat16", "bfloat16"]
     for cfg in (launch.QuantConfig(), launch.QuantConfig(block_r=4, block_h=8)):
-        launch.quant_config = lambda s, cfg=cfg: cfg
+        configs.quant_config = lambda s, cfg=cfg: cfg
         call = jax_launch.quant_call(7, 16, 512, 64, 1024, 2, 128,
-                                     fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8)
+                                     fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8,
+                                     o_dtype=jnp.bfloat16, rope_dtype=jnp.bfloat16)
         print(call.kernel.__name__, sorted(set(re.findall(r"ld\\.global\\.v\\d", ptx(call, rope)))))
+    rope32 = ["bfloat16", "int32", "float32", "float32"]
+    call = jax_launch.quant_call(7, 16, 512, 64, 1024, 2, 128, fp8_dtype=jnp.float8_e4m3fn,
+                                 amax_floor=1e-8, o_dtype=jnp.bfloat16, rope_dtype=jnp.float32)
+    print("quant fp32 tables", "mul.rn.f32" in ptx(call, rope32))
     call = jax_launch.gemm_call(1, 2, 256, 512, 128, 2, dtype=jnp.bfloat16)
     print("gemm", "wgmma" in ptx(call, ["float8_e4m3fn"] * 2 + ["uint8"] * 2))
-    call = jax_launch.fused_call(1, 128, 512, 64, 1024, 16, 1024, 4096, 128, 8,
-                                 fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8,
-                                 dtype=jnp.bfloat16)
-    code = ptx(call, rope + ["float8_e4m3fn", "uint8"])
-    print("fused", "wgmma" in code, "cvt.rn.satfinite.e4m3x2.f32" in code)
+    for tables, rope_dtype in ((rope, jnp.bfloat16), (rope32, jnp.float32)):
+        call = jax_launch.fused_call(1, 128, 512, 64, 1024, 16, 1024, 4096, 128, 8,
+                                     fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8,
+                                     dtype=jnp.bfloat16, o_dtype=jnp.bfloat16,
+                                     rope_dtype=rope_dtype)
+        code = ptx(call, tables + ["float8_e4m3fn", "uint8"])
+        print("fused", "wgmma" in code, "cvt.rn.satfinite.e4m3x2.f32" in code,
+              "mul.rn.f32" in code)
 """)
 
 
 def test_specs_compile_for_sm90(tmp_path):
     """Every native launch compiles to sm_90 PTX with vectorized ``o`` loads (constexpr strides),
-    wgmma in the GEMM, wgmma and the hardware fp8 cast in the fused chain; a subprocess, since
-    this session's kernels are interpreted."""
+    wgmma in the GEMM, wgmma and the hardware fp8 cast in the fused chain, and with fp32 tables
+    the rotation's products rounded by ``mul.rn``; a subprocess, since the kernels of this
+    process are interpreted."""
     lines = run_compile_script(_COMPILE_SCRIPT, tmp_path)
-    assert len(lines) == 4, lines
-    assert lines[0].startswith("_quant_rows_kernel") and "ld.global.v4" in lines[0], lines
-    assert lines[1].startswith("_quant_head_kernel") and "ld.global.v" in lines[1], lines
-    assert lines[2] == "gemm True", lines
-    assert lines[3] == "fused True True", lines
+    assert len(lines) == 6, lines
+    assert lines[0].startswith("_inverse_rope_group_quant_kernel "), lines
+    assert lines[1].startswith("_inverse_rope_group_quant_head_kernel "), lines
+    assert "ld.global.v4" in lines[0] and "ld.global.v" in lines[1], lines
+    assert lines[2] == "quant fp32 tables True", lines
+    assert lines[3] == "gemm True", lines
+    assert lines[4].startswith("fused True True") and lines[5] == "fused True True True", lines
 
 
 # ---------------------------------------------------------------------------------------------
@@ -404,7 +421,7 @@ def _assert_native(fn, *args):
 
 
 def _gemm_route(s, g) -> set[str]:
-    """The GEMMs above M = 128 that the torch launcher runs on the Gluon wgmma kernel go
+    """The GEMMs above M = 128 that the torch launcher runs on the wgmma kernel go
     through the callback."""
     return {"callback"} if s > 128 and launch.wgmma_chosen(s, g, N, HPG * 512, 128) else {
         "native"}
@@ -442,7 +459,7 @@ def on_gpu(monkeypatch):
 def test_gpu_quant_bit_exact(on_gpu, monkeypatch, s, g, quant_config):
     """The tuned launch shape (per-head kernel) and the flat-rows kernel."""
     if quant_config is not None:
-        monkeypatch.setattr(launch, "quant_config", lambda s: quant_config)
+        monkeypatch.setattr(configs, "quant_config", lambda s: quant_config)
     seed = _seed()
     args, _, _ = _inputs(s, g, seed)
     quant = lambda *a: jax_ops.inverse_rope_group_quant(*a, g, 128)  # noqa: E731

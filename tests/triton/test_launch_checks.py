@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from torch_bridge.backends.triton import launch  # noqa: E402
+from torch_bridge.backends.triton import gemm, launch  # noqa: E402
 
 
 def _fp8(*shape):
@@ -15,9 +15,9 @@ def _fp8(*shape):
 
 
 def test_explicit_wgmma_config_refuses_operands_it_cannot_tile(monkeypatch):
-    """The default shape falls back to the Triton kernels; an explicit Gluon config must not
+    """The default shape falls back to the Triton kernels; an explicit wgmma config must not
     quietly run (and be timed as) the pointer kernel instead."""
-    monkeypatch.setattr(launch, "wgmma_available", lambda index: (True, "ok"))
+    monkeypatch.setattr(gemm, "wgmma_available", lambda index: (True, "ok"))
     cfg = launch.GemmConfig(64, 128, num_warps=4, wgmma=True)
     x = _fp8(2, 65, 256).transpose(0, 1)  # [M, G, K] view of [G, M, K]: not TMA-viewable
     w, ws = _fp8(2, 128, 256), torch.full((2, 1, 2), 127, dtype=torch.uint8)
@@ -37,11 +37,11 @@ def test_inplace_rope_rejects_rd_that_is_no_tile(half):
     pos = torch.zeros(2, dtype=torch.int64)
     cos = torch.ones((8, half), dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=f"rd = 2 \\* cos_cache.shape\\[1\\] = {2 * half}"):
-        launch.inverse_rope_(o, pos, cos, cos)
+        launch.inverse_rope(o, pos, cos, cos)
 
 
-def test_gluon_relaunch_passes_every_argument_in_kernel_order(monkeypatch):
-    """The direct relaunch of a compiled Gluon GEMM (no GPU here: the kernel and the stream are
+def test_wgmma_relaunch_passes_every_argument_in_kernel_order(monkeypatch):
+    """The direct relaunch of a compiled wgmma GEMM (no GPU here: the kernel and the stream are
     stand-ins) assembles the launcher's arguments by the kernel's own parameter names, passes
     Triton's launch metadata and profiler hooks as Triton's own path does, reuses the compiled
     kernel only for the same specialization, and leaves Triton's path to the first launch of
@@ -49,9 +49,9 @@ def test_gluon_relaunch_passes_every_argument_in_kernel_order(monkeypatch):
     pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from torch_bridge.backends.triton import gluon_kernels
+    from torch_bridge.backends.triton import wgmma_kernels
 
-    real = gluon_kernels.bmm_fp8_block_wgmma_kernel
+    real = wgmma_kernels.batched_gemm_a8w8_mxscale_wgmma_kernel
     first_launches, relaunches = [], []
 
     class Compiled:
@@ -75,15 +75,15 @@ def test_gluon_relaunch_passes_every_argument_in_kernel_order(monkeypatch):
     class Stream:
         cuda_stream = 1234
 
-    monkeypatch.setattr(gluon_kernels, "bmm_fp8_block_wgmma_kernel", Kernel())
-    monkeypatch.setattr(launch.torch.cuda, "current_stream", lambda device=None: Stream())
-    monkeypatch.setattr(launch, "_GLUON_KERNELS", {})
+    monkeypatch.setattr(wgmma_kernels, "batched_gemm_a8w8_mxscale_wgmma_kernel", Kernel())
+    monkeypatch.setattr(gemm.torch.cuda, "current_stream", lambda device=None: Stream())
+    monkeypatch.setattr(gemm, "COMPILED_WGMMA", {})
     g, n, k = 2, 256, 512
     w, ws = _fp8(g, n, k), torch.full((g, n // 128, k // 128), 127, dtype=torch.uint8)
     for m in (64, 128, 80, 72):
         x, xs = _fp8(m, g, k), torch.full((m, g, k // 128), 127, dtype=torch.uint8)
         out = torch.empty((m, g, n), dtype=torch.bfloat16)
-        launch._launch_wgmma(x, w, xs, ws, out, 64, 128, 128, 4, 4, 1, False)
+        gemm._launch_wgmma(x, w, xs, ws, out, 64, 128, 128, 4, 4, 1, False)
         if m == 80:
             xs_80 = xs
     # M 64, 128 and 80 share a specialization (M % 16 == 0; 4 programs, one per interpreter
@@ -108,7 +108,7 @@ def test_gluon_relaunch_passes_every_argument_in_kernel_order(monkeypatch):
 
 def test_tune_candidates_have_distinct_labels():
     """A tune table names each launch shape by its label: persistent and one-program-per-tile
-    Gluon shapes must not print alike."""
+    wgmma shapes must not print alike."""
     from benchmarks import bench
 
     for m in (1, 16, 33, 64, 128, 8192):

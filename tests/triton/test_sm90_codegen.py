@@ -20,7 +20,7 @@ _SCRIPT = textwrap.dedent("""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from torch_bridge.backends.triton import kernels, launch
+    from torch_bridge.backends.triton import _common, configs, kernels, launch
 
     def ptx(kernel, sig, cx, aligned, num_warps=4, num_stages=4):
         # Like torch's launcher: pointers and ints that are multiples of 16 carry the hint.
@@ -42,11 +42,11 @@ _SCRIPT = textwrap.dedent("""
                "xs_ptr": "*u8", "ws_ptr": "*u8", "M": "i32", "num_programs": "i32"}
         cx = dict(scales, G=g, N=n, K=k, SB=sb, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                   SWAP_AB=cfg.swap_ab, OUT_BF16=True)
-        code = ptx(kernels.bmm_fp8_block_tma_kernel, sig, cx, ("xs_ptr", "ws_ptr"),
+        code = ptx(kernels.batched_gemm_a8w8_mxscale_tma_kernel, sig, cx, ("xs_ptr", "ws_ptr"),
                    cfg.num_warps, cfg.num_stages)
         print("tma", cfg.label(), "wgmma" in code, "cp.async.bulk.tensor" in code)
 
-    # The decode tile without Gluon (17-64 tokens): pointer loads pipelined by cp.async.
+    # The decode tile without wgmma (17-64 tokens): pointer loads pipelined by cp.async.
     cfg = launch.gemm_config(64, g, n, k, sb)
     assert not (cfg.tma or cfg.wgmma or cfg.swap_ab) and cfg.split_k == 1, cfg
     sig = {"x_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "xs_ptr": "*u8", "ws_ptr": "*u8",
@@ -54,8 +54,8 @@ _SCRIPT = textwrap.dedent("""
     cx = dict(scales, SXM=g * k, SXG=k, SWG=n * k, SWN=k, SYM=g * n, SYG=n, N=n, K=k, SB=sb,
               BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SPLIT_K=1, SWAP_AB=False,
               OUT_BF16=True)
-    code = ptx(kernels.bmm_fp8_block_kernel, sig, cx, ("x_ptr", "w_ptr", "xs_ptr", "ws_ptr",
-                                                       "M", "y_ptr"),
+    code = ptx(kernels.batched_gemm_a8w8_mxscale_kernel, sig, cx,
+               ("x_ptr", "w_ptr", "xs_ptr", "ws_ptr", "M", "y_ptr"),
                cfg.num_warps, cfg.num_stages)
     print("pointer", cfg.label(), "wgmma" in code, "cp.async.cg.shared.global" in code)
 
@@ -69,8 +69,8 @@ _SCRIPT = textwrap.dedent("""
               SWSG=n // sb * k // sb, SWSN=k // sb, SYM=2 * n, SYG=n, N=n, K=k, SB=sb,
               BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SPLIT_K=cfg.split_k,
               SWAP_AB=cfg.swap_ab, OUT_BF16=True)
-    code = ptx(kernels.bmm_fp8_block_kernel, sig, cx, ("x_ptr", "w_ptr", "xs_ptr", "ws_ptr",
-                                                       "y_ptr", "part_ptr", "count_ptr"),
+    code = ptx(kernels.batched_gemm_a8w8_mxscale_kernel, sig, cx,
+               ("x_ptr", "w_ptr", "xs_ptr", "ws_ptr", "y_ptr", "part_ptr", "count_ptr"),
                cfg.num_warps, cfg.num_stages)
 
     def serial_split(code):  # an acquire-release ticket; the parts read back from L2
@@ -85,37 +85,40 @@ _SCRIPT = textwrap.dedent("""
            "stride_sp": "i32", "q_ptr": "*fp8e4nv", "s_ptr": "*u8"}
     import torch
     cx = dict(H=128, DH=512, RD=64, GS=128, BLOCK_T=qc.block_r, BLOCK_H=qc.block_h,
-              **launch._quant_constants(torch.float8_e4m3fn, 1e-8))
+              **_common.quant_constants(torch.float8_e4m3fn, 1e-8), ROUND_PRODUCTS=0)
     assert cx["HW_CAST"]
-    code = ptx(kernels.inv_rope_group_quant_head_kernel, sig, cx,
+    code = ptx(kernels.inverse_rope_group_quant_head_kernel, sig, cx,
                ("o_ptr", "pos_ptr", "cos_ptr", "sin_ptr", "stride_os", "stride_cp", "stride_sp",
                 "q_ptr", "s_ptr"), qc.num_warps)
     print("quant", "cvt.rn.satfinite.e4m3x2.f32" in code, "ld.global.v4" in code)
 
-    # The fused chain at its G = 2 decode shape: wgmma and serial split-K.
+    # The fused chain at its G = 2 decode shape: wgmma and serial split-K; fp32 tables, so
+    # the rotation's products are rounded by mul.rn (configs.round_products).
     cfg = launch.fused_config(1, 2, n, k, sb)
-    sig = {"o_ptr": "*bf16", "pos_ptr": "*i32", "cos_ptr": "*bf16", "sin_ptr": "*bf16",
+    sig = {"o_ptr": "*bf16", "pos_ptr": "*i32", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
            "w_ptr": "*fp8e4nv", "ws_ptr": "*u8", "M": "i32", "n_pos_rows": "i32",
            "x_ptr": "*fp8e4nv", "xs_ptr": "*u8", "y_ptr": "*bf16", **split}
     cx = dict(SOM=2 * k, SCP=32, SSP=32, SWG=n * k, SWN=k, SWSG=n // sb * k // sb,
               SWSN=k // sb, SYM=2 * n, SYG=n, G=2, N=n, K=k, SB=sb, DH=512, RD=64,
-              **launch._quant_constants(torch.float8_e4m3fn, 1e-8), BLOCK_M=cfg.block_m,
+              **_common.quant_constants(torch.float8_e4m3fn, 1e-8),
+              ROUND_PRODUCTS=configs.round_products("bfloat16", "float32", "cuda"),
+              BLOCK_M=cfg.block_m,
               BLOCK_N=cfg.block_n, SPLIT_K=cfg.split_k, OUT_BF16=True,
-              QUANT_ROWS=launch._FUSED_QUANT_LANES // sb)
-    code = ptx(kernels.inv_rope_quant_bmm_kernel, sig, cx,
+              QUANT_ROWS=configs.FUSED_QUANT_LANES // sb)
+    code = ptx(kernels.wo_a_fp8_kernel, sig, cx,
                tuple(sig)[:6] + ("x_ptr", "xs_ptr", "y_ptr", *split), cfg.num_warps,
                cfg.num_stages)
     print("fused", cfg.label(), "wgmma" in code, serial_split(code),
-          "cvt.rn.satfinite.e4m3x2.f32" in code)
+          "cvt.rn.satfinite.e4m3x2.f32" in code, "mul.rn.f32" in code)
 """)
 
 
 def test_gpu_only_paths_compile_for_sm90(tmp_path):
     """TMA GEMM tiles (large M and the swapped decode tile) use wgmma and the bulk tensor
-    copy; the default decode tile without Gluon (64 x 64 pointer loads) uses wgmma fed by
+    copy; the default decode tile without wgmma (64 x 64 pointer loads) uses wgmma fed by
     cp.async; split-K uses wgmma, an acquire-release ticket and L2 reads of the parts; the
     per-head quant kernel uses the hardware RNE fp8 cast and 16-byte loads. The fused chain uses
-    wgmma, serial split-K and the hardware cast."""
+    wgmma, serial split-K, the hardware cast and, with fp32 tables, products rounded apart."""
     lines = run_compile_script(_SCRIPT, tmp_path)
     assert len(lines) == 6, lines
     assert lines[0].startswith("tma ") and lines[0].endswith("True True"), lines
@@ -123,7 +126,7 @@ def test_gpu_only_paths_compile_for_sm90(tmp_path):
     assert lines[2].startswith("pointer ") and lines[2].endswith("True True"), lines
     assert lines[3].startswith("split ") and lines[3].endswith("True True"), lines
     assert lines[4] == "quant True True", lines
-    assert lines[5].startswith("fused ") and lines[5].endswith("True True True"), lines
+    assert lines[5].startswith("fused ") and lines[5].endswith("True True True True"), lines
 
 
 _GLUON_SCRIPT = textwrap.dedent("""
@@ -133,7 +136,7 @@ _GLUON_SCRIPT = textwrap.dedent("""
     from triton.backends.nvidia.compiler import get_ptxas
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
-    from torch_bridge.backends.triton import gluon_kernels, launch
+    from torch_bridge.backends.triton import launch, wgmma_kernels
 
     g, n, sb = 16, 1024, 128
     cfg = launch.gemm_config(8192, g, n, 4096, sb, wgmma=True)
@@ -161,7 +164,7 @@ _GLUON_SCRIPT = textwrap.dedent("""
                "xs_ptr": "*u8", "ws_ptr": "*u8", "M": "i32", "num_programs": "i32"}
         cx = dict(SXSM=g * k // sb, SXSG=k // sb, SWSG=n // sb * k // sb, SWSN=k // sb, G=g,
                   N=n, K=k, STAGES=stages, num_warps=warps, SWAP_AB=swap)
-        src = GluonASTSource(gluon_kernels.bmm_fp8_block_wgmma_kernel,
+        src = GluonASTSource(wgmma_kernels.batched_gemm_a8w8_mxscale_wgmma_kernel,
                              {**sig, **{c: "constexpr" for c in cx}}, cx,
                              {(3,): [["tt.divisibility", 16]], (4,): [["tt.divisibility", 16]]})
         compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
@@ -180,8 +183,8 @@ _GLUON_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_gluon_gemm_compiles_for_sm90_without_serialized_wgmma(tmp_path):
-    """The Gluon GEMM (the default large-M and decode shapes, the swapped decode tiles, the
+def test_wgmma_gemm_compiles_for_sm90_without_serialized_wgmma(tmp_path):
+    """The wgmma GEMM (the default large-M and decode shapes, the swapped decode tiles, the
     4-warp fp32-output shape, odd and single K block counts, the deepest pipelines the
     launcher allows) fits Hopper's shared memory and compiles to sm_90a with async wgmma and
     TMA copies, no register spills, and no ptxas C7514 warning: with it, ptxas serializes

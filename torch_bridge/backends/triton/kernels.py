@@ -1,24 +1,26 @@
-"""Triton kernel bodies for the ``wo_a`` chain (no torch import: JAX launches them too).
+"""Triton kernel bodies of the ``wo_a`` chains (no torch import: JAX launches them too).
 
-Kernels:
+Kernels, named after the op they run:
 
-* ``inv_rope_group_quant_head_kernel``: inverse GPT-J RoPE of each head's rope tail in fp32, then
-  1 x GS E8M0 (round-up) FP8 group quantization; one pass over ``o``, a (token block, head) per
-  program (NUMERICS.md sections 2-5). ``inv_rope_group_quant_kernel`` is the same over flat
-  groups, for head dims that GS does not divide.
-* ``bmm_fp8_block_kernel``: block-scaled FP8 batched GEMM, fp32 promotion once per scale block
-  along K (NUMERICS.md section 6), pointer loads, optional split-K reduced in the kernel;
-  ``bmm_fp8_block_tma_kernel``: the same with tensor-descriptor (TMA) tiles, optionally
-  persistent.
-* ``inv_rope_quant_bmm_kernel``: the decode chain in one launch, each program quantizing the
-  activations of its tile before ``bmm_fp8_block_kernel``'s swapped product (small M).
-* ``inv_rope_inplace_kernel``: the BF16 chain's inverse RoPE, in place on the rope tail only.
+* ``inverse_rope_group_quant_head_kernel``: inverse GPT-J RoPE of each head's rope tail in
+  fp32, then 1 x GS E8M0 (round-up) FP8 group quantization; one pass over ``o``, a (token
+  block, head) per program (docs/NUMERICS.md, the quantization contract).
+  ``inverse_rope_group_quant_kernel`` is the same over flat groups, for head dims that GS does
+  not divide.
+* ``batched_gemm_a8w8_mxscale_kernel``: block-scaled FP8 batched GEMM, fp32 promotion once per
+  scale block along K (docs/NUMERICS.md, the GEMM contract), pointer loads, optional split-K
+  reduced in the kernel; ``batched_gemm_a8w8_mxscale_tma_kernel``: the same with
+  tensor-descriptor (TMA) tiles, optionally persistent. The Hopper wgmma kernel is in
+  ``wgmma_kernels``.
+* ``wo_a_fp8_kernel``: the FP8 chain in one launch, each program quantizing the activations of
+  its tile before the GEMM's swapped product (decode sizes).
+* ``inverse_rope_kernel``: the BF16 chain's inverse RoPE of the rope tail, in place or into a
+  rotated copy.
 
-``bmm_fp8_block_kernel`` and ``inv_rope_quant_bmm_kernel`` take array inputs, runtime scalars,
-outputs (then split-K's scratch), then constexprs: the order ``jax_triton.triton_call`` passes
-them in. JAX reaches them and the quant kernels through thin wrappers in ``jax_launch``
-(constexpr strides, no split-K scratch). The Hopper GEMM where it has enough tiles is in
-``gluon_kernels``.
+The GEMM and chain kernels take array inputs, runtime scalars, outputs (then split-K's
+scratch), then constexprs: the order ``jax_triton.triton_call`` passes them in. JAX reaches
+them and the quant kernels through thin wrappers in ``jax_launch`` (constexpr strides, no
+split-K scratch).
 
 E8M0 scales travel as uint8 (Triton rejects ``float8_e8m0fnu`` arguments) and are decoded here
 by placing the byte in the fp32 exponent field.
@@ -76,15 +78,43 @@ def _round_bf16_rne(x):
 
 
 @triton.jit
-def _inv_rope_pairs(x, c, s, is_rope, ROWS: tl.constexpr, GS: tl.constexpr):
+def _product(a, b, ROUND_PRODUCTS: tl.constexpr):
+    """fp32 ``a * b``; with ``ROUND_PRODUCTS`` (``configs.round_products``) an instruction that
+    rounds the product itself, which no compiler pass fuses into an FMA with the sum after it.
+
+    PTX's ``mul.rn`` is never contracted (an explicit rounding mode), and inline assembly is
+    opaque to LLVM; ``v_mul_f32`` is AMDGCN's fp32 multiply.
+    """
+    if ROUND_PRODUCTS == 1:
+        p = tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=f,f,f", [a, b],
+                                      dtype=tl.float32, is_pure=True, pack=1)
+    elif ROUND_PRODUCTS == 2:
+        p = tl.inline_asm_elementwise("v_mul_f32 $0, $1, $2", "=v,v,v", [a, b],
+                                      dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        p = a * b
+    return p
+
+
+@triton.jit
+def _rotate(a, b, c, s, ROUND_PRODUCTS: tl.constexpr):
+    """``(a c + b s, b c - a s)`` in fp32, each product rounded before the sum where
+    ``ROUND_PRODUCTS`` asks (the oracle's arithmetic: docs/NUMERICS.md, inverse RoPE)."""
+    return (_product(a, c, ROUND_PRODUCTS) + _product(b, s, ROUND_PRODUCTS),
+            _product(b, c, ROUND_PRODUCTS) - _product(a, s, ROUND_PRODUCTS))
+
+
+@triton.jit
+def _inverse_rope_pairs(x, c, s, is_rope, ROWS: tl.constexpr, GS: tl.constexpr,
+                        ROUND_PRODUCTS: tl.constexpr):
     """Rotate the GPT-J pairs of ``x [ROWS, GS]`` (fp32) by -theta where ``is_rope``.
 
-    ``c``, ``s`` and ``is_rope`` broadcast to ``[ROWS, GS / 2]``. Every kernel that rotates goes
-    through this one expression, so the compiler contracts the products the same way in each.
+    ``c``, ``s`` and ``is_rope`` broadcast to ``[ROWS, GS / 2]``.
     """
     a, b = tl.split(tl.reshape(x, (ROWS, GS // 2, 2)))
-    a2 = tl.where(is_rope, a * c + b * s, a)
-    b2 = tl.where(is_rope, b * c - a * s, b)
+    a1, b1 = _rotate(a, b, c, s, ROUND_PRODUCTS)
+    a2 = tl.where(is_rope, a1, a)
+    b2 = tl.where(is_rope, b1, b)
     return tl.reshape(tl.join(a2, b2), (ROWS, GS))
 
 
@@ -102,8 +132,9 @@ def _rope_cos_sin(lane, row_ok, pos, cos_ptr, sin_ptr, stride_cp, stride_sp,
 
 
 @triton.jit
-def _inv_rope_group(x, lane0, pos, row_ok, cos_ptr, sin_ptr, stride_cp, stride_sp,
-                    ROPE_FROM: tl.constexpr, ROWS: tl.constexpr, GS: tl.constexpr):
+def _inverse_rope_group(x, lane0, pos, row_ok, cos_ptr, sin_ptr, stride_cp, stride_sp,
+                        ROPE_FROM: tl.constexpr, ROWS: tl.constexpr, GS: tl.constexpr,
+                        ROUND_PRODUCTS: tl.constexpr):
     """Inverse RoPE of one 1 x GS group per row, ``x [ROWS, GS]`` fp32 starting at head lane
     ``lane0``; lanes below ``ROPE_FROM`` pass through unchanged, cos/sin rows are ``pos``.
 
@@ -118,11 +149,11 @@ def _inv_rope_group(x, lane0, pos, row_ok, cos_ptr, sin_ptr, stride_cp, stride_s
                 other=1.0).to(tl.float32)
     s = tl.load(sin_ptr + pos[:, None] * stride_sp + col[None, :], mask=rope_ok,
                 other=0.0).to(tl.float32)
-    return _inv_rope_pairs(x, c, s, is_rope[None, :], ROWS, GS)
+    return _inverse_rope_pairs(x, c, s, is_rope[None, :], ROWS, GS, ROUND_PRODUCTS)
 
 
 @triton.jit
-def inv_rope_group_quant_kernel(
+def inverse_rope_group_quant_kernel(
     o_ptr, pos_ptr, cos_ptr, sin_ptr, n_rows, n_pos_rows, stride_os, stride_cp, stride_sp,
     q_ptr, s_ptr,  # outputs after inputs and scalars (the order jax_launch passes them in)
     NQ: tl.constexpr,  # quant groups per token, H * Dh / GS
@@ -134,6 +165,7 @@ def inv_rope_group_quant_kernel(
     FP8_MIN_NORMAL_EXP: tl.constexpr,  # -6 for e4m3fn, -7 for e4m3fnuz
     AMAX_FLOOR: tl.constexpr,  # the fp32-rounded floor
     HW_CAST: tl.constexpr,  # the target's fp32 -> fp8 cast is RNE (CUDA e4m3fn)
+    ROUND_PRODUCTS: tl.constexpr,  # how the rotation rounds its products (_product)
     BLOCK_R: tl.constexpr,
 ):
     """One program quantizes ``BLOCK_R`` consecutive 1 x GS groups of the flat ``[S * NQ, GS]``.
@@ -141,7 +173,7 @@ def inv_rope_group_quant_kernel(
     Row ``r`` is quant group ``r % NQ`` of token ``r // NQ``; its lanes are ``o``'s lanes
     ``(r % NQ) * GS + [0, GS)`` of that token, so ``x_fp8`` and ``x_scale`` are written with the
     same flat index as the (contiguous) outputs. A lane meets its GPT-J partner through
-    ``split``/``join`` (a second load of ``lane ^ 1`` measured 15-30 % slower on an H200).
+    ``split``/``join`` (cheaper than a second load of ``lane ^ 1``).
     """
     HALF: tl.constexpr = GS // 2
     pid = tl.program_id(0)
@@ -159,7 +191,7 @@ def inv_rope_group_quant_kernel(
     d = (qg[:, None] * GS + 2 * pairs[None, :]) % DH
     c, s, is_rope = _rope_cos_sin(d, row_ok, pos, cos_ptr, sin_ptr, stride_cp, stride_sp,
                                   DH - RD)
-    v = _inv_rope_pairs(x, c, s, is_rope, BLOCK_R, GS)
+    v = _inverse_rope_pairs(x, c, s, is_rope, BLOCK_R, GS, ROUND_PRODUCTS)
     q, byte = _quantize_group(v, INV_FP8_MAX, FP8_MAX, FP8_MIN_NORMAL_EXP, AMAX_FLOOR, HW_CAST,
                               q_ptr.dtype.element_ty)
     out_off = rows[:, None] * GS + lanes[None, :]
@@ -192,7 +224,7 @@ def _quantize_group(v, INV_FP8_MAX: tl.constexpr, FP8_MAX: tl.constexpr,
 
 
 @triton.jit
-def inv_rope_group_quant_head_kernel(
+def inverse_rope_group_quant_head_kernel(
     o_ptr, pos_ptr, cos_ptr, sin_ptr, n_tokens, n_pos_rows, stride_os, stride_cp, stride_sp,
     q_ptr, s_ptr,  # outputs after inputs and scalars (the order jax_launch passes them in)
     H: tl.constexpr, DH: tl.constexpr, RD: tl.constexpr, GS: tl.constexpr,
@@ -201,6 +233,7 @@ def inv_rope_group_quant_head_kernel(
     FP8_MIN_NORMAL_EXP: tl.constexpr,  # -6 for e4m3fn, -7 for e4m3fnuz
     AMAX_FLOOR: tl.constexpr,  # the fp32-rounded floor
     HW_CAST: tl.constexpr,  # the target's fp32 -> fp8 cast is RNE (CUDA e4m3fn)
+    ROUND_PRODUCTS: tl.constexpr,  # how the rotation rounds its products (_product)
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
     """One program quantizes ``BLOCK_T`` tokens x ``BLOCK_H`` heads, one 1 x GS group at a time.
@@ -212,13 +245,11 @@ def inv_rope_group_quant_head_kernel(
 
     The 1D grid walks heads fastest: programs that run together read one token block's rows
     end to end, and a token's scale bytes (one sector per group) are complete in L2 before it
-    evicts them (3.54 against 3.36 TB/s for tokens fastest at S = 8192, G = 16 on an H200).
+    evicts them.
 
     Loads run four groups ahead of the stores (``w0`` .. ``w3``): the compiler keeps a load
-    after a store that may alias it, so a load written next to its group was issued only once
-    the group before it had arrived and been stored, one memory round trip per group (H200,
-    4 tokens per program: 4.19 against 3.88 TB/s at S = 8192, G = 16; 2.99 against 3.24 us at
-    S = 16).
+    after a store that may alias it, so a load written next to its group would be issued only
+    once the group before it had arrived and been stored, one memory round trip per group.
     """
     NG: tl.constexpr = DH // GS
     ROPE_FROM: tl.constexpr = DH - RD
@@ -251,8 +282,8 @@ def inv_rope_group_quant_head_kernel(
             if j + 4 < NG:
                 w3 = tl.load(in_row + (j + 4) * GS, mask=tok_ok[:, None], other=0.0)
             if (j + 1) * GS > ROPE_FROM:  # this group holds rope lanes
-                x = _inv_rope_group(x, j * GS, pos, tok_ok, cos_ptr, sin_ptr, stride_cp,
-                                    stride_sp, ROPE_FROM, BLOCK_T, GS)
+                x = _inverse_rope_group(x, j * GS, pos, tok_ok, cos_ptr, sin_ptr, stride_cp,
+                                        stride_sp, ROPE_FROM, BLOCK_T, GS, ROUND_PRODUCTS)
             q, byte = _quantize_group(x, INV_FP8_MAX, FP8_MAX, FP8_MIN_NORMAL_EXP, AMAX_FLOOR,
                                       HW_CAST, FP8_TY)
             tl.store(out_row + j * GS + lanes[None, :], q, mask=tok_ok[:, None])
@@ -260,7 +291,7 @@ def inv_rope_group_quant_head_kernel(
 
 
 @triton.jit
-def bmm_fp8_block_tma_kernel(
+def batched_gemm_a8w8_mxscale_tma_kernel(
     x_desc, w_desc, y_desc, xs_ptr, ws_ptr, M, num_programs,
     SXSM: tl.constexpr, SXSG: tl.constexpr,  # x_scale [M, G, K/SB] strides (last contiguous)
     SWSG: tl.constexpr, SWSN: tl.constexpr,  # w_scale [G, N/SB, K/SB] strides
@@ -268,7 +299,8 @@ def bmm_fp8_block_tma_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr,
     OUT_BF16: tl.constexpr,
 ):
-    """``bmm_fp8_block_kernel``'s math with tensor-descriptor (TMA) tiles, optionally persistent.
+    """``batched_gemm_a8w8_mxscale_kernel``'s math with tensor-descriptor (TMA) tiles, optionally
+    persistent.
 
     ``x_desc`` views x as ``[M, G*K]``, ``w_desc`` w as ``[G*N, K]`` and ``y_desc`` y as
     ``[M, G*N]`` (N % BLOCK_N == 0, so a tile never straddles two groups). The copy engine
@@ -312,7 +344,7 @@ def bmm_fp8_block_tma_kernel(
 
 
 @triton.jit
-def bmm_fp8_block_kernel(
+def batched_gemm_a8w8_mxscale_kernel(
     x_ptr, w_ptr, xs_ptr, ws_ptr, M,
     y_ptr,  # the output after inputs and scalars: jax_triton.triton_call's order
     part_ptr, count_ptr,  # SPLIT_K > 1 only: fp32 parts [SPLIT_K, M, G, N], int32 counters
@@ -333,25 +365,26 @@ def bmm_fp8_block_kernel(
     scales applied (Hopper's reduced-precision fp8 accumulation stays inside one block).
     ``SWAP_AB`` computes the transposed tile ``w x^T`` so that small M becomes the MMA's N side
     (wgmma needs >= 64 rows on the M side). ``SPLIT_K > 1`` splits K over programs and
-    reduces the parts in the kernel, in K order (see ``_bmm_tile``).
+    reduces the parts in the kernel, in K order (see ``_gemm_tile``).
     """
     NUM_N: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
     pid = tl.program_id(0)
-    _bmm_tile(x_ptr, w_ptr, xs_ptr, ws_ptr, M, y_ptr, part_ptr, count_ptr, pid // NUM_N,
+    _gemm_tile(x_ptr, w_ptr, xs_ptr, ws_ptr, M, y_ptr, part_ptr, count_ptr, pid // NUM_N,
               pid % NUM_N, tl.program_id(1).to(tl.int64), tl.program_id(2), SXM, SXG, SXSM,
               SXSG, SWG, SWN, SWSG, SWSN, SYM, SYG, N, K, SB, BLOCK_M, BLOCK_N, SPLIT_K, SWAP_AB,
               OUT_BF16)
 
 
 @triton.jit
-def _bmm_tile(x_ptr, w_ptr, xs_ptr, ws_ptr, M, y_ptr, part_ptr, count_ptr, pid_m, pid_n, g, pid_k,
+def _gemm_tile(x_ptr, w_ptr, xs_ptr, ws_ptr, M, y_ptr, part_ptr, count_ptr, pid_m, pid_n, g, pid_k,
               SXM: tl.constexpr, SXG: tl.constexpr, SXSM: tl.constexpr, SXSG: tl.constexpr,
               SWG: tl.constexpr, SWN: tl.constexpr, SWSG: tl.constexpr, SWSN: tl.constexpr,
               SYM: tl.constexpr, SYG: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
               SB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr, OUT_BF16: tl.constexpr):
     """One output tile (M tile ``pid_m``, N tile ``pid_n``, group ``g``, K part ``pid_k``) of
-    ``bmm_fp8_block_kernel``: the pipelined K loop, promotion per scale block, the store.
+    ``batched_gemm_a8w8_mxscale_kernel``: the pipelined K loop, promotion per scale block, the
+    store.
 
     ``SPLIT_K > 1`` (serial split-K): each K part parks its fp32 tile in ``part [SPLIT_K, M,
     G, N]`` and takes a ticket from the tile's counter in ``count_ptr``; the part that arrives
@@ -416,10 +449,10 @@ def _store_tile(y_ptr, out, offs_m, offs_n, g, ok, SYM: tl.constexpr, SYG: tl.co
 
 
 @triton.jit
-def inv_rope_quant_bmm_kernel(
+def wo_a_fp8_kernel(
     o_ptr, pos_ptr, cos_ptr, sin_ptr, w_ptr, ws_ptr, M, n_pos_rows,
     x_ptr, xs_ptr, y_ptr,  # outputs after inputs and scalars: jax_triton.triton_call's order
-    part_ptr, count_ptr,  # SPLIT_K > 1 only (see bmm_fp8_block_kernel)
+    part_ptr, count_ptr,  # SPLIT_K > 1 only (see batched_gemm_a8w8_mxscale_kernel)
     SOM: tl.constexpr,  # o [S, H, Dh] token stride; group g's K lanes start at g * K
     SCP: tl.constexpr, SSP: tl.constexpr,  # cos/sin row strides
     SWG: tl.constexpr, SWN: tl.constexpr,  # w [G, N, K] strides
@@ -428,11 +461,11 @@ def inv_rope_quant_bmm_kernel(
     G: tl.constexpr, N: tl.constexpr, K: tl.constexpr, SB: tl.constexpr, DH: tl.constexpr,
     RD: tl.constexpr, INV_FP8_MAX: tl.constexpr, FP8_MAX: tl.constexpr,
     FP8_MIN_NORMAL_EXP: tl.constexpr, AMAX_FLOOR: tl.constexpr, HW_CAST: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
-    OUT_BF16: tl.constexpr, QUANT_ROWS: tl.constexpr,
+    ROUND_PRODUCTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SPLIT_K: tl.constexpr, OUT_BF16: tl.constexpr, QUANT_ROWS: tl.constexpr,
 ):
     """The decode chain in one launch: each program first quantizes the activations its tile
-    reads, then runs ``bmm_fp8_block_kernel``'s swapped tile on them.
+    reads, then runs ``batched_gemm_a8w8_mxscale_kernel``'s swapped tile on them.
 
     Prologue: inverse RoPE + 1 x SB E8M0 quant (the quant group is the scale block) of the
     program's tokens and K blocks of ``o``, ``QUANT_ROWS`` (token, K block) rows at a time,
@@ -466,36 +499,47 @@ def inv_rope_quant_bmm_kernel(
         # Head offset of each even lane (a group may start inside a head when G > H).
         lane = (g * K + kb[:, None] * SB) % DH + 2 * pairs[None, :]
         c, s, is_rope = _rope_cos_sin(lane, row_ok, pos, cos_ptr, sin_ptr, SCP, SSP, ROPE_FROM)
-        x = _inv_rope_pairs(x, c, s, is_rope, QUANT_ROWS, SB)
+        x = _inverse_rope_pairs(x, c, s, is_rope, QUANT_ROWS, SB, ROUND_PRODUCTS)
         q, byte = _quantize_group(x, INV_FP8_MAX, FP8_MAX, FP8_MIN_NORMAL_EXP, AMAX_FLOOR,
                                   HW_CAST, FP8_TY)
         tl.store(x_ptr + tok[:, None] * (G * K) + g * K + kb[:, None] * SB + lanes[None, :], q,
                  mask=row_ok[:, None])
         tl.store(xs_ptr + tok * (G * KB) + g * KB + kb, byte.to(tl.uint8), mask=row_ok)
     tl.debug_barrier()  # this block's x writes are visible to all its threads
-    _bmm_tile(x_ptr, w_ptr, xs_ptr, ws_ptr, M, y_ptr, part_ptr, count_ptr, pid_m, pid % NUM_N,
+    _gemm_tile(x_ptr, w_ptr, xs_ptr, ws_ptr, M, y_ptr, part_ptr, count_ptr, pid_m, pid % NUM_N,
               g, pid_k, G * K, K, G * KB, KB, SWG, SWN, SWSG, SWSN, SYM, SYG, N, K, SB, BLOCK_M,
               BLOCK_N, SPLIT_K, True, OUT_BF16)
 
 
 @triton.jit
-def inv_rope_inplace_kernel(
-    o_ptr, pos_ptr, cos_ptr, sin_ptr, n_rows, n_pos_rows, stride_os, stride_cp, stride_sp,
+def inverse_rope_kernel(
+    o_ptr, pos_ptr, cos_ptr, sin_ptr, n_rows, n_pos_rows, stride_os, stride_oh, stride_cp,
+    stride_sp, y_ptr, stride_ys, stride_yh,
     H: tl.constexpr, DH: tl.constexpr, RD: tl.constexpr, BLOCK_R: tl.constexpr,
+    COPY_NOPE: tl.constexpr, ROUND_PRODUCTS: tl.constexpr,
 ):
-    """Rotate the last RD lanes of each of ``BLOCK_R`` (token, head) rows by -theta, in place.
+    """Rotate the last RD lanes of each of ``BLOCK_R`` (token, head) rows of ``o`` by -theta
+    into ``y``; with ``COPY_NOPE`` the other lanes are copied too (``y`` a rotated copy of
+    ``o``), else ``y`` is ``o`` and they are not touched (in place).
 
-    fp32 math, result rounded (RNE) to bf16 ``o`` (the BF16 chain); NoPE lanes are not touched.
+    fp32 math, result rounded (RNE) to bf16 (the BF16 chain). The tail's code is the same in
+    both modes, so they give the same bits.
     """
     HALF: tl.constexpr = RD // 2
+    ROPE_FROM: tl.constexpr = DH - RD
     pid = tl.program_id(0)
     rows = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < n_rows
     tok = rows // H
     head = rows % H
     lanes = tl.arange(0, RD)
-    ptrs = o_ptr + tok[:, None] * stride_os + head[:, None] * DH + (DH - RD) + lanes[None, :]
-    x = tl.load(ptrs, mask=row_ok[:, None], other=0.0)
+    in_row = o_ptr + tok[:, None] * stride_os + head[:, None] * stride_oh + lanes[None, :]
+    out_row = y_ptr + tok[:, None] * stride_ys + head[:, None] * stride_yh + lanes[None, :]
+    if COPY_NOPE:  # the NoPE lanes in RD-wide chunks (the tail's tile)
+        for c0 in tl.static_range(0, ROPE_FROM, RD):
+            ok = row_ok[:, None] & (c0 + lanes[None, :] < ROPE_FROM)
+            tl.store(out_row + c0, tl.load(in_row + c0, mask=ok), mask=ok)
+    x = tl.load(in_row + ROPE_FROM, mask=row_ok[:, None], other=0.0)
     a, b = tl.split(tl.reshape(x.to(tl.float32), (BLOCK_R, HALF, 2)))
     pos = tl.load(pos_ptr + tok, mask=row_ok, other=0).to(tl.int64)
     pos = tl.minimum(tl.maximum(pos, 0), n_pos_rows - 1)
@@ -504,5 +548,5 @@ def inv_rope_inplace_kernel(
                 other=1.0).to(tl.float32)
     s = tl.load(sin_ptr + pos[:, None] * stride_sp + cols[None, :], mask=row_ok[:, None],
                 other=0.0).to(tl.float32)
-    v = tl.reshape(tl.join(a * c + b * s, b * c - a * s), (BLOCK_R, RD))
-    tl.store(ptrs, _round_bf16_rne(v).to(x.dtype), mask=row_ok[:, None])
+    v = tl.reshape(tl.join(*_rotate(a, b, c, s, ROUND_PRODUCTS)), (BLOCK_R, RD))
+    tl.store(out_row + ROPE_FROM, _round_bf16_rne(v).to(x.dtype), mask=row_ok[:, None])

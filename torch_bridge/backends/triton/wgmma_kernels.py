@@ -87,7 +87,7 @@ def _issue_load(x_desc, w_desc, a_bufs, b_bufs, ready, j, first_tile, num_progra
 
 
 @gluon.jit
-def bmm_fp8_block_wgmma_kernel(
+def batched_gemm_a8w8_mxscale_wgmma_kernel(
     x_desc, w_desc, y_desc, xs_ptr, ws_ptr, M, num_programs,
     SXSM: gl.constexpr, SXSG: gl.constexpr,  # x_scale [M, G, K/SB] strides (last contiguous)
     SWSG: gl.constexpr, SWSN: gl.constexpr,  # w_scale [G, N/SB, K/SB] strides

@@ -1,0 +1,141 @@
+"""fp32 and bf16 rope tables on a GPU (``pytest -m gpu``): every rotating kernel gives the oracle's
+bytes, random tables and DeepSeek V4's own (``woa_jax.rope_cos_sin``).
+
+The oracle rounds each product of the rotation to fp32 before the sum; with fp32 tables a
+compiled multiply-add would round once, so these tests catch a contraction the kernels let back
+in. bf16 tables give exact products, so they pin that nothing changed there.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+pytestmark = pytest.mark.gpu
+
+HPG, DH, RD, N, P = 8, 512, 64, 1024, 65536
+SHAPES = ((1024, 16), (8192, 16), (1024, 2), (8192, 2))
+TABLES = [("random", torch.float32), ("random", torch.bfloat16), ("v4-flash", torch.float32),
+          ("v4-flash", torch.bfloat16)]
+
+
+@pytest.fixture(autouse=True)
+def _xla_memory():
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+
+def _seed() -> int:
+    return int.from_bytes(os.urandom(4), "little")
+
+
+def _j(t):
+    from torch_bridge import interop
+
+    return interop.to_jax(t)
+
+
+def _t(a):
+    """A torch view (on the GPU) of a JAX or torch array; 1- and 2-byte types as unsigned ints."""
+    from torch_bridge import interop
+
+    t = interop.to_torch(a)
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+def _differ(actual, expected) -> int:
+    return int((_t(actual) != _t(expected)).sum())
+
+
+def _inputs(s, g, table, rope_dtype, seed):
+    """``o [S, G * 8, 512]`` bf16, positions, and the cos/sin table ``[P, 32]``."""
+    import woa_jax
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    o = (torch.randn((s, g * HPG, DH), generator=gen, device="cuda") / 10).to(torch.bfloat16)
+    pos = torch.randint(0, P, (s,), generator=gen, device="cuda")
+    if table == "random":
+        ang = torch.rand((P, RD // 2), generator=gen, device="cuda") * 6.3
+        cos, sin = torch.cos(ang), torch.sin(ang)
+    else:
+        cos, sin = (torch.from_numpy(np.asarray(t)).cuda()
+                    for t in woa_jax.rope_cos_sin(table, "compress", max_positions=P))
+    return o, pos, cos.to(rope_dtype), sin.to(rope_dtype)
+
+
+def _oracle_quant(o, pos, cos, sin, g):
+    import jax
+
+    import woa_jax
+
+    quant = jax.jit(woa_jax.inverse_rope_group_quant, static_argnums=(4, 5))
+    return quant(_j(o), _j(pos), _j(cos), _j(sin), g, 128)
+
+
+@pytest.mark.parametrize("table,rope_dtype", TABLES)
+@pytest.mark.parametrize("s,g", SHAPES)
+def test_quant_bytes_are_the_oracles(s, g, table, rope_dtype):
+    from torch_bridge.backends.triton import launch
+
+    seed = _seed()
+    o, pos, cos, sin = _inputs(s, g, table, rope_dtype, seed)
+    q, sc = launch.inverse_rope_group_quant(o, pos, cos, sin, g, 128)
+    rq, rs = _oracle_quant(o, pos, cos, sin, g)
+    assert _differ(sc, rs) == 0, f"seed {seed}: scale bytes differ"
+    bad = _differ(q, rq)
+    assert bad == 0, f"seed {seed}: {bad} of {q.numel()} fp8 bytes differ from the oracle"
+
+
+@pytest.mark.parametrize("table,rope_dtype", TABLES)
+@pytest.mark.parametrize("s,g", ((1, 16), (1, 2), (8, 2), (64, 16), (1024, 2)))
+def test_fused_chain_prologue_bytes_are_the_oracles(s, g, table, rope_dtype):
+    """The fused kernel's quantized activations are the oracle's, and its output the two-kernel
+    chain's bits with the same tiles (the rotation's rounding leaves the GEMM alone)."""
+    import dataclasses
+
+    from torch_bridge.backends.triton import _common, chain, configs, launch
+
+    seed = _seed()
+    o, pos, cos, sin = _inputs(s, g, table, rope_dtype, seed)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    k = HPG * DH
+    w = (torch.randn((g, N, k), generator=gen, device="cuda") * 64).to(torch.float8_e4m3fn)
+    ws = torch.randint(118, 124, (g, N // 128, k // 128), generator=gen, device="cuda",
+                       dtype=torch.uint8)
+    cfg = dataclasses.replace(configs.fused_config(s, g, N, k, 128), split_k=1)
+    x_fp8 = torch.empty((s, g, k), dtype=torch.float8_e4m3fn, device="cuda")
+    x_scale = torch.empty((s, g, k // 128), dtype=torch.uint8, device="cuda")
+    out = torch.empty((s, g, N), dtype=torch.bfloat16, device="cuda")
+    _common.LAUNCHERS[chain._wo_a_fp8_op](
+        o, pos, cos, sin, w, ws, x_fp8, x_scale, out, 1e-8, cfg.block_m, cfg.block_n, 1,
+        cfg.num_warps, cfg.num_stages)
+    rq, rs = _oracle_quant(o, pos, cos, sin, g)
+    assert _differ(x_scale, rs) == 0, f"seed {seed}: scale bytes differ"
+    bad = _differ(x_fp8, rq)
+    assert bad == 0, f"seed {seed}: {bad} of {x_fp8.numel()} fp8 bytes differ from the oracle"
+    two = launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, fused=False, config=cfg)
+    assert _differ(out, two) == 0, f"seed {seed}: the fused GEMM differs from the two kernels"
+
+
+@pytest.mark.parametrize("table,rope_dtype", TABLES)
+@pytest.mark.parametrize("s,g", SHAPES)
+def test_bf16_chain_rotation_is_the_oracles(s, g, table, rope_dtype):
+    """The BF16 chain's rotation, copying and in place, against ``woa_jax.inverse_rope``."""
+    import jax
+
+    import woa_jax
+    from torch_bridge.backends.triton import launch
+
+    seed = _seed()
+    o, pos, cos, sin = _inputs(s, g, table, rope_dtype, seed)
+    ref = jax.jit(woa_jax.inverse_rope)(_j(o), _j(pos), _j(cos), _j(sin))
+    before = o.clone()
+    y = launch.inverse_rope(o, pos, cos, sin)
+    assert torch.equal(_t(o), _t(before)), f"seed {seed}: the copying rotation wrote o"
+    assert _differ(y, ref) == 0, f"seed {seed}: the rotated copy differs from the oracle"
+    launch.inverse_rope(o, pos, cos, sin, inplace=True)
+    assert _differ(o, ref) == 0, f"seed {seed}: the in-place rotation differs from the oracle"

@@ -1,0 +1,88 @@
+"""Launch plans (``_common.plan``): a repeated call signature reuses its plan, and a changed
+shape, stride, dtype or option makes a new one that gives the right answer for the new layout.
+
+Runs through ``TRITON_INTERPRET=1`` on CPU (tests/conftest.py), at tiny shapes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import woa_jax
+from woa_jax.testing import assert_close
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+import jax.numpy as jnp  # noqa: E402
+from _cases import DEVICE, assert_quant_equal, jx, rope_case  # noqa: E402
+
+from torch_bridge.backends.triton import _common, chain, gemm, launch, quant  # noqa: E402
+
+
+@pytest.fixture
+def made(monkeypatch):
+    """Fresh plans; the list of plan makers that ran (one entry per plan made)."""
+    monkeypatch.setattr(_common, "PLANS", {})
+    calls = []
+    for module, name in ((quant, "_quant_plan"), (gemm, "_gemm_plan"),
+                         (chain, "_wo_a_fp8_plan"), (chain, "_inverse_rope_plan")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name,
+                            lambda *a, real=real, name=name: (calls.append(name), real(*a))[1])
+    return calls
+
+
+def _quant_matches_oracle(o, pos, cos, sin):
+    q, sc = launch.inverse_rope_group_quant(o, pos, cos, sin, 2, 128)
+    assert_quant_equal(q, sc, *woa_jax.inverse_rope_group_quant(*jx(o, pos, cos, sin), 2, 128))
+
+
+def test_quant_plan_is_reused_and_keyed_on_strides_and_dtypes(rng, made):
+    o, pos, cos, sin = rope_case(rng)
+    _quant_matches_oracle(o, pos, cos, sin)
+    _quant_matches_oracle(o, pos, cos, sin)
+    assert made == ["_quant_plan"] and len(_common.PLANS) == 1
+    padded = torch.zeros((3, 4 * 512 + 64), dtype=torch.bfloat16, device=DEVICE)
+    padded[:, :2048] = o.reshape(3, -1)
+    o_padded = padded[:, :2048].view(3, 4, 512)  # token stride 2112
+    _quant_matches_oracle(o_padded, pos, cos, sin)
+    _quant_matches_oracle(o, pos, cos.float(), sin.float())  # fp32 tables
+    assert made == ["_quant_plan"] * 3 and len(_common.PLANS) == 3
+    _quant_matches_oracle(*rope_case(rng, s=5))  # another token count
+    assert len(made) == 4
+
+
+def test_gemm_plan_is_reused_and_keyed_on_strides(rng, made):
+    x = torch.from_numpy(rng.standard_normal((3, 2, 256)).astype(np.float32) * 30).to(
+        torch.float8_e4m3fn).to(DEVICE)
+    w = torch.from_numpy(rng.standard_normal((2, 128, 256)).astype(np.float32) * 30).to(
+        torch.float8_e4m3fn).to(DEVICE)
+    xs = torch.from_numpy(rng.integers(122, 131, (3, 2, 2)).astype(np.uint8)).to(DEVICE)
+    ws = torch.from_numpy(rng.integers(112, 120, (2, 1, 2)).astype(np.uint8)).to(DEVICE)
+    ref = woa_jax.batched_gemm_a8w8_mxscale(*jx(x, w, xs, ws), dtype=jnp.float32)
+    for _ in range(2):
+        assert_close(launch.batched_gemm_a8w8_mxscale(x, w, xs, ws), ref, tolerance="gemm_bf16")
+    assert made == ["_gemm_plan"]
+    xt = x.transpose(0, 1).contiguous().transpose(0, 1)  # [M, G, K] view of [G, M, K]
+    assert_close(launch.batched_gemm_a8w8_mxscale(xt, w, xs, ws), ref, tolerance="gemm_bf16")
+    y32 = launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, dtype=torch.float32)
+    assert_close(y32, ref, tolerance="gemm_fp32")
+    assert made == ["_gemm_plan"] * 3
+
+
+def test_chain_plans_are_reused(rng, made):
+    o, pos, cos, sin = rope_case(rng, s=2, h=4)
+    w = torch.from_numpy(rng.standard_normal((2, 128, 1024)).astype(np.float32)).to(
+        torch.float8_e4m3fn).to(DEVICE)
+    ws = torch.from_numpy(rng.integers(118, 124, (2, 1, 8)).astype(np.uint8)).to(DEVICE)
+    first = launch.wo_a_fp8(o, pos, cos, sin, w, ws, 2, fused=True)
+    again = launch.wo_a_fp8(o, pos, cos, sin, w, ws, 2, fused=True)
+    assert torch.equal(first, again) and made == ["_wo_a_fp8_plan"]
+    y = launch.inverse_rope(o, pos, cos, sin)
+    assert torch.equal(launch.inverse_rope(o, pos, cos, sin), y)
+    x = o.clone()
+    launch.inverse_rope(x, pos, cos, sin, inplace=True)  # in place: a plan of its own
+    assert torch.equal(x, y)
+    assert made == ["_wo_a_fp8_plan", "_inverse_rope_plan", "_inverse_rope_plan"]

@@ -1,0 +1,156 @@
+"""What the torch launchers share: custom-op registration, the eager fast path, layout helpers.
+
+The ops mutate preallocated outputs and return nothing, so ``torch.compile`` sees opaque calls
+(no stride baking) and CUDA-graph capture sees fixed buffers: the launchers allocate nothing when
+outputs are given (except split-K's fp32 parts, which a capture takes from its private pool),
+never synchronise, and read int32 or int64 positions directly (no ``.to(int64)`` copy).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from . import configs
+
+LIB = "woa_triton"
+
+#: The launch function behind each registered op, for ``run_mutating``'s eager path.
+LAUNCHERS: dict[object, object] = {}
+
+
+def launcher_op(name: str, mutates_args: tuple[str, ...]):
+    """Register a launch function as the custom op ``woa_triton::name`` (opaque to
+    ``torch.compile`` and fake tensors, which see no effect beyond the mutated outputs) and
+    remember the function for plain eager calls."""
+    def register(fn):
+        op = torch.library.custom_op(f"{LIB}::{name}", mutates_args=mutates_args)(fn)
+
+        @op.register_fake
+        def _(*args, **kwargs) -> None:
+            return None
+
+        LAUNCHERS[op] = fn
+        return op
+    return register
+
+
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
+def _plain_eager(args) -> bool:
+    """No dispatch mode (fake tensors, ``make_fx``), functorch transform or tensor subclass is
+    in play: the op's dispatch would only reach the launch function."""
+    return (torch._C._len_torch_dispatch_stack() == 0
+            and not torch._C._are_functorch_transforms_active()
+            and all(type(a) in _PLAIN_TENSORS for a in args if isinstance(a, torch.Tensor)))
+
+
+def run_mutating(op, mutated: tuple[torch.Tensor, ...], *args) -> None:
+    """Call a launcher op that writes ``mutated`` in place, with as little host time as it can.
+
+    Eager with plain tensors, the launch function runs directly: the custom op's dispatch costs
+    more host time than the launch itself. The version counters of ``mutated`` are bumped
+    here, so autograd's in-place checks keep working. Anything else (``torch.compile``, fake
+    tensors, functorch, subclasses) goes through the op, which has fake implementations.
+    """
+    if torch.compiler.is_compiling():
+        op(*args)
+        return
+    launcher = LAUNCHERS.get(op)
+    if launcher is not None and _plain_eager(args):
+        launcher(*args)
+    else:
+        with torch._C._AutoDispatchBelowADInplaceOrView():
+            op(*args)
+    torch.autograd.graph.increment_version(mutated)
+
+
+#: Launch plans by call signature (``plan``). Bounded: every token count is a signature.
+PLANS: dict[tuple, tuple] = {}
+_MAX_PLANS = 4096
+
+
+def plan(key: tuple, make) -> tuple:
+    """The launch plan of one call signature: ``make()`` on first sight, then remembered.
+
+    ``key`` holds everything the plan depends on (the launcher's name, shapes, strides, dtypes,
+    device and options), so a repeated eager call pays a dict lookup instead of the launch
+    rules and their checks.
+    """
+    found = PLANS.get(key)
+    if found is None:
+        if len(PLANS) >= _MAX_PLANS:
+            PLANS.clear()
+        found = PLANS[key] = make()
+    return found
+
+
+def signature(t: torch.Tensor) -> tuple:
+    """What a launch plan may depend on in a tensor: shape, strides, dtype, device."""
+    return t.shape, t.stride(), t.dtype, t.device
+
+
+def on_device_of(t: torch.Tensor):
+    """Triton launches on torch's current CUDA device: make it the operands' (a no-op when it
+    already is, and for the interpreter's CPU tensors)."""
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+def as_bytes(scale: torch.Tensor) -> torch.Tensor:
+    """E8M0 scales as uint8 (Triton takes no ``float8_e8m0fnu`` arguments)."""
+    return scale.view(torch.uint8) if scale.dtype != torch.uint8 else scale
+
+
+def rows_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def last_dims_contiguous(o: torch.Tensor) -> torch.Tensor:
+    """``o [S, H, Dh]`` with (H, Dh) packed; the token stride may be anything."""
+    if o.stride(2) == 1 and o.stride(1) == o.shape[2]:
+        return o
+    return o.contiguous()
+
+
+def output(out: torch.Tensor | None, shape: tuple[int, int, int], dtype: torch.dtype,
+           device: torch.device) -> torch.Tensor:
+    """A GEMM's ``[M, G, N]`` output: ``out`` checked (N contiguous), or a new tensor."""
+    if out is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    if tuple(out.shape) != shape or out.stride(2) != 1:
+        raise ValueError(f"out must be [M, G, N] = {list(shape)} with N contiguous, got shape "
+                         f"{list(out.shape)} strides {list(out.stride())}")
+    return out
+
+
+def target() -> str:
+    """What compiles the kernels: ``"interpreter"`` (``TRITON_INTERPRET=1``), ``"hip"`` or
+    ``"cuda"``."""
+    from . import interpreter_on
+
+    if interpreter_on():
+        return "interpreter"
+    return "hip" if torch.version.hip is not None else "cuda"
+
+
+def hw_fp8_cast(fp8_dtype: torch.dtype) -> bool:
+    """Whether the compiled fp32 -> fp8 cast is already RNE on the e4m3 grid (CUDA e4m3fn).
+
+    The interpreter rounds ties away from zero and AMD's e4m3fnuz cast is not checked here, so
+    those round on the fp32 side first (same bytes, more instructions).
+    """
+    return target() == "cuda" and fp8_dtype == torch.float8_e4m3fn
+
+
+def round_products(o: torch.Tensor, cos_cache: torch.Tensor) -> int:
+    """The rotation's ``ROUND_PRODUCTS`` for these operands here (``configs.round_products``)."""
+    return configs.round_products(str(o.dtype).removeprefix("torch."),
+                                  str(cos_cache.dtype).removeprefix("torch."), target())
+
+
+def quant_constants(fp8_dtype: torch.dtype, amax_floor: float) -> dict:
+    """The quantizing kernels' fp8 constexprs for this torch fp8 dtype (``configs``)."""
+    name = str(fp8_dtype).removeprefix("torch.")
+    return dict(configs.quant_constants(name, amax_floor, hw_fp8_cast(fp8_dtype)))

@@ -1,0 +1,242 @@
+"""torch launchers of the two ``wo_a`` chains.
+
+* ``wo_a_fp8``: one fused kernel at decode sizes (``woa_triton::wo_a_fp8``), else
+  ``inverse_rope_group_quant`` then ``batched_gemm_a8w8_mxscale``.
+* ``wo_a_bf16``: the rope tail rotated by ``inverse_rope`` (``woa_triton::inverse_rope``, or
+  ``woa_triton::inverse_rope_`` in place), then a cuBLAS bf16 batched GEMM.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from woa_jax import AITER_AMAX_FLOOR
+
+from . import configs, kernels
+from ._common import (
+    as_bytes,
+    last_dims_contiguous,
+    launcher_op,
+    on_device_of,
+    output,
+    plan,
+    quant_constants,
+    round_products,
+    rows_contiguous,
+    run_mutating,
+    signature,
+)
+from .configs import GemmConfig
+from .gemm import batched_gemm_a8w8_mxscale
+from .quant import inverse_rope_group_quant
+from .split_k import split_scratch
+
+# ---------------------------------------------------------------------------------------------
+# The FP8 chain
+# ---------------------------------------------------------------------------------------------
+
+
+@launcher_op("wo_a_fp8", mutates_args=("x_fp8", "x_scale", "out"))
+def _wo_a_fp8_op(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
+                 sin_cache: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
+                 x_fp8: torch.Tensor, x_scale: torch.Tensor, out: torch.Tensor, amax_floor: float,
+                 block_m: int, block_n: int, split_k: int, num_warps: int,
+                 num_stages: int) -> None:
+    if o.shape[0] == 0:
+        return
+    key = ("wo_a_fp8", *signature(o), *signature(cos_cache), sin_cache.stride(), *signature(w),
+           *signature(w_scale), *signature(out), amax_floor, block_m, block_n, split_k,
+           num_warps, num_stages)
+    grid, constexprs = plan(key, lambda: _wo_a_fp8_plan(
+        o, cos_cache, sin_cache, w, w_scale, out, amax_floor, block_m, block_n, num_warps,
+        num_stages))
+    with on_device_of(o):
+        split, parts, counters = split_scratch(out, split_k, grid[0] * grid[1])
+        kernels.wo_a_fp8_kernel[(*grid, split)](
+            o, positions, cos_cache, sin_cache, w, w_scale, o.shape[0], cos_cache.shape[0], x_fp8,
+            x_scale, out, parts, counters, SPLIT_K=split, **constexprs)
+
+
+def _wo_a_fp8_plan(o, cos_cache, sin_cache, w, w_scale, out, amax_floor, block_m, block_n,
+                   num_warps, num_stages):
+    """``((N tiles x M tiles, G), constexprs)`` of one fused-chain launch signature."""
+    s, _, dh = o.shape
+    g, n, k = w.shape
+    block = k // w_scale.shape[2]
+    tiles = configs.cdiv(s, block_m) * configs.cdiv(n, block_n)
+    return (tiles, g), dict(
+        SOM=o.stride(0), SCP=cos_cache.stride(0), SSP=sin_cache.stride(0), SWG=w.stride(0),
+        SWN=w.stride(1), SWSG=w_scale.stride(0), SWSN=w_scale.stride(1), SYM=out.stride(0),
+        SYG=out.stride(1), G=g, N=n, K=k, SB=block, DH=dh, RD=2 * cos_cache.shape[1],
+        **quant_constants(w.dtype, amax_floor), ROUND_PRODUCTS=round_products(o, cos_cache),
+        BLOCK_M=block_m, BLOCK_N=block_n, OUT_BF16=out.dtype == torch.bfloat16,
+        QUANT_ROWS=configs.FUSED_QUANT_LANES // block, num_warps=num_warps,
+        num_stages=num_stages)
+
+
+def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
+             sin_cache: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, num_groups: int,
+             *, amax_floor: float = AITER_AMAX_FLOOR, dtype: torch.dtype = torch.bfloat16,
+             out: torch.Tensor | None = None, fused: bool | None = None,
+             config: GemmConfig | None = None) -> torch.Tensor:
+    """The FP8 chain ``y = dq(quant(inv_rope(o))) @ dq(w)^T``: one fused kernel at decode sizes.
+
+    The fused kernel (``wo_a_fp8_kernel``) quantizes, in each program, the activations its tile
+    reads and then multiplies them: one launch instead of two, and no gap between them. Its
+    products are those of ``inverse_rope_group_quant`` followed by
+    ``batched_gemm_a8w8_mxscale`` with the same tiles. The quant group is the weight's scale
+    block B.
+
+    Args:
+      o: ``[S, H, Dh]`` bf16/fp16/fp32 (token stride may be padded); ``H * Dh = G * K``.
+      positions: ``[>= S]`` int32 or int64, clamped to ``[0, P - 1]``.
+      cos_cache, sin_cache: ``[P, rd / 2]`` bf16, fp16 or fp32.
+      w: ``[G, N, K]`` fp8 (its dtype is the activations' fp8 dtype).
+      w_scale: ``[G, ceil(N / B), K / B]`` uint8 or float8_e8m0fnu.
+      num_groups: G.
+      amax_floor: the quant's amax floor (AITER's 1e-8 or vLLM CUDA's 1e-10).
+      dtype: bf16 or fp32 output.
+      out: optional ``[S, G, N]`` output with N contiguous (written in place).
+      fused: ``None`` fuses where ``configs.fused_chosen`` says so; ``True`` requires the fused
+        kernel, ``False`` runs quant + GEMM.
+      config: the fused kernel's launch shape (a swapped pointer-load ``GemmConfig``) when it
+        runs, else the GEMM's; ``None`` picks by S and G.
+
+    Returns:
+      ``out`` (or a new tensor) ``[S, G, N]`` in ``dtype``.
+
+    Raises:
+      ValueError: ``o`` and ``w`` do not make ``num_groups`` groups of K, ``fused=True`` on a
+        chain the fused kernel cannot run, or a bad ``out`` / ``config``.
+    """
+    s, h, dh = o.shape
+    g, n, k = w.shape
+    block = k // w_scale.shape[2]
+    if g != num_groups or h * dh != g * k:
+        raise ValueError(f"o [S, H, Dh] = {list(o.shape)} and w [G, N, K] = {list(w.shape)} "
+                         f"do not make num_groups = {num_groups} groups of K (need H * Dh = G * K)")
+    blocker = configs.fused_blocker(dh, 2 * cos_cache.shape[1], block,
+                                    config if fused is not False else None)
+    if fused and blocker:
+        raise ValueError(f"wo_a_fp8(fused=True) cannot fuse this chain: {blocker}")
+    if fused is None:
+        fused = blocker is None and configs.fused_chosen(s, g, n, k, block)
+    if not fused:
+        x_fp8, x_scale = inverse_rope_group_quant(o, positions, cos_cache, sin_cache, g, block,
+                                                  amax_floor=amax_floor,
+                                                  x_fp8=torch.empty((s, g, k), dtype=w.dtype,
+                                                                    device=o.device))
+        return batched_gemm_a8w8_mxscale(x_fp8, w, x_scale, w_scale, dtype=dtype, out=out,
+                                         config=config)
+    cfg = config or configs.fused_config(s, g, n, k, block)
+    configs.check_split(cfg, k // block)
+    out = output(out, (s, g, n), dtype, o.device)
+    # The prologue's quantized activations (read back by the same program, never returned).
+    x_fp8 = torch.empty((s, g, k), dtype=w.dtype, device=o.device)
+    x_scale = torch.empty((s, g, k // block), dtype=torch.uint8, device=o.device)
+    run_mutating(_wo_a_fp8_op, (x_fp8, x_scale, out), last_dims_contiguous(o),
+                 rows_contiguous(positions), rows_contiguous(cos_cache),
+                 rows_contiguous(sin_cache), rows_contiguous(w),
+                 rows_contiguous(as_bytes(w_scale)), x_fp8, x_scale, out, float(amax_floor),
+                 cfg.block_m, cfg.block_n, cfg.split_k, cfg.num_warps, cfg.num_stages)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The BF16 chain
+# ---------------------------------------------------------------------------------------------
+
+#: (token, head) rows per program of ``inverse_rope_kernel``.
+ROPE_BLOCK_R = 32
+
+
+def _launch_inverse_rope(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
+                         sin_cache: torch.Tensor, y: torch.Tensor) -> None:
+    if o.shape[0] == 0:
+        return
+    copy = y is not o
+    key = ("inverse_rope", *signature(o), *signature(cos_cache), copy)
+    grid, constexprs = plan(key, lambda: _inverse_rope_plan(o, cos_cache, copy))
+    with on_device_of(o):
+        kernels.inverse_rope_kernel[grid](
+            o, positions, cos_cache, sin_cache, o.shape[0] * o.shape[1], cos_cache.shape[0],
+            o.stride(0), o.stride(1), cos_cache.stride(0), sin_cache.stride(0), y, y.stride(0),
+            y.stride(1), **constexprs)
+
+
+def _inverse_rope_plan(o, cos_cache, copy: bool):
+    """``(grid, constexprs)`` of one rotation launch signature."""
+    s, h, dh = o.shape
+    return (configs.cdiv(s * h, ROPE_BLOCK_R),), dict(
+        H=h, DH=dh, RD=2 * cos_cache.shape[1], BLOCK_R=ROPE_BLOCK_R, COPY_NOPE=copy,
+        ROUND_PRODUCTS=round_products(o, cos_cache), num_warps=4)
+
+
+@launcher_op("inverse_rope", mutates_args=("y",))
+def _inverse_rope_op(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
+                     sin_cache: torch.Tensor, y: torch.Tensor) -> None:
+    _launch_inverse_rope(o, positions, cos_cache, sin_cache, y)
+
+
+@launcher_op("inverse_rope_", mutates_args=("o",))
+def _inverse_rope_inplace_op(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
+                             sin_cache: torch.Tensor) -> None:
+    _launch_inverse_rope(o, positions, cos_cache, sin_cache, o)
+
+
+def inverse_rope(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
+                 sin_cache: torch.Tensor, *, inplace: bool = False) -> torch.Tensor:
+    """Inverse GPT-J RoPE of the rope tail of each head (fp32 math, bf16 out), the BF16 chain's.
+
+    ``inplace=False`` reads ``o`` once and writes a rotated copy once (NoPE lanes copied);
+    ``inplace=True`` rotates only the tail of ``o`` itself. Both give the same bits.
+
+    Args:
+      o: ``[S, H, Dh]`` bf16 with Dh contiguous (``inplace``: packed (H, Dh) dims).
+      positions: ``[>= S]`` int32 or int64, clamped to ``[0, P - 1]``.
+      cos_cache, sin_cache: ``[P, rd / 2]`` bf16, fp16 or fp32; ``rd`` a power of two (a
+        Triton tile) no larger than Dh.
+      inplace: rotate ``o`` in place (for callers whose ``o`` is a temporary).
+
+    Returns:
+      ``o`` when ``inplace``, else a new contiguous ``[S, H, Dh]`` bf16 tensor.
+
+    Raises:
+      ValueError: a bad ``rd`` or strides of ``o``.
+      TypeError: ``o`` is not bf16.
+    """
+    rd = 2 * cos_cache.shape[1]
+    if rd & (rd - 1) or rd > o.shape[2]:
+        raise ValueError(f"inverse_rope: rd = 2 * cos_cache.shape[1] = {rd} must be a power of "
+                         f"two (a Triton tile) no larger than head_dim {o.shape[2]}")
+    if o.dtype != torch.bfloat16:
+        raise TypeError(f"inverse_rope is the BF16 chain's: o must be bfloat16, got {o.dtype}")
+    if o.stride(2) != 1 or (inplace and o.stride(1) != o.shape[2]):
+        raise ValueError(f"inverse_rope needs o with a contiguous Dh dim (and packed [H, Dh] "
+                         f"dims in place), got strides {list(o.stride())}")
+    tables = rows_contiguous(positions), rows_contiguous(cos_cache), rows_contiguous(sin_cache)
+    if inplace:
+        run_mutating(_inverse_rope_inplace_op, (o,), o, *tables)
+        return o
+    y = torch.empty(o.shape, dtype=o.dtype, device=o.device)
+    run_mutating(_inverse_rope_op, (y,), o, *tables, y)
+    return y
+
+
+def wo_a_bf16(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
+              sin_cache: torch.Tensor, w_bf16: torch.Tensor, num_groups: int, *,
+              inplace: bool = False) -> torch.Tensor:
+    """The BF16 chain: ``inverse_rope`` of the rope tail, then a cuBLAS bf16 batched GEMM.
+
+    Args:
+      o: ``[S, H, Dh]`` bf16; left unchanged unless ``inplace``.
+      positions, cos_cache, sin_cache: as for ``inverse_rope``.
+      w_bf16: ``[G, N, K]`` exact bf16 dequantized weight, ``H * Dh = G * K``.
+      num_groups: G.
+      inplace: rotate ``o`` in place instead of writing a rotated copy.
+
+    Returns:
+      ``[S, G, N]`` bf16.
+    """
+    x = inverse_rope(o, positions, cos_cache, sin_cache, inplace=inplace)
+    return torch.einsum("sgk,gnk->sgn", x.view(x.shape[0], num_groups, -1), w_bf16)

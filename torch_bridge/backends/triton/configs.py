@@ -1,0 +1,360 @@
+"""Launch rules of the Triton kernels: launch shapes, the choosers and the kernels' constants.
+
+Pure functions of integers and dtype names (no torch, no Triton, no GPU), shared by the torch
+launchers and the JAX launcher (``jax_launch``), so both launch the same kernels the same way.
+The shapes were tuned on an H200; ``benchmarks/RESULTS.md`` holds the figures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import numpy as np
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _check_power_of_two(cfg, field: str, value: int, least: int) -> None:
+    """Triton tile sizes (``tl.arange`` extents, warp counts) must be powers of two."""
+    if value < least or value & (value - 1):
+        raise ValueError(f"{type(cfg).__name__}.{field} must be a power of two >= {least}, got "
+                         f"{value}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Inverse RoPE + 1 x GS E8M0 quantization
+# ---------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class QuantConfig:
+    """Launch shape of the quant kernel.
+
+    ``block_h == 0``: the flat-rows kernel, ``block_r`` quant groups per program. Else the
+    per-head kernel, ``block_r`` tokens x ``block_h`` heads per program.
+    """
+
+    block_r: int = 32
+    num_warps: int = 4
+    block_h: int = 0
+
+    def __post_init__(self):
+        _check_power_of_two(self, "block_r", self.block_r, 1)
+        _check_power_of_two(self, "num_warps", self.num_warps, 1)
+        if self.block_h < 0:
+            raise ValueError(f"QuantConfig.block_h must be >= 0 (0: the flat-rows kernel), got "
+                             f"{self.block_h}")
+
+    def label(self) -> str:
+        return f"r{self.block_r}w{self.num_warps}" + (f"h{self.block_h}" if self.block_h else "")
+
+
+def quant_config(s: int) -> QuantConfig:
+    """The quant launch shape for ``s`` tokens: the per-head kernel, one warp, 4 tokens x 1 head.
+
+    One warp holds a whole 1 x 128 group per token row, so each thread keeps more loads in
+    flight and more programs fit on an SM than with 4 warps or the flat-rows kernel.
+    """
+    return _QUANT_CONFIG
+
+
+_QUANT_CONFIG = QuantConfig(4, 1, block_h=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantLaunch:
+    """Which quant kernel runs for a problem, and its grid."""
+
+    per_head: bool  # inverse_rope_group_quant_head_kernel, else inverse_rope_group_quant_kernel
+    grid: tuple[int, ...]
+    n_work: int  # the kernel's first scalar: tokens (per head) or quant groups (flat)
+    shape: dict[str, int]  # its launch-shape constexprs
+
+
+def quant_launch(s: int, h: int, dh: int, quant_group_size: int,
+                 cfg: QuantConfig) -> QuantLaunch:
+    """The per-head kernel when ``cfg.block_h`` is set and GS divides Dh (``block_h`` cut to a
+    divisor of H), else the flat-rows kernel."""
+    if cfg.block_h and dh % quant_group_size == 0:
+        block_h = math.gcd(h, cfg.block_h)
+        return QuantLaunch(True, (cdiv(s, cfg.block_r) * (h // block_h),), s,
+                           dict(H=h, BLOCK_T=cfg.block_r, BLOCK_H=block_h))
+    nq = h * dh // quant_group_size
+    return QuantLaunch(False, (cdiv(s * nq, cfg.block_r),), s * nq,
+                       dict(NQ=nq, BLOCK_R=cfg.block_r))
+
+
+#: Per fp8 format: largest finite value and log2 of the smallest normal.
+_FP8_FORMATS = {"float8_e4m3fn": (448.0, -6), "float8_e4m3fnuz": (240.0, -7)}
+
+
+@functools.cache
+def quant_constants(fp8_name: str, amax_floor: float,
+                    hw_cast: bool) -> tuple[tuple[str, object], ...]:
+    """The quantizing kernels' constexprs for an fp8 format (``"float8_e4m3fn"`` or
+    ``"float8_e4m3fnuz"``), as ``(name, value)`` pairs; cached, as every launch asks.
+
+    ``hw_cast``: the target's fp32 -> fp8 cast is already round-to-nearest-even (CUDA e4m3fn).
+    """
+    try:
+        fp8_max, min_normal_exp = _FP8_FORMATS[fp8_name]
+    except KeyError:
+        raise ValueError(f"fp8 dtype {fp8_name!r} is not float8_e4m3fn or float8_e4m3fnuz") \
+            from None
+    # fp32(1 / fp8_max) is what the kernels multiply by (exactly as the oracle).
+    inv = float(np.float32(1.0) / np.float32(fp8_max))
+    return (("INV_FP8_MAX", inv), ("FP8_MAX", fp8_max), ("FP8_MIN_NORMAL_EXP", min_normal_exp),
+            ("AMAX_FLOOR", float(np.float32(amax_floor))), ("HW_CAST", hw_cast))
+
+
+#: ``ROUND_PRODUCTS`` values: leave the products to the compiler, or round each product to fp32
+#: with the target's own multiply instruction (PTX ``mul.rn.f32``, AMDGCN ``v_mul_f32``).
+PRODUCTS_AS_COMPILED, PRODUCTS_PTX, PRODUCTS_AMDGCN = 0, 1, 2
+
+#: Dtypes whose products of two values are exact in fp32 (at most 24 significant bits).
+_NARROW_FLOATS = ("bfloat16", "float16")
+
+
+def round_products(o_dtype: str, rope_dtype: str, target: str) -> int:
+    """How the rotation's kernels must round the products ``a * cos`` and ``b * sin``.
+
+    The oracle rounds each product to fp32 before the sum; a compiled ``a * c + b * s`` becomes
+    a fused multiply-add, which differs when a product is inexact. Products of two bf16/fp16
+    values are exact, so only an fp32 ``o`` or fp32 table needs each product rounded on its own
+    (``target``: ``"cuda"``, ``"hip"``, or ``"interpreter"``, which never contracts).
+    """
+    if o_dtype in _NARROW_FLOATS and rope_dtype in _NARROW_FLOATS:
+        return PRODUCTS_AS_COMPILED
+    return {"cuda": PRODUCTS_PTX, "hip": PRODUCTS_AMDGCN}.get(target, PRODUCTS_AS_COMPILED)
+
+
+# ---------------------------------------------------------------------------------------------
+# Block-scaled FP8 batched GEMM
+# ---------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class GemmConfig:
+    """One launch shape of the block-scaled GEMM: the pointer kernel
+    (``batched_gemm_a8w8_mxscale_kernel``), its TMA variant (``tma``) or the wgmma kernel
+    (``wgmma``)."""
+
+    block_m: int
+    block_n: int
+    split_k: int = 1
+    swap_ab: bool = False
+    num_warps: int = 4
+    num_stages: int = 4
+    #: Tensor-descriptor (TMA) tiles; used when the operands allow it.
+    tma: bool = False
+    #: TMA and wgmma kernels: resident programs per SM looping over tiles (0: one program per
+    #: tile).
+    programs_per_sm: int = 0
+    #: The wgmma kernel (``wgmma_kernels``; Hopper only): async MMAs, each K block's fp32
+    #: promotion overlapped with the next block's MMA. Needs ``block_n`` dividing the scale
+    #: block, and ``block_m == 16 * num_warps`` (64 or 128); or swapped (``swap_ab``, the
+    #: decode tile: tokens on the MMA's N side), 8 to 64 tokens and ``block_n`` (64 or 128) a
+    #: multiple of ``16 * num_warps``.
+    wgmma: bool = False
+
+    def __post_init__(self):
+        # tl.dot needs every tile dim >= 16; wgmma takes 8 tokens on its N side.
+        _check_power_of_two(self, "block_m", self.block_m,
+                            8 if self.wgmma and self.swap_ab else 16)
+        _check_power_of_two(self, "block_n", self.block_n, 16)
+        _check_power_of_two(self, "num_warps", self.num_warps, 1)
+        if self.split_k < 1 or self.num_stages < 1 or self.programs_per_sm < 0:
+            raise ValueError(f"GemmConfig needs split_k >= 1, num_stages >= 1 and "
+                             f"programs_per_sm >= 0, got {self}")
+        if self.tma and self.split_k > 1:
+            raise ValueError("GemmConfig: the TMA kernel does not split K; use tma=False with "
+                             f"split_k={self.split_k}")
+        if self.programs_per_sm and not (self.tma or self.wgmma):
+            raise ValueError("GemmConfig.programs_per_sm applies to the TMA and wgmma kernels "
+                             "only; set tma=True, wgmma=True or programs_per_sm=0")
+        if self.wgmma and (self.tma or self.split_k > 1 or not _wgmma_tile_ok(self)):
+            raise ValueError(f"GemmConfig.wgmma is its own kernel: it needs tma=False, "
+                             f"split_k=1 and either block_m = 16 * num_warps in (64, 128), "
+                             f"or swap_ab=True with block_m in 8..64 and block_n in (64, 128) "
+                             f"a multiple of 16 * num_warps; got {self}")
+
+    def label(self) -> str:
+        tma = f"W{self.programs_per_sm or ''}" if self.wgmma else ""
+        if self.tma:
+            tma = f"T{self.programs_per_sm or ''}"
+        return (f"m{self.block_m}n{self.block_n}k{self.split_k}{'s' if self.swap_ab else ''}"
+                f"w{self.num_warps}st{self.num_stages}{tma}")
+
+
+def _wgmma_tile_ok(cfg: GemmConfig) -> bool:
+    """The wgmma kernel's tiles: the MMA's M side (tokens, or weight rows when swapped) in
+    16-row slices per warp."""
+    if cfg.swap_ab:
+        return (cfg.block_m <= 64 and cfg.block_n in (64, 128)
+                and cfg.block_n % (16 * cfg.num_warps) == 0)
+    return cfg.block_m in (64, 128) and cfg.block_m == 16 * cfg.num_warps
+
+
+def _memoized(fn):
+    """Remember a launch-shape rule's answers (pure in their integer arguments): an eager
+    prefill chunk asks on every step. A plain dict, not ``functools.cache``: the launchers ask
+    at trace time under ``torch.compile``, and Dynamo warns on every cache-wrapped call."""
+    memo: dict[tuple, GemmConfig] = {}
+
+    @functools.wraps(fn)
+    def remembered(*args, **kwargs):
+        key = (args, tuple(sorted(kwargs.items())))
+        found = memo.get(key)
+        if found is None:
+            if len(memo) >= 4096:  # every token count is a key: stay bounded
+                memo.clear()
+            found = memo[key] = fn(*args, **kwargs)
+        return found
+    return remembered
+
+
+#: Tiles that one wave of 132 SMs (H100 / H200 SXM) runs at one program per SM.
+ONE_WAVE_TILES = 128
+
+#: Grids of at most this many programs starve the SMs; K is split for them (``k_split``).
+FEW_PROGRAMS = 64
+
+
+def programs(cfg: GemmConfig, m: int, g: int, n: int) -> int:
+    """Output tiles of an ``[M, G, N]`` product at ``cfg``'s tile (one program each)."""
+    return cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n) * g
+
+
+@_memoized
+def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
+                wgmma: bool = False) -> GemmConfig:
+    """The launch shape for one problem, by M and G.
+
+    Weight-bandwidth-bound small M: up to 16 tokens they are the MMA's N side (``swap_ab``), 64
+    weight rows per program by pointer loads; 17 to 64 tokens take 64 x 64 pointer tiles (the
+    tile of the JAX native route too, which has no TMA or wgmma); above, 64 x 128 TMA tiles.
+    Grids of ``FEW_PROGRAMS`` or fewer (G = 2) split K (``k_split``); the parts are added in
+    the kernel in K order, so the bits do not depend on timing.
+
+    ``wgmma`` (the wgmma kernel can run, ``wgmma_available``), with 128-blocks and N a multiple
+    of 128: up to 16 tokens the swapped 64-row x 8/16-token tile where it gives at least one
+    wave (``ONE_WAVE_TILES``; it cannot split K), 8 stages at one program per SM, 6 above.
+    Above 16 tokens, 64 x 128 tiles with 6 stages where they make at most one wave (and more
+    than 64 tiles up to M = 64, where the pointer tiles win); above 64 tokens and beyond one
+    wave, persistent 128 x 128 tiles, 8 warps, 4 stages, where more than 64 tiles fill the GPU.
+    """
+    if wgmma and block == 128 and n % 128 == 0:
+        if m <= 16:
+            cfg = GemmConfig(8 if m <= 8 else 16, 64, swap_ab=True, num_warps=4, wgmma=True)
+            tiles = programs(cfg, m, g, n)
+            if tiles >= ONE_WAVE_TILES:
+                return dataclasses.replace(cfg, num_stages=8 if tiles <= ONE_WAVE_TILES else 6)
+        if m > 16:
+            cfg = GemmConfig(64, 128, num_warps=4, num_stages=6, wgmma=True)
+            fewest = FEW_PROGRAMS if m > 64 else FEW_PROGRAMS + 1
+            if fewest <= programs(cfg, m, g, n) <= ONE_WAVE_TILES:
+                return cfg
+        if m > 64:
+            cfg = GemmConfig(128, 128, num_warps=8, num_stages=4, wgmma=True, programs_per_sm=1)
+            if programs(cfg, m, g, n) > FEW_PROGRAMS:
+                return cfg
+    if m <= 16:
+        cfg = GemmConfig(16, 64, swap_ab=True, num_warps=4, num_stages=5)
+    elif m <= 64:
+        cfg = GemmConfig(64, 64, num_warps=4, num_stages=6)
+        if programs(cfg, m, g, n) > FEW_PROGRAMS:
+            return cfg
+        # Few programs (G = 2): K is split below, on the swapped tile.
+        cfg = GemmConfig(64, 64, swap_ab=True, num_warps=4, num_stages=4)
+    else:
+        cfg = GemmConfig(64, 128, num_warps=4, num_stages=4, tma=True)
+    if programs(cfg, m, g, n) > FEW_PROGRAMS:
+        return cfg
+    if not cfg.swap_ab:
+        cfg = GemmConfig(64, 64, num_warps=4, num_stages=4)
+    return dataclasses.replace(cfg, split_k=k_split(cfg, m, g, n, k // block), tma=False,
+                               num_stages=4)
+
+
+def k_split(cfg: GemmConfig, m: int, g: int, n: int, k_blocks: int) -> int:
+    """K parts for a grid of few tiles: about 256 programs, at most 8 parts, at most
+    256 / block_m (the last part reads every part back), and a divisor of the K blocks."""
+    tiles = max(1, programs(cfg, m, g, n))  # zero tokens: any shape, nothing launches
+    split = max(1, min(8, 256 // tiles, 256 // cfg.block_m))
+    while k_blocks % split:
+        split //= 2
+    return split
+
+
+def check_split(cfg: GemmConfig, k_blocks: int) -> None:
+    """Raise ``ValueError`` unless ``cfg.split_k`` divides the K blocks."""
+    if k_blocks % cfg.split_k:
+        raise ValueError(f"split_k={cfg.split_k} does not divide K / B = {k_blocks}")
+
+
+def tile_programs(m: int, g: int, n: int, block_m: int, block_n: int, programs_per_sm: int,
+                  sm_count: int) -> int:
+    """Grid of the tile-walking kernels (TMA, wgmma): one program per output tile, or at most
+    ``programs_per_sm`` resident programs per SM that loop over the tiles."""
+    tiles = cdiv(m, block_m) * (n // block_n) * g
+    if programs_per_sm:
+        return min(tiles, programs_per_sm * sm_count)
+    return tiles
+
+
+#: Hopper's shared memory per block (227 KiB), less what the wgmma kernel's barriers take.
+SMEM_BYTES = 227 * 1024 - 256
+
+
+def wgmma_stages(requested: int, k_blocks: int, block_m: int, block_n: int, block: int,
+                 out_bytes: int) -> int:
+    """The wgmma kernel's pipeline depth: ``requested``, at most one stage per K block and as
+    many fp8 ``x``/``w`` tile pairs as fit in shared memory beside the output tile (so an fp32
+    output gets fewer stages than a bf16 one)."""
+    stage_bytes = (block_m + block_n) * block
+    return min(requested, k_blocks, (SMEM_BYTES - block_m * block_n * out_bytes) // stage_bytes)
+
+
+# ---------------------------------------------------------------------------------------------
+# The fused FP8 chain (wo_a_fp8_kernel)
+# ---------------------------------------------------------------------------------------------
+
+#: Activations one step of the fused kernel's prologue quantizes: 32 groups of 128 (16 fp32
+#: values per thread at 8 warps).
+FUSED_QUANT_LANES = 4096
+
+
+def fused_chosen(m: int, g: int, n: int, k: int, block: int) -> bool:
+    """Whether ``wo_a_fp8`` runs the fused kernel by default: when each program's prologue is
+    one step (at most ``FUSED_QUANT_LANES`` activations: M = 1 at G = 16, M <= 8 at G = 2);
+    longer prologues leave the tensor cores idle longer than a second launch costs."""
+    cfg = fused_config(m, g, n, k, block)
+    return m * (k // block) // cfg.split_k * block <= FUSED_QUANT_LANES
+
+
+@_memoized
+def fused_config(m: int, g: int, n: int, k: int, block: int) -> GemmConfig:
+    """The fused kernel's launch shape for ``m`` tokens: 16-64 token columns x 128 weight rows,
+    8 warps; K split as the GEMM splits it when the tiles are few (``FEW_PROGRAMS``), then 4
+    stages, else 5."""
+    block_m = min(64, max(16, 1 << max(0, m - 1).bit_length()))
+    cfg = GemmConfig(block_m, 128, swap_ab=True, num_warps=8, num_stages=5)
+    if programs(cfg, m, g, n) > FEW_PROGRAMS:
+        return cfg
+    return dataclasses.replace(cfg, split_k=k_split(cfg, m, g, n, k // block), num_stages=4)
+
+
+def fused_blocker(dh: int, rd: int, block: int,
+                  config: GemmConfig | None = None) -> str | None:
+    """Why the fused kernel cannot run a chain of head dim ``dh``, rope dim ``rd`` and scale
+    block ``block`` at launch shape ``config`` (``None`` when it can)."""
+    if dh % block:
+        return f"head_dim {dh} is not a multiple of the scale block {block}"
+    if rd > dh:
+        return f"rope dim {rd} exceeds head_dim {dh}"
+    if config is not None and (config.tma or config.wgmma or not config.swap_ab):
+        return (f"the fused kernel has pointer-loaded, swapped tiles only (swap_ab=True, "
+                f"tma=False, wgmma=False), got {config}")
+    return None

@@ -1,0 +1,272 @@
+"""torch launcher of the block-scaled FP8 batched GEMM (``woa_triton::batched_gemm_a8w8_mxscale``).
+
+Three kernels: pointer loads with optional split-K, tensor-descriptor (TMA) tiles, and on Hopper
+the wgmma kernel (``wgmma_kernels``, written in Triton's Gluon dialect).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from . import configs, kernels
+from ._common import (
+    as_bytes,
+    launcher_op,
+    on_device_of,
+    output,
+    plan,
+    rows_contiguous,
+    run_mutating,
+    signature,
+)
+from .configs import GemmConfig
+from .split_k import split_scratch
+
+
+@functools.cache
+def sm_count(device_index: int | None) -> int:
+    """The device's SM count; 4 under the interpreter, so persistent grids loop in CPU tests."""
+    from . import interpreter_on
+
+    if interpreter_on():
+        return 4
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+#: ``wgmma_available`` per device index. A plain dict, not ``functools.cache``: the GEMM wrapper
+#: asks at trace time under ``torch.compile``, and Dynamo warns on every cache-wrapped call.
+_WGMMA_AVAILABLE: dict[int | None, tuple[bool, str]] = {}
+
+
+def wgmma_available(device_index: int | None) -> tuple[bool, str]:
+    """Whether the wgmma GEMM can run on this CUDA device: ``(ok, reason)`` (cached)."""
+    found = _WGMMA_AVAILABLE.get(device_index)
+    if found is None:
+        found = _WGMMA_AVAILABLE[device_index] = _probe_wgmma(device_index)
+    return found
+
+
+def _probe_wgmma(device_index: int | None) -> tuple[bool, str]:
+    from . import interpreter_on
+
+    if interpreter_on():
+        return False, "TRITON_INTERPRET=1 runs no wgmma (Gluon) kernels"
+    if torch.version.hip is not None:
+        return False, "the wgmma GEMM is written for NVIDIA Hopper, not ROCm"
+    if not torch.cuda.is_available():
+        return False, "torch sees no CUDA device"
+    major, minor = torch.cuda.get_device_capability(device_index)
+    if major != 9:
+        return False, f"wgmma needs compute capability 9.x (Hopper), this GPU is {major}.{minor}"
+    try:
+        from . import wgmma_kernels  # noqa: F401
+    except ImportError as e:
+        return False, f"this Triton has no Gluon Hopper dialect ({e})"
+    return True, "ok"
+
+
+def wgmma_chosen(m: int, g: int, n: int, k: int, block: int) -> bool:
+    """Whether ``batched_gemm_a8w8_mxscale`` runs this problem on the wgmma kernel by default
+    (on the current CUDA device)."""
+    return wgmma_available(None)[0] and configs.gemm_config(m, g, n, k, block, wgmma=True).wgmma
+
+
+def tma_ok(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, block_n: int) -> bool:
+    """Whether x, w, out can be viewed as the TMA kernel's 2D ``[M, G*K]``, ``[G*N, K]`` and
+    ``[M, G*N]`` (packed inner dims, 16-byte aligned bases and row strides, N % BLOCK_N == 0)."""
+    m, g, k = x.shape
+    n = w.shape[1]
+    return (n % block_n == 0 and x.stride(2) == 1 and x.stride(1) == k and w.is_contiguous()
+            and out.stride(2) == 1 and out.stride(1) == n
+            and x.stride(0) % 16 == 0 and (out.stride(0) * out.element_size()) % 16 == 0
+            and all(t.data_ptr() % 16 == 0 for t in (x, w, out)))
+
+
+@launcher_op("batched_gemm_a8w8_mxscale", mutates_args=("out",))
+def _batched_gemm_a8w8_mxscale_op(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor,
+                                  w_scale: torch.Tensor, out: torch.Tensor, block_m: int,
+                                  block_n: int, split_k: int, swap_ab: bool, num_warps: int,
+                                  num_stages: int, tma: bool, programs_per_sm: int,
+                                  wgmma: bool) -> None:
+    if x.shape[0] == 0:
+        return
+    aligned = tuple(t.data_ptr() % 16 == 0 for t in (x, w, out))
+    key = ("gemm", *signature(x), *signature(w), *signature(x_scale), *signature(w_scale),
+           *signature(out), aligned, block_m, block_n, split_k, swap_ab, num_warps, num_stages,
+           tma, programs_per_sm, wgmma)
+    path, grid, split, constexprs = plan(key, lambda: _gemm_plan(
+        x, w, x_scale, w_scale, out, GemmConfig(block_m, block_n, split_k, swap_ab, num_warps,
+                                                num_stages, tma, programs_per_sm, wgmma)))
+    with on_device_of(x):
+        if path == "wgmma":
+            _launch_wgmma(x, w, x_scale, w_scale, out, **constexprs)
+        elif path == "tma":
+            from triton.tools.tensor_descriptor import TensorDescriptor
+
+            m, g, k = x.shape
+            n = w.shape[1]
+            bm, bn, sb = constexprs["BLOCK_M"], constexprs["BLOCK_N"], constexprs["SB"]
+            x_desc = TensorDescriptor(x, [m, g * k], [x.stride(0), 1], [bm, sb])
+            w_desc = TensorDescriptor(w, [g * n, k], [k, 1], [bn, sb])
+            y_desc = TensorDescriptor(out, [m, g * n], [out.stride(0), 1], [bm, bn])
+            kernels.batched_gemm_a8w8_mxscale_tma_kernel[grid](
+                x_desc, w_desc, y_desc, x_scale, w_scale, m, grid[0], **constexprs)
+        else:
+            g = x.shape[1]
+            split, parts, counters = split_scratch(out, split, grid[0])
+            kernels.batched_gemm_a8w8_mxscale_kernel[(grid[0] // g, g, split)](
+                x, w, x_scale, w_scale, x.shape[0], out, parts, counters, SPLIT_K=split,
+                **constexprs)
+
+
+def _gemm_plan(x, w, x_scale, w_scale, out, cfg: GemmConfig):
+    """``(kernel path, grid, split_k, constexprs)`` of one GEMM launch signature."""
+    m, g, k = x.shape
+    n = w.shape[1]
+    block = k // x_scale.shape[2]
+    if cfg.wgmma:
+        if block % cfg.block_n == 0 and tma_ok(x, w, out, cfg.block_n):
+            return "wgmma", None, 1, dict(
+                block_m=cfg.block_m, block_n=cfg.block_n, block=block, num_warps=cfg.num_warps,
+                num_stages=cfg.num_stages, programs_per_sm=cfg.programs_per_sm,
+                swap_ab=cfg.swap_ab)
+        # A default shape whose operands the wgmma kernel cannot view (x transposed from
+        # [G, M, K], a misaligned base; explicit ones were refused before): the Triton
+        # kernels' own shape, as the swapped decode tile is too narrow for tl.dot.
+        cfg = configs.gemm_config(m, g, n, k, block)
+    common = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SWAP_AB=cfg.swap_ab,
+                  OUT_BF16=out.dtype == torch.bfloat16, num_warps=cfg.num_warps,
+                  num_stages=cfg.num_stages, N=n, K=k, SB=block)
+    if cfg.tma and cfg.split_k == 1 and tma_ok(x, w, out, cfg.block_n):
+        programs = configs.tile_programs(m, g, n, cfg.block_m, cfg.block_n, cfg.programs_per_sm,
+                                         sm_count(x.device.index))
+        return "tma", (programs,), 1, dict(
+            SXSM=x_scale.stride(0), SXSG=x_scale.stride(1), SWSG=w_scale.stride(0),
+            SWSN=w_scale.stride(1), G=g, **common)
+    tiles = configs.cdiv(m, cfg.block_m) * configs.cdiv(n, cfg.block_n)
+    return "pointer", (tiles * g,), cfg.split_k, dict(
+        SXM=x.stride(0), SXG=x.stride(1), SXSM=x_scale.stride(0), SXSG=x_scale.stride(1),
+        SWG=w.stride(0), SWN=w.stride(1), SWSG=w_scale.stride(0), SWSN=w_scale.stride(1),
+        SYM=out.stride(0), SYG=out.stride(1), **common)
+
+
+_GL_DTYPES = {torch.float8_e4m3fn: "float8e4nv", torch.bfloat16: "bfloat16",
+              torch.float32: "float32"}
+
+
+@functools.cache
+def _smem_layout(tile: tuple[int, int], dtype: torch.dtype):
+    """The swizzled shared-memory layout of a TMA tile (slow to build, so built once)."""
+    from triton.experimental.gluon import language as gl
+
+    return gl.NVMMASharedLayout.get_default_for(list(tile), getattr(gl, _GL_DTYPES[dtype]))
+
+
+#: Compiled wgmma GEMMs by launch key (see ``_launch_wgmma``): Triton's own launch path
+#: re-derives the specialization on every call, several times a launch's host time.
+COMPILED_WGMMA: dict[tuple, object] = {}
+
+
+def _launch_wgmma(x, w, x_scale, w_scale, out, block_m, block_n, block, num_warps,
+                  num_stages, programs_per_sm, swap_ab) -> None:
+    from triton import knobs
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from . import wgmma_kernels
+
+    m, g, k = x.shape
+    n = w.shape[1]
+    programs = configs.tile_programs(m, g, n, block_m, block_n, programs_per_sm,
+                                     sm_count(x.device.index))
+    stages = configs.wgmma_stages(num_stages, k // block, block_m, block_n, block,
+                                  out.element_size())
+    args = dict(SXSM=x_scale.stride(0), SXSG=x_scale.stride(1), SWSG=w_scale.stride(0),
+                SWSN=w_scale.stride(1), G=g, N=n, K=k, STAGES=stages, num_warps=num_warps,
+                SWAP_AB=swap_ab)
+    # Everything Triton specializes this kernel on: the constexprs, the descriptors' tiles and
+    # dtypes, the integers' value classes (== 1, % 16) and the scale pointers' alignment; the
+    # row strides are in too (the descriptors' shapes and strides are runtime values).
+    key = (x.device.index, block_m, block_n, x.dtype, out.dtype, x.stride(0), out.stride(0),
+           *args.values(), m == 1, m % 16 == 0, programs == 1, programs % 16 == 0,
+           x_scale.data_ptr() % 16 == 0, w_scale.data_ptr() % 16 == 0)
+
+    def desc(t, shape, row_stride, tile):
+        return TensorDescriptor(t, shape, [row_stride, 1], list(tile),
+                                _smem_layout(tile, t.dtype))
+
+    # Triton's own descriptor class: its launcher reads fields that vary between versions.
+    descs = dict(x_desc=desc(x, [m, g * k], x.stride(0), (block_m, block)),
+                 w_desc=desc(w, [g * n, k], k, (block_n, block)),
+                 y_desc=desc(out, [m, g * n], out.stride(0), (block_m, block_n)))
+    kernel = wgmma_kernels.batched_gemm_a8w8_mxscale_wgmma_kernel
+    compiled = COMPILED_WGMMA.get(key)
+    if compiled is None:
+        COMPILED_WGMMA[key] = kernel[(programs,)](
+            **descs, xs_ptr=x_scale, ws_ptr=w_scale, M=m, num_programs=programs, **args)
+        return
+    # The launch step of Triton's own path (3.6 to 3.9), profiler hooks included.
+    values = dict(descs, xs_ptr=x_scale, ws_ptr=w_scale, M=m, num_programs=programs, **args)
+    ordered = [values[name] for name in kernel.arg_names]
+    stream = torch.cuda.current_stream(x.device).cuda_stream
+    compiled.run(programs, 1, 1, stream, compiled.function, compiled.packed_metadata,
+                 compiled.launch_metadata((programs, 1, 1), stream, *ordered),
+                 knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *ordered)
+
+
+def _check_explicit_wgmma(config: GemmConfig, x, w, out, block: int) -> None:
+    """An explicit wgmma config must run the wgmma kernel: the default shape falls back to the
+    Triton kernels, but an explicit one must not measure another kernel silently."""
+    if block % config.block_n or not tma_ok(x, w, out, config.block_n):
+        raise ValueError(f"GemmConfig(wgmma=True) needs block_n dividing the scale block "
+                         f"({block}) and TMA-viewable operands (x [M, G, K] with packed "
+                         f"(G, K), contiguous w, out with packed (G, N), 16-byte aligned); got "
+                         f"block_n={config.block_n}, x strides {list(x.stride())}, out strides "
+                         f"{list(out.stride())}")
+    ok, why = wgmma_available(x.device.index if x.is_cuda else None)
+    if ok and not x.is_cuda:
+        ok, why = False, f"x is on {x.device}, not on a CUDA device"
+    if not ok:
+        raise RuntimeError(f"GemmConfig(wgmma=True) cannot run here: {why}")
+
+
+def batched_gemm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor,
+                              w_scale: torch.Tensor, *, dtype: torch.dtype = torch.bfloat16,
+                              out: torch.Tensor | None = None,
+                              config: GemmConfig | None = None) -> torch.Tensor:
+    """Block-scaled FP8 batched GEMM ``y [M, G, N] = dq(x) @ dq(w)^T`` per group, fp32 accumulation.
+
+    Args:
+      x: ``[M, G, K]`` fp8 (K contiguous; a transposed view of ``[G, M, K]`` is fine).
+      w: ``[G, N, K]`` fp8, same dtype.
+      x_scale: ``[M, G, K / B]`` uint8 or float8_e8m0fnu (1 x B groups, B = 128 or 32).
+      w_scale: ``[G, ceil(N / B), K / B]`` uint8 or float8_e8m0fnu (B x B blocks).
+      dtype: bf16 or fp32 output.
+      out: optional ``[M, G, N]`` output with N contiguous (written in place).
+      config: launch shape; ``None`` picks ``configs.gemm_config`` by M and G.
+
+    Returns:
+      ``out`` (or a new tensor) ``[M, G, N]`` in ``dtype``.
+
+    Raises:
+      ValueError: ``out`` has the wrong shape or strides, ``config.split_k`` does not divide
+        the K blocks, or an explicit wgmma ``config`` does not fit the operands.
+      RuntimeError: an explicit wgmma ``config`` on a device without the wgmma kernel.
+    """
+    m, g, k = x.shape
+    n = w.shape[1]
+    block = k // x_scale.shape[2]
+    cfg = config or configs.gemm_config(
+        m, g, n, k, block, wgmma=x.is_cuda and wgmma_available(x.device.index)[0])
+    out = output(out, (m, g, n), dtype, x.device)
+    x = rows_contiguous(x)
+    w = rows_contiguous(w)
+    xs, ws = rows_contiguous(as_bytes(x_scale)), rows_contiguous(as_bytes(w_scale))
+    if config is not None and config.wgmma:
+        _check_explicit_wgmma(config, x, w, out, block)
+    configs.check_split(cfg, k // block)
+    args = (cfg.block_m, cfg.block_n, cfg.split_k, cfg.swap_ab, cfg.num_warps, cfg.num_stages,
+            cfg.tma, cfg.programs_per_sm, cfg.wgmma)
+    run_mutating(_batched_gemm_a8w8_mxscale_op, (out,), x, w, xs, ws, out, *args)
+    return out

@@ -1,0 +1,102 @@
+"""torch launcher of the inverse RoPE + 1 x GS E8M0 FP8 quant (custom op
+``woa_triton::inverse_rope_group_quant``)."""
+
+from __future__ import annotations
+
+import torch
+
+from woa_jax import AITER_AMAX_FLOOR
+
+from . import configs, kernels
+from ._common import (
+    as_bytes,
+    last_dims_contiguous,
+    launcher_op,
+    on_device_of,
+    plan,
+    quant_constants,
+    round_products,
+    rows_contiguous,
+    run_mutating,
+    signature,
+)
+from .configs import QuantConfig
+
+
+@launcher_op("inverse_rope_group_quant", mutates_args=("x_fp8", "x_scale"))
+def _inverse_rope_group_quant_op(o: torch.Tensor, positions: torch.Tensor,
+                                 cos_cache: torch.Tensor, sin_cache: torch.Tensor,
+                                 x_fp8: torch.Tensor, x_scale: torch.Tensor,
+                                 quant_group_size: int, amax_floor: float, block_r: int,
+                                 num_warps: int, block_h: int) -> None:
+    if o.shape[0] == 0:
+        return
+    key = ("quant", *signature(o), *signature(cos_cache), x_fp8.dtype, quant_group_size,
+           amax_floor, block_r, num_warps, block_h)
+    kernel, grid, n_work, constexprs = plan(key, lambda: _quant_plan(
+        o, cos_cache, x_fp8.dtype, quant_group_size, amax_floor,
+        QuantConfig(block_r, num_warps, block_h)))
+    with on_device_of(o):
+        getattr(kernels, kernel)[grid](
+            o, positions, cos_cache, sin_cache, n_work, cos_cache.shape[0], o.stride(0),
+            cos_cache.stride(0), sin_cache.stride(0), x_fp8, x_scale, **constexprs)
+
+
+def _quant_plan(o, cos_cache, fp8_dtype, quant_group_size, amax_floor, cfg: QuantConfig):
+    """``(kernel name, grid, first scalar, constexprs)`` of one quant launch signature."""
+    s, h, dh = o.shape
+    launch = configs.quant_launch(s, h, dh, quant_group_size, cfg)
+    kernel = ("inverse_rope_group_quant_head_kernel" if launch.per_head
+              else "inverse_rope_group_quant_kernel")
+    constexprs = dict(GS=quant_group_size, DH=dh, RD=2 * cos_cache.shape[1],
+                      num_warps=cfg.num_warps, **launch.shape,
+                      ROUND_PRODUCTS=round_products(o, cos_cache),
+                      **quant_constants(fp8_dtype, amax_floor))
+    return kernel, launch.grid, launch.n_work, constexprs
+
+
+def inverse_rope_group_quant(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
+                             sin_cache: torch.Tensor, num_groups: int, quant_group_size: int = 128,
+                             *, amax_floor: float = AITER_AMAX_FLOOR,
+                             x_fp8: torch.Tensor | None = None,
+                             x_scale: torch.Tensor | None = None,
+                             config: QuantConfig | None = None
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused inverse RoPE + 1 x GS E8M0 FP8 quantization (AITER semantics), one read of ``o``.
+
+    Args:
+      o: ``[S, H, Dh]`` bf16/fp16/fp32; the token stride may be padded.
+      positions: ``[>= S]`` int32 or int64 (a strided view is packed first: the kernels read
+        them with unit stride); clamped to ``[0, P - 1]`` in the kernel.
+      cos_cache, sin_cache: ``[P, rd / 2]`` bf16, fp16 or fp32.
+      num_groups: G; D = H * Dh / G.
+      quant_group_size: GS in {32, 64, 128}.
+      amax_floor: 1e-8 (AITER) or 1e-10 (vLLM CUDA).
+      x_fp8: optional contiguous ``[S, G, D]`` fp8 output (its dtype picks e4m3fn / e4m3fnuz).
+      x_scale: optional contiguous ``[S, G, D / GS]`` uint8 or float8_e8m0fnu output.
+      config: launch shape; ``None`` uses ``configs.quant_config(S)``.
+
+    Returns:
+      ``(x_fp8 [S, G, D], x_scale [S, G, D / GS])``; the given buffers when passed.
+
+    Raises:
+      ValueError: ``x_fp8`` or ``x_scale`` is not a contiguous tensor of its shape.
+    """
+    s, h, dh = o.shape
+    d = h * dh // num_groups
+    shape_q, shape_s = (s, num_groups, d), (s, num_groups, d // quant_group_size)
+    if x_fp8 is None:
+        x_fp8 = torch.empty(shape_q, dtype=torch.float8_e4m3fn, device=o.device)
+    if x_scale is None:
+        x_scale = torch.empty(shape_s, dtype=torch.uint8, device=o.device)
+    for name, t, shape in (("x_fp8", x_fp8, shape_q), ("x_scale", x_scale, shape_s)):
+        if tuple(t.shape) != shape or not t.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous {list(shape)} tensor, got shape "
+                             f"{list(t.shape)} with strides {list(t.stride())}")
+    cfg = config or configs.quant_config(s)
+    scale_bytes = as_bytes(x_scale)
+    run_mutating(_inverse_rope_group_quant_op, (x_fp8, scale_bytes),
+                 last_dims_contiguous(o), rows_contiguous(positions),
+                 rows_contiguous(cos_cache), rows_contiguous(sin_cache), x_fp8, scale_bytes,
+                 quant_group_size, float(amax_floor), cfg.block_r, cfg.num_warps, cfg.block_h)
+    return x_fp8, x_scale
