@@ -25,13 +25,13 @@ def clean_env(**extra: str) -> dict[str, str]:
 @pytest.fixture
 def bench(tmp_path):
     """``bench(*args) -> (rc, rows)``: ``torch_bridge.bench.main`` writing under ``tmp_path``;
-    ``rows`` are the newest run's rows of ``cpu.csv``."""
+    ``rows`` are the newest run's rows of the machine's CSV (``cpu.csv`` on CPU)."""
     from torch_bridge.bench import main, results
 
     def run(*args: str):
         rc = main([*map(str, args), "--no-progress", "--results-dir", str(tmp_path / "res")])
-        path = tmp_path / "res" / "cpu.csv"
-        return rc, results.newest_run(results.read(path)) if path.exists() else []
+        paths = sorted((tmp_path / "res").glob("*.csv"))
+        return rc, results.newest_run(results.read(paths[0])) if paths else []
 
     return run
 
