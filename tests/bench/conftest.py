@@ -39,12 +39,13 @@ def bench(tmp_path):
 @pytest.fixture
 def run_python():
     """``run_python(*args, cwd, pythonpath) -> CompletedProcess``: ``python ARGS`` in a
-    subprocess with only ``pythonpath`` importable beside the installed packages."""
+    subprocess with only ``pythonpath`` importable beside the installed packages, on CPU."""
 
     def run(*args: str, cwd: pathlib.Path, pythonpath: pathlib.Path,
             timeout: float = 300) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True,
-                              cwd=cwd, env=clean_env(PYTHONPATH=str(pythonpath)),
+                              cwd=cwd,
+                              env=clean_env(PYTHONPATH=str(pythonpath), CUDA_VISIBLE_DEVICES=""),
                               timeout=timeout)
 
     return run

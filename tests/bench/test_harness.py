@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import pytest
 
+torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from torch_bridge.bench import build_parser, main, results  # noqa: E402
 
+#: What a CPU run records; on a GPU machine tests/bench/test_gpu.py checks the GPU rows.
+on_cpu = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU rows of the harness")
 
+
+@on_cpu
 def test_cpu_sweep_checks_each_provider_and_writes_the_machine_csv(bench, tmp_path):
     png = tmp_path / "sweep.png"
     rc, rows = bench("--ms", "1", "--reps", "1", "--plot", png, "--providers",
@@ -33,6 +38,7 @@ def test_cpu_sweep_checks_each_provider_and_writes_the_machine_csv(bench, tmp_pa
     assert png.stat().st_size > 0
 
 
+@on_cpu
 def test_runs_append_to_the_same_csv(bench, tmp_path):
     bench("--ms", "1", "--reps", "1", "--providers", "copy")
     rc, rows = bench("--ms", "1", "--reps", "1", "--providers", "copy")
@@ -41,6 +47,7 @@ def test_runs_append_to_the_same_csv(bench, tmp_path):
     assert len(every) == 2 and every[0]["run"] != every[1]["run"]
 
 
+@on_cpu
 def test_cpu_table_omits_unmeasured_columns(bench, capsys):
     bench("--ms", "1", "--reps", "1", "--providers", "quant_triton")
     out = capsys.readouterr().out
@@ -49,6 +56,7 @@ def test_cpu_table_omits_unmeasured_columns(bench, capsys):
         assert header not in out
 
 
+@on_cpu
 def test_jax_rows_time_back_to_back_calls(bench):
     rc, rows = bench("--ms", "1", "--reps", "1", "--providers", "gemm_jax,chain_fp8_jax_cb")
     by = {r["provider"]: r for r in rows}
@@ -59,6 +67,7 @@ def test_jax_rows_time_back_to_back_calls(bench):
     assert by["chain_fp8_jax_cb"]["check"] == "skipped: command buffers exist on GPUs only"
 
 
+@on_cpu
 def test_host_cost_mode_times_each_public_op_beside_torch(bench):
     rc, rows = bench("--host-cost", "--reps", "1")
     assert rc == 0
@@ -74,6 +83,7 @@ def test_host_cost_mode_times_each_public_op_beside_torch(bench):
             assert r["us"] > 0 and r["timer"] == "host" and r["calls"] >= 1, r
 
 
+@on_cpu
 def test_prefill_rows_total_each_chain(bench):
     rc, rows = bench("--prefill")
     assert rc == 0
@@ -83,6 +93,7 @@ def test_prefill_rows_total_each_chain(bench):
         assert len(r["runs_ms"].split()) == 3 and r["us"] > 0
 
 
+@on_cpu
 def test_from_csv_prints_and_plots_without_measuring(bench, tmp_path, capsys):
     bench("--ms", "1", "--reps", "1", "--providers", "quant_triton")
     png = tmp_path / "again.png"

@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 
+torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from torch_bridge.backends.triton import launch  # noqa: E402
@@ -42,6 +43,7 @@ def test_tuned_needs_tuning_rows():
         tune.use_tuned([{"mode": "sweep", "us": 1.0}])
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU rows of the harness")
 def test_tune_run_writes_rows_that_tuned_reads(bench, tmp_path, monkeypatch):
     monkeypatch.setattr(launch, "quant_config", launch.quant_config)
     monkeypatch.setattr(tune, "quant_candidates", lambda: [launch.QuantConfig(8, 4),
