@@ -107,11 +107,38 @@ def test_from_csv_prints_and_plots_without_measuring(bench, tmp_path, capsys):
     (["--sustained", "--prefill"], "--sustained applies to the sweep and --tune"),
     (["--eager", "--host-cost"], "--eager applies to the sweep and --tune"),
     (["--reps", "0"], "--reps must be at least 1"),
+    (["--tune", "--plot", "x.png"], "--plot draws the sweep"),
+    (["--tuned", "/nonexistent/t.csv"], "--tuned: cannot read /nonexistent/t.csv"),
+    (["--from-csv", "/nonexistent/r.csv"], "--from-csv: cannot read /nonexistent/r.csv"),
 ])
 def test_usage_errors_say_what_was_wrong(argv, message):
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert message in str(e.value.code)
+
+
+def test_csv_that_is_not_results_is_refused(tmp_path):
+    other = tmp_path / "other.csv"
+    other.write_text("a,b\n1,2\n")
+    with pytest.raises(SystemExit) as e:
+        main(["--from-csv", str(other)])
+    assert "holds no results rows" in str(e.value.code)
+
+
+@on_cpu
+def test_tuned_without_tuning_rows_says_how_to_get_them(bench, tmp_path):
+    bench("--ms", "1", "--reps", "1", "--providers", "copy")
+    with pytest.raises(SystemExit) as e:
+        main(["--tuned", str(tmp_path / "res" / "cpu.csv")])
+    assert "no timed tuning rows" in str(e.value.code) and "--tune" in str(e.value.code)
+
+
+@on_cpu
+def test_plot_of_a_run_without_sweep_rows_is_a_usage_error(bench, tmp_path):
+    bench("--host-cost", "--reps", "1")
+    with pytest.raises(SystemExit) as e:
+        main(["--from-csv", str(tmp_path / "res" / "cpu.csv"), "--plot", str(tmp_path / "p.png")])
+    assert "nothing to plot" in str(e.value.code)
 
 
 def test_modes_exclude_each_other(capsys):
@@ -127,7 +154,12 @@ def test_machine_slug(name, slug):
 
 
 def test_csv_with_other_columns_is_not_appended_to(tmp_path):
-    path = tmp_path / "cpu.csv"
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    path = tmp_path / f"{results.machine_slug(device)}.csv"
     path.write_text("a,b\n1,2\n")
     with pytest.raises(ValueError, match="other columns"):
         results.append(path, {}, [{"mode": "sweep"}])
+    with pytest.raises(SystemExit) as e:  # refused before anything is measured
+        main(["--results-dir", str(tmp_path), "--providers", "copy", "--no-progress"])
+    assert f"{path.name} has other columns" in str(e.value.code)
+    assert path.read_text() == "a,b\n1,2\n"

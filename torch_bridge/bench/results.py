@@ -82,16 +82,22 @@ def _cell(v) -> str:
     return str(v)
 
 
+def check_appendable(path: pathlib.Path) -> bool:
+    """Whether ``path`` is new (True) or a CSV of these columns (False); else ``ValueError``."""
+    if not path.exists() or path.stat().st_size == 0:
+        return True
+    with path.open(newline="") as f:
+        header = next(csv.reader(f), None)
+    if tuple(header or ()) != COLUMNS:
+        raise ValueError(f"{path} has other columns than this harness writes; move it aside "
+                         "or pass another --results-dir")
+    return False
+
+
 def append(path: pathlib.Path, meta: dict, rows: list[dict]) -> None:
     """Append ``rows`` (with ``meta``) to the CSV at ``path``, writing its header if new."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    new = not path.exists() or path.stat().st_size == 0
-    if not new:
-        with path.open(newline="") as f:
-            header = next(csv.reader(f), None)
-        if tuple(header or ()) != COLUMNS:
-            raise ValueError(f"{path} has other columns than this harness writes; move it "
-                             "aside or pass another --results-dir")
+    new = check_appendable(path)
     with path.open("a", newline="") as f:
         w = csv.writer(f)
         if new:

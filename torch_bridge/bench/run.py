@@ -84,6 +84,22 @@ def _check_args(args) -> None:
                              "--host-cost (those run their calls back to back, eagerly)")
     if args.reps < 1:
         raise SystemExit(f"--reps must be at least 1, got {args.reps}")
+    if args.plot and (args.tune or args.prefill or args.host_cost):
+        raise SystemExit("--plot draws the sweep; --tune, --prefill and --host-cost print "
+                         "tables only")
+
+
+def _read_csv(path: str, flag: str) -> list[dict]:
+    """The rows of a results CSV, or a usage error that names ``flag`` and the problem."""
+    try:
+        rows = results.read(path)
+    except (OSError, UnicodeDecodeError) as e:
+        raise SystemExit(f"{flag}: cannot read {path}: {e}") from None
+    missing = {"run", "mode"} - set(rows[0] if rows else ())
+    if not rows or missing:
+        raise SystemExit(f"{flag}: {path} holds no results rows (expected a CSV written by "
+                         "woa bench)")
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,10 +119,13 @@ def main(argv: list[str] | None = None) -> int:
 
     console = Console(width=max(Console().width, 150))
     if args.from_csv:
-        rows = results.newest_run(results.read(args.from_csv))
+        rows = results.newest_run(_read_csv(args.from_csv, "--from-csv"))
         report.print_tables(rows, console)
         if args.plot:
-            report.plot(rows, args.plot)
+            try:
+                report.plot(rows, args.plot)
+            except ValueError as e:
+                raise SystemExit(f"--plot: {e} in the newest run of {args.from_csv}") from None
         return 0
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     import torch
@@ -119,9 +138,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.tuned:
         from .tune import use_tuned
 
-        use_tuned(results.read(args.tuned))
+        try:
+            use_tuned(_read_csv(args.tuned, "--tuned"))
+        except ValueError as e:
+            raise SystemExit(f"--tuned: {e} in {args.tuned} (write them with --tune)") from None
     meta = results.metadata(on_gpu)
     csv_path = pathlib.Path(args.results_dir) / f"{meta['machine']}.csv"
+    try:  # before measuring, not after
+        results.check_appendable(csv_path)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     console.print(f"[bold]woa bench[/] on {meta['device']}: torch {meta['torch']}, triton "
                   f"{meta['triton']}, jax {meta['jax']}, commit {meta['commit']}, source "
                   f"{meta['source']} -> {csv_path}")
