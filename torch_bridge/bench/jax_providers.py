@@ -3,8 +3,9 @@
 ``us``: wall clock per call of back-to-back calls of one jitted function (one call per input
 set, no wait in between, one wait at the end): what a JAX user's step loop pays, host included.
 ``device_us`` (GPU): device time per call inside one jitted program, an unrolled loop of
-``LOOP_CALLS + 1`` calls less a loop of one (best of 5 each); each trip changes an input by a
-zero XLA cannot see through, so no call is hoisted, and feeds one output element to the next.
+``LOOP_CALLS + 1`` calls less a loop of one (best of 5 each), less the same measurement of
+the loop around its input change alone. Each trip changes an input by a zero XLA cannot see
+through, so no call is hoisted, and feeds one output element to the next.
 """
 
 from __future__ import annotations

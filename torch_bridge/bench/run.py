@@ -31,7 +31,11 @@ def _names(s: str) -> tuple[str, ...]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The harness's arguments (``woa bench`` forwards its own to ``main``)."""
-    p = argparse.ArgumentParser(prog="woa bench", description=_DESCRIPTION)
+    width = max(len(name) for name in PROVIDERS)
+    epilog = "providers:\n" + "\n".join(f"  {name:<{width}}  {prov.runs}"
+                                         for name, prov in PROVIDERS.items())
+    p = argparse.ArgumentParser(prog="woa bench", description=_DESCRIPTION, epilog=epilog,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--groups", type=_ints, help="G values (default: 16,8,2 on GPU, 2 on CPU)")
     p.add_argument("--ms", type=_ints,
                    help="M values (default: 1,2,4,...,8192 on GPU; 1,5 on CPU; host cost: 1)")
