@@ -9,7 +9,7 @@ pytest.importorskip("triton")
 
 from torch_bridge.bench import build_parser, main, results  # noqa: E402
 
-#: What a CPU run records; on a GPU machine tests/bench/test_gpu.py checks the GPU rows.
+#: What a CPU run records; on a GPU machine tests/bench/test_harness_gpu.py checks the GPU rows.
 on_cpu = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU rows of the harness")
 
 
