@@ -1,1 +1,1 @@
-"""Benchmarks of the ``wo_a`` chain: ``python -m benchmarks.bench --help`` (or ``woa bench``)."""
+"""The benchmark's method, results and device script; the harness is ``torch_bridge.bench``."""

@@ -7,9 +7,7 @@ GEMM within the bf16 output rounding of the fp32 reference. On a GPU machine the
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -573,62 +571,3 @@ def test_command_buffer_default(monkeypatch):
     monkeypatch.setattr(jax_ops, "_device_type", lambda: "cpu")
     assert jax_ops._gemm_command_buffer(None, "triton", big) is False
 
-
-def test_benchmark_harness_smoke(tmp_path):
-    """The CPU sweep and the prefill scenario run, check providers and write JSON and a plot."""
-    from benchmarks import bench
-
-    out, png = tmp_path / "b.json", tmp_path / "b.png"
-    rc = bench.main(["--ms", "1", "--providers", "quant_triton,gemm_triton,chain_bf16",
-                     "--json", str(out), "--plot", str(png), "--reps", "1", "--no-progress"])
-    assert rc == 0
-    rows = json.loads(out.read_text())["rows"]
-    assert {r["provider"] for r in rows} == {"copy", "quant_triton", "gemm_triton", "chain_bf16"}
-    assert all(r["us"] > 0 for r in rows)
-    assert png.stat().st_size > 0
-    rc = bench.main(["--prefill", "--json", str(out), "--no-progress"])
-    pre = [r for r in json.loads(out.read_text())["rows"] if r["kind"] == "prefill"]
-    assert rc == 0 and len(pre) == 2 and all(len(r["runs_ms"]) == 3 for r in pre)
-    with pytest.raises(SystemExit):
-        bench.main(["--providers", "nope"])
-
-
-def test_benchmark_tuned_shapes_replace_the_launch_choice(tmp_path, monkeypatch):
-    """``bench --tuned``: the fastest tuned GEMM shape of the nearest M (and the quant shape of
-    the largest M) replace ``gemm_config`` / ``quant_config``, called as the launcher calls them."""
-    from benchmarks import bench
-
-    monkeypatch.setattr(launch, "gemm_config", launch.gemm_config)
-    monkeypatch.setattr(launch, "quant_config", launch.quant_config)
-    fast, slow = launch.GemmConfig(16, 64, swap_ab=True), launch.GemmConfig(64, 128, tma=True)
-    rows = [{"kind": "tune_gemm", "G": 16, "M": 1, "us": 19.0, "config": dataclasses.asdict(fast)},
-            {"kind": "tune_gemm", "G": 16, "M": 1, "us": 25.0, "config": dataclasses.asdict(slow)},
-            {"kind": "tune_gemm", "G": 16, "M": 1024, "us": 99.0,
-             "config": dataclasses.asdict(slow)},
-            {"kind": "tune_quant", "G": 16, "M": 64, "us": 5.0,
-             "config": dataclasses.asdict(launch.QuantConfig(8, 4, block_h=1))}]
-    path = tmp_path / "tune.json"
-    path.write_text(json.dumps({"rows": rows}))
-    bench.use_tuned(str(path))
-    assert launch.gemm_config(4, 16, 1024, 4096, 128, wgmma=True) == fast
-    assert launch.gemm_config(2048, 16, 1024, 4096, 128, wgmma=False) == slow
-    assert launch.quant_config(1) == launch.QuantConfig(8, 4, block_h=1)
-
-
-def test_benchmark_source_digest_tracks_the_code(tmp_path):
-    """Rows carry a digest of the measured sources (a copied tree may have no git history):
-    it changes with any source file's bytes or path and ignores files outside the packages."""
-    import shutil
-
-    from benchmarks import bench
-
-    root = pathlib.Path(bench.__file__).parent.parent
-    for d in bench._SOURCE_DIRS:
-        shutil.copytree(root / d, tmp_path / d, ignore=shutil.ignore_patterns("__pycache__"))
-    first = bench.source_digest(tmp_path)
-    assert first == bench.source_digest(root) and len(first) == 12
-    (tmp_path / "notes.py").write_text("x = 1\n")
-    assert bench.source_digest(tmp_path) == first
-    kernel = tmp_path / "torch_bridge" / "backends" / "triton" / "kernels.py"
-    kernel.write_text(kernel.read_text() + "\n")
-    assert bench.source_digest(tmp_path) != first

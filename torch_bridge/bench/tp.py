@@ -1,14 +1,15 @@
 """Tensor-parallel ``wo_a -> wo_b`` on 2 GPUs: NCCL correctness (TP2 vs TP1) and TP2 vs TP1 timing.
 
-Usage (repository root; writes ``tp_bench.json`` and ``tp_bench.md`` under ``--out``)::
+Usage (writes ``tp_bench.json`` and ``tp_bench.md`` under ``--out``)::
 
-    torchrun --nproc-per-node 2 benchmarks/tp_bench.py --out $OUT
-    python benchmarks/tp_bench.py --out $OUT              # spawns the 2 ranks itself
-    python benchmarks/tp_bench.py --out /tmp/tp --smoke   # CPU + gloo, scaled-down shapes
+    torchrun --nproc-per-node 2 -m torch_bridge.bench.tp --out $OUT
+    python -m torch_bridge.bench.tp --out $OUT              # spawns the 2 ranks itself
+    python -m torch_bridge.bench.tp --out /tmp/tp --smoke   # CPU + gloo, scaled-down shapes
 
 NVLink multicast stays off: ``NCCL_NVLS_ENABLE=0``, ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1`` and
-``NVSHMEM_DISABLE_NVLS=1`` are forced into this process's environment before torch is imported,
-so every rank (spawned here or by torchrun) runs with them; the JSON records the values each rank
+``NVSHMEM_DISABLE_NVLS=1`` are forced into this process's environment when this module is
+imported, before any process group exists, so every rank (spawned here or by torchrun) runs
+with them; the JSON records the values each rank
 saw. JAX is kept on the CPU (``JAX_PLATFORMS=cpu``): it only builds the RoPE tables here.
 
 Per config (V4-Flash, V4-Pro at full size) and M (tokens):
@@ -20,8 +21,9 @@ Per config (V4-Flash, V4-Pro at full size) and M (tokens):
   ``fp8_wo_a_wo_b_impls`` (two FP8 GEMMs with a re-quantized intermediate).
   The fp32 TP2 vs TP1 error is recorded (ideally within ``gemm_fp32``: summation order only).
   At the smallest M the BF16 chain is checked the same way.
-* timing: medians of CUDA-event timed calls (``benchmarks.timing.time_cuda``), eager launches, and
-  CUDA-graph replays where capture works (``--graphs``, default on); TP2 is the slower rank.
+* timing: medians of CUDA-event timed calls (``torch_bridge.bench.timing.time_cuda``), eager
+  launches, and CUDA-graph replays where capture works (``--graphs``, default on); TP2 is the
+  slower rank.
   Breakdown per rank: ``wo_a``, ``wo_b`` (quant + GEMM), ``all_reduce`` of the fp32 partial.
 """
 
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import os
 
-# Before torch (and NCCL) are imported, in every process this file starts or is started as.
+# Before NCCL starts, in every process this module starts or is started as.
 _NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                  "NVSHMEM_DISABLE_NVLS": "1"}
 os.environ.update(_NO_MULTICAST)
@@ -45,10 +47,6 @@ import socket  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # run as a script from anywhere, without installing the package
-    sys.path.insert(0, str(ROOT))
 
 WORLD = 2
 ROPE_ROWS = 65536
@@ -119,7 +117,7 @@ class _Rank:
     # -- timing --------------------------------------------------------------------------------
 
     def _time(self, fn, graph: bool) -> float:
-        from benchmarks.timing import median, time_cuda, time_wall
+        from .timing import median, time_cuda, time_wall
 
         if not self.cuda:
             return median(time_wall(fn, reps=self.args.reps, warmup=1))

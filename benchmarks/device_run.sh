@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Runs on a lent GPU machine, from the repository root; logs, plots and the results CSV go to
+# $OUT (the CSV also to benchmarks/results/, from where it is committed).
+#   bash benchmarks/device_run.sh tests    # the GPU suite (~4 min on one H200)
+#   bash benchmarks/device_run.sh bench    # sweep G 16/8/2 with plot, host cost, prefill
+#   bash benchmarks/device_run.sh sustained  # the M >= 1024 sweep at the sustained clock
+#   bash benchmarks/device_run.sh tune     # launch-shape candidates at G = 16 (~2 min)
+#   bash benchmarks/device_run.sh tp       # 2 GPUs: NCCL TP check and TP2 vs TP1 (~1.5 min)
+# jax-triton and deep_gemm are not in the device image: put their wheels in .whl/ (git-ignored)
+# and carry `.whl`; they are installed here first. The device copy's git history may be
+# missing or stale: set WOA_COMMIT to the commit measured; rows also carry the source digest.
+set -o pipefail
+mode=${1:-bench}
+export PYTHONPATH=$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:$PYTHONPATH
+fi
+OUT=${OUT:-/tmp/woa_out}
+mkdir -p "$OUT"
+BENCH="python3 -m torch_bridge.bench --no-progress"
+CSV=benchmarks/results/$(python3 -c "import torch
+from torch_bridge.bench.results import machine_slug
+print(machine_slug(torch.cuda.get_device_name()))").csv
+case "$mode" in
+tests)
+  { nvidia-smi --query-gpu=name,driver_version --format=csv
+    CUDA_VISIBLE_DEVICES=0 timeout 540 python3 -m pytest -m gpu tests -q -p no:cacheprovider \
+      --durations=10 -rfE
+  } > "$OUT/gpu_tests.log" 2>&1
+  grep -E "FAILED|ERROR|^E |passed|failed" "$OUT/gpu_tests.log" | cut -c1-300 | tail -40
+  ;;
+bench)
+  export CUDA_VISIBLE_DEVICES=0  # one GPU: JAX and torch on the same device
+  timeout 400 $BENCH --groups 16,8,2 --ms 1,4,16,64,128,1024,8192 --reps 10 \
+    --plot "$OUT/bench.png" > "$OUT/bench.log" 2>&1
+  grep -E "│ +(16|2) │" "$OUT/bench.log" | cut -c1-160
+  timeout 60 $BENCH --host-cost --groups 16,2 > "$OUT/host_cost.log" 2>&1
+  tail -24 "$OUT/host_cost.log"
+  timeout 120 $BENCH --prefill > "$OUT/prefill.log" 2>&1
+  tail -12 "$OUT/prefill.log"
+  ;;
+sustained)
+  CUDA_VISIBLE_DEVICES=0 timeout 400 $BENCH --sustained --groups 16,2 --ms 1024,4096,8192 \
+    --providers gemm_triton,gemm_deepgemm,gemm_scaled_mm,chain_bf16,chain_bf16_inplace,chain_bf16_ref,chain_fp8_triton \
+    --reps 10 > "$OUT/sustained.log" 2>&1
+  grep -E "│ +(16|2) │" "$OUT/sustained.log" | cut -c1-160
+  ;;
+tune)
+  CUDA_VISIBLE_DEVICES=0 timeout 300 $BENCH --tune --groups 16 --ms 1,16,64,128,1024,8192 \
+    --reps 10 > "$OUT/tune.log" 2>&1
+  grep -E "^tune" "$OUT/tune.log" | cut -c1-100
+  ;;
+tp)
+  timeout 190 python3 -m torch.distributed.run --nproc-per-node 2 -m torch_bridge.bench.tp \
+    --out "$OUT" > "$OUT/tp_bench.log" 2>&1
+  tail -24 "$OUT/tp_bench.log"
+  ;;
+*)
+  echo "usage: $0 tests|bench|sustained|tune|tp" >&2
+  exit 2
+  ;;
+esac
+cp "$CSV" "$OUT/" 2>/dev/null || true

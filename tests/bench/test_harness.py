@@ -1,0 +1,165 @@
+"""The harness on CPU at tiny shapes: every row checked, timed by wall clock, written as data."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from torch_bridge.bench import build_parser, main, results  # noqa: E402
+
+#: What a CPU run records; on a GPU machine tests/bench/test_harness_gpu.py checks the GPU rows.
+on_cpu = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU rows of the harness")
+
+
+@on_cpu
+def test_cpu_sweep_checks_each_provider_and_writes_the_machine_csv(bench, tmp_path):
+    png = tmp_path / "sweep.png"
+    rc, rows = bench("--ms", "1", "--reps", "1", "--plot", png, "--providers",
+                     "quant_triton,gemm_triton,gemm_bf16,gemm_scaled_mm,chain_bf16,chain_bf16_ref")
+    assert rc == 0
+    by = {r["provider"]: r for r in rows}
+    assert set(by) == {"quant_triton", "gemm_triton", "gemm_bf16", "gemm_scaled_mm",
+                       "chain_bf16", "chain_bf16_ref"}  # no copy row unless asked for
+    assert by["quant_triton"]["check"] == "bytes exact"
+    for name in ("gemm_triton", "gemm_bf16", "chain_bf16", "chain_bf16_ref"):
+        assert by[name]["check"].startswith("relerr"), by[name]
+        assert by[name]["us"] > 0 and by[name]["timer"] == "wall"
+    assert by["gemm_scaled_mm"]["check"].startswith("skipped: ")
+    assert by["gemm_scaled_mm"]["us"] is None
+    meta = rows[0]
+    assert meta["machine"] == "cpu" and meta["device"] == "cpu"
+    assert meta["source"] == results.source_digest() and meta["commit"]
+    assert all(r["run"] == meta["run"] and r["torch"] and r["jax"] for r in rows)
+    for r in rows:  # what a CPU run does not measure stays empty
+        assert r["TFLOP/s"] is None and r["pct_ceiling"] is None and r["vs_bf16"] is None
+        assert r["clock"] is None and r["G"] == 2 and r["M"] == 1
+    assert png.stat().st_size > 0
+
+
+@on_cpu
+def test_runs_append_to_the_same_csv(bench, tmp_path):
+    bench("--ms", "1", "--reps", "1", "--providers", "copy")
+    rc, rows = bench("--ms", "1", "--reps", "1", "--providers", "copy")
+    assert rc == 0 and [r["provider"] for r in rows] == ["copy"]
+    every = results.read(tmp_path / "res" / "cpu.csv")
+    assert len(every) == 2 and every[0]["run"] != every[1]["run"]
+
+
+@on_cpu
+def test_cpu_table_omits_unmeasured_columns(bench, capsys):
+    bench("--ms", "1", "--reps", "1", "--providers", "quant_triton")
+    out = capsys.readouterr().out
+    assert "bytes exact" in out and "wall" in out
+    for header in ("TFLOP/s", "% ceiling", "vs BF16", "cuBLAS", "copy"):
+        assert header not in out
+
+
+@on_cpu
+def test_jax_rows_time_back_to_back_calls(bench):
+    rc, rows = bench("--ms", "1", "--reps", "1", "--providers", "gemm_jax,chain_fp8_jax_cb")
+    by = {r["provider"]: r for r in rows}
+    assert rc == 0
+    assert by["gemm_jax"]["timer"] == "jit" and by["gemm_jax"]["us"] > 0
+    assert by["gemm_jax"]["check"].startswith("relerr")
+    assert by["gemm_jax"]["device_us"] is None  # in-jit device time is a GPU measurement
+    assert by["chain_fp8_jax_cb"]["check"] == "skipped: command buffers exist on GPUs only"
+
+
+@on_cpu
+def test_host_cost_mode_times_each_public_op_beside_torch(bench):
+    rc, rows = bench("--host-cost", "--reps", "1")
+    assert rc == 0
+    by = {r["provider"]: r for r in rows}
+    assert list(by) == ["inverse_rope_group_quant", "batched_gemm_a8w8_mxscale", "wo_a_fp8",
+                        "wo_a_bf16", "WoAProjection FP8", "WoAProjection BF16",
+                        "torch._scaled_mm", "torch.bmm", "bare Triton launch"]
+    assert {r["M"] for r in rows} == {1} and {r["mode"] for r in rows} == {"host_cost"}
+    for name, r in by.items():
+        if name == "torch._scaled_mm":
+            assert r["us"] is None and r["check"].startswith("skipped: ")
+        else:
+            assert r["us"] > 0 and r["timer"] == "host" and r["calls"] >= 1, r
+
+
+@on_cpu
+def test_prefill_rows_total_each_chain(bench):
+    rc, rows = bench("--prefill")
+    assert rc == 0
+    assert [r["provider"] for r in rows] == ["chain_bf16", "chain_bf16_ref", "chain_fp8_triton"]
+    for r in rows:
+        assert r["mode"] == "prefill" and r["M"] == 40 and r["chunk"] == 16
+        assert len(r["runs_ms"].split()) == 3 and r["us"] > 0
+
+
+@on_cpu
+def test_from_csv_prints_and_plots_without_measuring(bench, tmp_path, capsys):
+    bench("--ms", "1", "--reps", "1", "--providers", "quant_triton")
+    png = tmp_path / "again.png"
+    assert main(["--from-csv", str(tmp_path / "res" / "cpu.csv"), "--plot", str(png)]) == 0
+    assert "quant_triton" in capsys.readouterr().out and png.stat().st_size > 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--providers", "nope"], "unknown providers ['nope']"),
+    (["--tune-kinds", "gemm,x"], "unknown --tune-kinds ['x']"),
+    (["--sustained", "--prefill"], "--sustained applies to the sweep and --tune"),
+    (["--eager", "--host-cost"], "--eager applies to the sweep and --tune"),
+    (["--reps", "0"], "--reps must be at least 1"),
+    (["--tune", "--plot", "x.png"], "--plot draws the sweep"),
+    (["--tuned", "/nonexistent/t.csv"], "--tuned: cannot read /nonexistent/t.csv"),
+    (["--from-csv", "/nonexistent/r.csv"], "--from-csv: cannot read /nonexistent/r.csv"),
+])
+def test_usage_errors_say_what_was_wrong(argv, message):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert message in str(e.value.code)
+
+
+def test_csv_that_is_not_results_is_refused(tmp_path):
+    other = tmp_path / "other.csv"
+    other.write_text("a,b\n1,2\n")
+    with pytest.raises(SystemExit) as e:
+        main(["--from-csv", str(other)])
+    assert "holds no results rows" in str(e.value.code)
+
+
+@on_cpu
+def test_tuned_without_tuning_rows_says_how_to_get_them(bench, tmp_path):
+    bench("--ms", "1", "--reps", "1", "--providers", "copy")
+    with pytest.raises(SystemExit) as e:
+        main(["--tuned", str(tmp_path / "res" / "cpu.csv")])
+    assert "no timed tuning rows" in str(e.value.code) and "--tune" in str(e.value.code)
+
+
+@on_cpu
+def test_plot_of_a_run_without_sweep_rows_is_a_usage_error(bench, tmp_path):
+    bench("--host-cost", "--reps", "1")
+    with pytest.raises(SystemExit) as e:
+        main(["--from-csv", str(tmp_path / "res" / "cpu.csv"), "--plot", str(tmp_path / "p.png")])
+    assert "nothing to plot" in str(e.value.code)
+
+
+def test_modes_exclude_each_other(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--tune", "--prefill"])
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, slug", [("NVIDIA H200", "nvidia-h200"), ("cpu", "cpu"),
+                                        ("AMD Instinct MI355X", "amd-instinct-mi355x")])
+def test_machine_slug(name, slug):
+    assert results.machine_slug(name) == slug
+
+
+def test_csv_with_other_columns_is_not_appended_to(tmp_path):
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    path = tmp_path / f"{results.machine_slug(device)}.csv"
+    path.write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="other columns"):
+        results.append(path, {}, [{"mode": "sweep"}])
+    with pytest.raises(SystemExit) as e:  # refused before anything is measured
+        main(["--results-dir", str(tmp_path), "--providers", "copy", "--no-progress"])
+    assert f"{path.name} has other columns" in str(e.value.code)
+    assert path.read_text() == "a,b\n1,2\n"

@@ -1,0 +1,53 @@
+"""The harness on a GPU: every provider passes its check and its row carries the GPU metrics."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+def test_sweep_rows_on_the_gpu(bench):
+    rc, rows = bench("--groups", "16,2", "--ms", "1,64,1024", "--reps", "3")
+    failed = [(r["provider"], r["G"], r["M"], r["check"]) for r in rows
+              if r["check"].startswith("FAILED")]
+    assert rc == 0 and not failed, failed
+    timed = [r for r in rows if r["us"] is not None]
+    assert {r["machine"] for r in rows} == {results_slug()}
+    for r in timed:
+        if r["timer"] == "jit":
+            assert r["device_us"] > 0, r
+        else:
+            assert r["timer"] == "graph" and r["clock"] == "burst", r
+            assert r["pct_ceiling"] > 0 and (r["TFLOP/s"] or r["GB/s"]), r
+    by = {(r["provider"], r["G"], r["M"]): r for r in timed}
+    assert by[("chain_fp8_triton", 16, 1024)]["vs_bf16"] > 0
+    assert by[("chain_bf16", 16, 1024)]["vs_ref"] > 0
+    skipped = {r["provider"]: r["check"] for r in rows if r["us"] is None}
+    assert set(skipped) <= {"gemm_deepgemm", "gemm_scaled_mm", "chain_bf16_inplace",
+                            "chain_fp8_jax_cb"}, skipped
+
+
+def test_eager_and_sustained_timers(bench):
+    for flag, timer, clock in (("--eager", "eager", "burst"), ("--sustained", "graph",
+                                                                 "sustained")):
+        rc, rows = bench(flag, "--groups", "2", "--ms", "8192", "--reps", "2", "--providers",
+                         "gemm_triton")
+        assert rc == 0 and [(r["timer"], r["clock"]) for r in rows] == [(timer, clock)]
+
+
+def test_host_cost_on_the_gpu(bench):
+    rc, rows = bench("--host-cost", "--groups", "16", "--reps", "3")
+    assert rc == 0
+    by = {r["provider"]: r for r in rows}
+    assert by["bare Triton launch"]["us"] > 0 and by["torch.bmm"]["us"] > 0
+    if by["torch._scaled_mm"]["us"]:  # sm_90
+        assert all(r["vs_scaled_mm"] > 0 for n, r in by.items() if n != "torch._scaled_mm")
+
+
+def results_slug() -> str:
+    import torch
+
+    from torch_bridge.bench import results
+
+    return results.machine_slug(torch.cuda.get_device_name())

@@ -1,0 +1,78 @@
+"""``--tune`` rows and ``--tuned``: the fastest shapes of the newest tuning run replace the
+launch choice; the source digest that ties rows to the code they measured."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from torch_bridge.backends.triton import launch  # noqa: E402
+from torch_bridge.bench import results, tune  # noqa: E402
+
+
+def _row(kind, g, m, us, cfg, run="2026-01-02"):
+    return {"mode": "tune", "run": run, "kind": kind, "G": g, "M": m, "us": us,
+            "config": json.dumps(dataclasses.asdict(cfg))}
+
+
+def test_tuned_shapes_replace_the_launch_choice(monkeypatch):
+    """The best GEMM shape of the nearest tuned M, the quant shape of the largest M, and only
+    the newest run counts; called as the launcher calls them."""
+    monkeypatch.setattr(launch, "gemm_config", launch.gemm_config)
+    monkeypatch.setattr(launch, "quant_config", launch.quant_config)
+    fast, slow = launch.GemmConfig(16, 64, swap_ab=True), launch.GemmConfig(64, 128, tma=True)
+    quant = launch.QuantConfig(8, 4, block_h=1)
+    rows = [_row("gemm", 16, 1, 19.0, fast), _row("gemm", 16, 1, 25.0, slow),
+            _row("gemm", 16, 1024, 99.0, slow), _row("quant", 16, 64, 5.0, quant),
+            _row("gemm", 16, 1, 1.0, slow, run="2025-12-31"),  # an older run: ignored
+            {"mode": "sweep", "kind": "gemm", "G": 16, "M": 1, "us": 0.5}]
+    tune.use_tuned(rows)
+    assert launch.gemm_config(4, 16, 1024, 4096, 128, wgmma=True) == fast
+    assert launch.gemm_config(2048, 16, 1024, 4096, 128, wgmma=False) == slow
+    assert launch.quant_config(1) == quant
+
+
+def test_tuned_needs_tuning_rows():
+    with pytest.raises(ValueError, match="no timed tuning rows"):
+        tune.use_tuned([{"mode": "sweep", "us": 1.0}])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU rows of the harness")
+def test_tune_run_writes_rows_that_tuned_reads(bench, tmp_path, monkeypatch):
+    monkeypatch.setattr(launch, "quant_config", launch.quant_config)
+    monkeypatch.setattr(tune, "quant_candidates", lambda: [launch.QuantConfig(8, 4),
+                                                           launch.QuantConfig(4, 1, 1)])
+    rc, rows = bench("--tune", "--tune-kinds", "quant", "--ms", "1", "--reps", "1")
+    assert rc == 0 and [r["provider"] for r in rows] == ["r8w4", "r4w1h1"]
+    assert all(r["check"] == "bytes exact" and r["us"] > 0 for r in rows)
+    tune.use_tuned(results.read(tmp_path / "res" / "cpu.csv"))
+    best = min(rows, key=lambda r: r["us"])
+    assert dataclasses.asdict(launch.quant_config(1)) == json.loads(best["config"])
+
+
+def test_candidates_have_distinct_labels():
+    for m in (1, 16, 33, 64, 128, 8192):
+        labels = [c.label() for c in tune.gemm_candidates(m)]
+        assert len(labels) == len(set(labels)), labels
+
+
+def test_source_digest_tracks_the_code(tmp_path):
+    """It changes with any source file's bytes or path and ignores files outside the packages."""
+    root = results._ROOT
+    for d in results.SOURCE_PACKAGES:
+        shutil.copytree(root / d, tmp_path / d, ignore=shutil.ignore_patterns("__pycache__"))
+    first = results.source_digest(tmp_path)
+    assert first == results.source_digest() and len(first) == 12
+    (tmp_path / "notes.py").write_text("x = 1\n")
+    assert results.source_digest(tmp_path) == first
+    module = tmp_path / "torch_bridge" / "bench" / "timing.py"
+    module.write_text(module.read_text() + "\n")
+    assert results.source_digest(tmp_path) != first
+    module.rename(module.with_name("timers.py"))
+    assert results.source_digest(tmp_path) not in (first, results.source_digest())

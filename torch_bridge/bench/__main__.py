@@ -1,0 +1,5 @@
+"""``python -m torch_bridge.bench``."""
+
+from . import main
+
+raise SystemExit(main())

@@ -1,0 +1,193 @@
+"""Benchmark problems: shapes, input sets, and the ``woa_jax`` oracle every provider is checked by.
+
+``o [M, H, Dh]`` bf16 with H = G * heads_per_group heads, positions below ``cache_rows``, fp32
+and bf16 RoPE tables, an fp8 ``[G, N, K]`` weight with ``[G, N / 128, K / 128]`` E8M0 scales
+and its exact bf16 dequantization; the quantized activations are built once per set so that the
+GEMM rows time the GEMM alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+#: The tolerance of GEMM-like outputs against the fp32 oracle (``woa_jax.testing.TOLERANCES``).
+GEMM_TOLERANCE = "gemm_bf16"
+#: Bytes of input one timed round should exceed, ~3x the H200's 60 MB L2.
+L2_COLD_BYTES = 200e6
+#: H200 SXM dense FP8 peak (datasheet), for "% of ceiling" of compute-bound rows.
+H200_FP8_PEAK_TFLOPS = 1979.0
+
+
+class Skip(Exception):
+    """A provider that cannot run here (the message says why)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+    """One sweep: groups, token counts and the per-group GEMM size."""
+
+    groups: tuple[int, ...]
+    ms: tuple[int, ...]
+    heads_per_group: int  # K = heads_per_group * head_dim
+    n: int
+    head_dim: int = 512
+    rope_dim: int = 64
+    cache_rows: int = 65536  # rows of the cos/sin table (positions drawn below it)
+
+    @property
+    def k(self) -> int:
+        return self.heads_per_group * self.head_dim
+
+
+#: DeepSeek V4 ``wo_a``: K = 4096, N = 1024 (V4-Pro at TP1 is G = 16, at TP8 G = 2).
+GPU = Sweep(groups=(16, 8, 2),
+            ms=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192),
+            heads_per_group=8, n=1024)
+
+#: CPU smoke shapes under ``TRITON_INTERPRET=1``: K = 512, N = 128, about 1e6 FLOP per call.
+CPU = Sweep(groups=(2,), ms=(1, 5), heads_per_group=1, n=128, cache_rows=64)
+
+
+@dataclasses.dataclass(frozen=True)
+class Prefill:
+    """One long prefill processed in fixed-size chunks (the AITER measurement)."""
+
+    tokens: int
+    chunk: int
+    groups: tuple[int, ...]
+    runs: int = 3
+
+
+GPU_PREFILL = Prefill(tokens=100_000, chunk=8192, groups=(16, 2))
+CPU_PREFILL = Prefill(tokens=40, chunk=16, groups=(2,))
+
+
+@dataclasses.dataclass
+class Problem:
+    """One input set of one (G, M) with everything the providers derive from it."""
+
+    g: int
+    o: object  # [M, H, Dh] bf16
+    pos: object  # [M] int64
+    cos_bf16: object  # [P, rd / 2]
+    sin_bf16: object
+    cos32: object
+    sin32: object
+    w: object  # [G, N, K] fp8
+    ws: object  # [G, N / 128, K / 128] uint8 E8M0
+    w_bf16: object  # [G, N, K] bf16, exact
+    x: object = None  # [M, G, K] fp8, quantized o
+    xs: object = None  # [M, G, K / 128] uint8
+    o_work: object = None  # a private copy of o for the in-place chains
+    cache: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def m(self) -> int:
+        return int(self.o.shape[0])
+
+
+def make_problem(sweep: Sweep, g: int, m: int, device: str, seed: int) -> Problem:
+    """Draw one input set (weights with E8M0 scales 2**-9 .. 2**-3, ``o`` ~ N(0, 0.01))."""
+    import torch
+
+    from torch_bridge.backends.triton import launch
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    h = g * sweep.heads_per_group
+    o = (torch.randn((m, h, sweep.head_dim), generator=gen, device=device) / 10).to(torch.bfloat16)
+    pos = torch.randint(0, sweep.cache_rows, (m,), generator=gen, device=device)
+    ang = torch.rand((sweep.cache_rows, sweep.rope_dim // 2), generator=gen, device=device) * 6.3
+    cos32, sin32 = torch.cos(ang), torch.sin(ang)
+    k, n = sweep.k, sweep.n
+    w = torch.randn((g, n, k), generator=gen, device=device).clamp(-448, 448)
+    w = w.to(torch.float8_e4m3fn)
+    ws = torch.randint(118, 125, (g, n // 128, k // 128), generator=gen, device=device,
+                       dtype=torch.int32).to(torch.uint8)
+    scale = (ws.to(torch.int32) << 23).view(torch.float32)
+    w_bf16 = (w.float() * scale.repeat_interleave(128, 1).repeat_interleave(128, 2)).to(
+        torch.bfloat16)
+    p = Problem(g=g, o=o, pos=pos, cos_bf16=cos32.to(torch.bfloat16),
+                sin_bf16=sin32.to(torch.bfloat16), cos32=cos32, sin32=sin32, w=w, ws=ws,
+                w_bf16=w_bf16)
+    p.x, p.xs = launch.inverse_rope_group_quant(o, pos, p.cos_bf16, p.sin_bf16, g, 128)
+    p.o_work = o.clone()
+    return p
+
+
+def n_sets(sweep: Sweep, g: int, m: int, on_gpu: bool) -> int:
+    """Input sets to rotate through so that one round exceeds L2 (1 on CPU)."""
+    if not on_gpu:
+        return 1
+    per_set = g * sweep.n * sweep.k * 3 + m * g * sweep.k * 3  # fp8 + bf16 weight, o + x
+    return int(min(24, max(1, math.ceil(L2_COLD_BYTES / per_set))))
+
+
+def make_sets(sweep: Sweep, g: int, m: int, on_gpu: bool, seed: int) -> list[Problem]:
+    device = "cuda" if on_gpu else "cpu"
+    return [make_problem(sweep, g, m, device, seed + i)
+            for i in range(n_sets(sweep, g, m, on_gpu))]
+
+
+# ----------------------------------------------------------------------------------------------
+# Oracle and checks
+# ----------------------------------------------------------------------------------------------
+
+
+def _j(t):
+    from torch_bridge import interop
+
+    return interop.to_jax(t)
+
+
+def oracle(p: Problem, what: str):
+    """The ``woa_jax`` result of ``what`` (quant, gemm, chain_fp8, chain_bf16), cached on ``p``.
+
+    The FP8 chain's oracle is the quant oracle's output through the GEMM oracle (the quant is
+    computed once for both checks).
+    """
+    if what in p.cache:
+        return p.cache[what]
+    import jax
+    import jax.numpy as jnp
+
+    import woa_jax
+
+    gemm = jax.jit(woa_jax.batched_gemm_a8w8_mxscale, static_argnames="dtype")
+    if what == "quant":
+        r = jax.jit(woa_jax.inverse_rope_group_quant, static_argnums=(4, 5))(
+            _j(p.o), _j(p.pos), _j(p.cos_bf16), _j(p.sin_bf16), p.g, 128)
+    elif what == "gemm":
+        r = gemm(_j(p.x), _j(p.w), _j(p.xs), _j(p.ws), dtype=jnp.float32)
+    elif what == "chain_fp8":
+        q, sc = oracle(p, "quant")
+        r = gemm(q, _j(p.w), sc, _j(p.ws), dtype=jnp.float32)
+    elif what == "chain_bf16":
+        w2, s2 = _j(p.w.flatten(0, 1)), _j(p.ws.flatten(0, 1))
+        r = jax.jit(woa_jax.wo_a_bf16, static_argnums=6)(
+            _j(p.o), _j(p.pos), _j(p.cos32), _j(p.sin32), w2, s2, p.g)
+    else:
+        raise ValueError(f"unknown oracle {what!r}; expected quant, gemm, chain_fp8 or chain_bf16")
+    p.cache[what] = r
+    return r
+
+
+def check_close(y, p: Problem, what: str) -> str:
+    """``"relerr E"``, or ``AssertionError`` unless ``y`` is within the bf16 GEMM tolerance."""
+    from woa_jax.testing import TOLERANCES, relative_error
+
+    err = relative_error(y, oracle(p, what))
+    tol = TOLERANCES[GEMM_TOLERANCE].rel
+    if not err <= tol:
+        raise AssertionError(f"relative error {err:.3g} > {tol} against the {what} oracle")
+    return f"relerr {err:.2e}"
+
+
+def check_quant_bytes(q, scale, p: Problem) -> str:
+    """``"bytes exact"``, or ``AssertionError`` naming the first differing byte."""
+    from woa_jax.testing import assert_bitwise_equal
+
+    rq, rs = oracle(p, "quant")
+    assert_bitwise_equal(q, rq, name="quant fp8")
+    assert_bitwise_equal(scale, rs, name="quant scale")
+    return "bytes exact"

@@ -1,0 +1,214 @@
+"""Torch providers: each checks its output against the oracle, then returns what to time.
+
+A provider is ``fn(sets, on_gpu) -> (calls, check)``: one zero-argument call per input set and
+the check's verdict (``"bytes exact"`` or ``"relerr E"``); it raises ``Skip`` with the reason
+where it cannot run, and ``AssertionError`` where its output is wrong. Setup (scale conversion,
+padding, output buffers, the layer object) stays outside the calls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable
+
+from .problem import Problem, Skip, check_close, check_quant_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class Provider:
+    """One row kind of the sweep: what it runs, and whether it is timed under ``jax.jit``."""
+
+    name: str
+    runs: str
+    fn: Callable
+    jax: bool = False
+
+    @property
+    def kind(self) -> str:
+        return self.name.split("_", 1)[0]
+
+
+def _out(p: Problem):
+    import torch
+
+    return torch.empty((p.m, p.g, p.w.shape[1]), dtype=torch.bfloat16, device=p.x.device)
+
+
+def quant_triton(sets, on_gpu):
+    from torch_bridge.backends.triton import launch
+
+    p0 = sets[0]
+    q, s = launch.inverse_rope_group_quant(p0.o, p0.pos, p0.cos_bf16, p0.sin_bf16, p0.g, 128)
+    msg = check_quant_bytes(q, s, p0)
+    return [(lambda p=p: launch.inverse_rope_group_quant(
+        p.o, p.pos, p.cos_bf16, p.sin_bf16, p.g, 128, x_fp8=p.x, x_scale=p.xs)) for p in sets], msg
+
+
+def gemm_triton(sets, on_gpu):
+    from torch_bridge.backends.triton import launch
+
+    p0 = sets[0]
+    msg = check_close(launch.batched_gemm_a8w8_mxscale(p0.x, p0.w, p0.xs, p0.ws), p0, "gemm")
+    outs = [_out(p) for p in sets]
+    return [(lambda p=p, y=y: launch.batched_gemm_a8w8_mxscale(p.x, p.w, p.xs, p.ws, out=y))
+            for p, y in zip(sets, outs, strict=True)], msg
+
+
+def _fp32_scale(e8m0):
+    import torch
+
+    return (e8m0.to(torch.int32) << 23).view(torch.float32)
+
+
+def gemm_deepgemm(sets, on_gpu):
+    if not on_gpu:
+        raise Skip("DeepGEMM runs on NVIDIA GPUs only")
+    try:
+        import deep_gemm
+    except ImportError as e:
+        raise Skip(f"deep_gemm does not import ({e})") from None
+    einsum = getattr(deep_gemm, "fp8_einsum", None)
+    if einsum is None:
+        raise Skip(f"deep_gemm {getattr(deep_gemm, '__version__', '?')} has no fp8_einsum")
+    prepared = [(p.x, _fp32_scale(p.xs).contiguous(), p.w, _fp32_scale(p.ws).contiguous(),
+                 _out(p)) for p in sets]
+
+    def run(x, xs, w, ws, y):
+        einsum("bhr,hdr->bhd", (x, xs), (w, ws), y)
+        return y
+
+    msg = check_close(run(*prepared[0]), sets[0], "gemm")
+    return [(lambda a=a: run(*a)) for a in prepared], msg
+
+
+def gemm_scaled_mm(sets, on_gpu):
+    import torch
+
+    if not on_gpu or torch.cuda.get_device_capability() != (9, 0):
+        raise Skip("blockwise torch._scaled_mm runs on sm_90 only")
+    prepared = []
+    for p in sets:
+        mp = -(-p.m // 4) * 4  # M padded to a multiple of 4
+        xg = torch.zeros((p.g, mp, p.x.shape[2]), dtype=p.x.dtype, device=p.x.device)
+        xg[:, :p.m] = p.x.transpose(0, 1)
+        xs = torch.ones((p.g, mp, p.x.shape[2] // 128), dtype=torch.float32, device=p.x.device)
+        xs[:, :p.m] = _fp32_scale(p.xs).transpose(0, 1)
+        ws = _fp32_scale(p.ws)
+        sa = [xs[i].t().contiguous().t() for i in range(p.g)]
+        sb = [ws[i].contiguous().t() for i in range(p.g)]
+        prepared.append((xg, sa, sb, p))
+
+    def run(xg, sa, sb, p):
+        return [torch._scaled_mm(xg[i], p.w[i].t(), scale_a=sa[i], scale_b=sb[i],
+                                 out_dtype=torch.bfloat16) for i in range(p.g)]
+
+    p0 = sets[0]
+    msg = check_close(torch.stack(run(*prepared[0]), 1)[:p0.m], p0, "gemm")
+    return [(lambda a=a: run(*a)) for a in prepared], msg
+
+
+def gemm_bf16(sets, on_gpu):
+    import torch
+
+    # The activations dequantized to bf16 (exact: fp8 times a power of two).
+    xb = [(p.x.float() * _fp32_scale(p.xs).repeat_interleave(128, 2)).to(torch.bfloat16)
+          for p in sets]
+
+    def run(x, p):
+        return torch.einsum("mgk,gnk->mgn", x, p.w_bf16)
+
+    msg = check_close(run(xb[0], sets[0]), sets[0], "gemm")
+    return [(lambda x=x, p=p: run(x, p)) for x, p in zip(xb, sets, strict=True)], msg
+
+
+def projection(p: Problem, backend: str):
+    """The product's layer object over ``p``'s checkpoint-layout weight."""
+    from torch_bridge import WoAProjection
+
+    return WoAProjection(p.w.flatten(0, 1), p.ws.flatten(0, 1), p.g, p.cos32, p.sin32,
+                         backend=backend)
+
+
+def takes_overwrite_o() -> bool:
+    """Whether ``WoAProjection.__call__`` offers the opt-in in-place BF16 chain."""
+    from torch_bridge import WoAProjection
+
+    return "overwrite_o" in inspect.signature(WoAProjection.__call__).parameters
+
+
+def chain_bf16(sets, on_gpu):
+    layers = [projection(p, "bf16") for p in sets]
+    msg = check_close(layers[0](sets[0].o, sets[0].pos), sets[0], "chain_bf16")
+    return [(lambda f=f, p=p: f(p.o, p.pos)) for f, p in zip(layers, sets, strict=True)], msg
+
+
+def chain_bf16_inplace(sets, on_gpu):
+    if not takes_overwrite_o():
+        raise Skip("WoAProjection.__call__ has no overwrite_o here")
+    layers = [projection(p, "bf16") for p in sets]
+    p0 = sets[0]
+    msg = check_close(layers[0](p0.o.clone(), p0.pos, overwrite_o=True), p0, "chain_bf16")
+    return [(lambda f=f, p=p: f(p.o_work, p.pos, overwrite_o=True))
+            for f, p in zip(layers, sets, strict=True)], msg
+
+
+def chain_bf16_ref(sets, on_gpu):
+    from torch_bridge.backends.triton import launch
+
+    p0 = sets[0]
+    y = launch.wo_a_bf16(p0.o, p0.pos, p0.cos32, p0.sin32, p0.w_bf16, p0.g)
+    msg = check_close(y, p0, "chain_bf16")
+    return [(lambda p=p: launch.wo_a_bf16(p.o_work, p.pos, p.cos32, p.sin32, p.w_bf16, p.g,
+                                          inplace=True)) for p in sets], msg
+
+
+def chain_fp8_triton(sets, on_gpu, *, fused=None, config=None):
+    from torch_bridge.backends.triton import launch
+
+    def chain(p, y):
+        return launch.wo_a_fp8(p.o, p.pos, p.cos_bf16, p.sin_bf16, p.w, p.ws, p.g, out=y,
+                               fused=fused, config=config)
+
+    outs = [_out(p) for p in sets]
+    msg = check_close(chain(sets[0], outs[0]), sets[0], "chain_fp8")
+    return [(lambda p=p, y=y: chain(p, y)) for p, y in zip(sets, outs, strict=True)], msg
+
+
+def chain_fp8_triton_2k(sets, on_gpu):
+    return chain_fp8_triton(sets, on_gpu, fused=False)
+
+
+def _jax_providers() -> list[Provider]:
+    from . import jax_providers as jp
+
+    return [Provider("gemm_jax", "jax_ops.batched_gemm_a8w8_mxscale under jax.jit",
+                     jp.gemm_jax, jax=True),
+            Provider("chain_fp8_jax", "jax_ops.wo_a_fp8 under jax.jit", jp.chain_fp8_jax,
+                     jax=True),
+            Provider("chain_fp8_jax_cb", "jax_ops.wo_a_fp8, callback route in command buffers",
+                     jp.chain_fp8_jax_cb, jax=True)]
+
+
+PROVIDERS: dict[str, Provider] = {p.name: p for p in [
+    Provider("copy", "device-to-device copy (bandwidth ceiling; only when named)", None),
+    Provider("quant_triton", "Triton inverse RoPE + 1x128 E8M0 quant", quant_triton),
+    Provider("gemm_triton", "Triton block-scaled FP8 batched GEMM", gemm_triton),
+    Provider("gemm_deepgemm", "DeepGEMM fp8_einsum('bhr,hdr->bhd'), fp32 scales", gemm_deepgemm),
+    Provider("gemm_scaled_mm", "torch._scaled_mm blockwise, one call per group", gemm_scaled_mm),
+    Provider("gemm_bf16", "torch bf16 einsum of the dequantized operands", gemm_bf16),
+    Provider("chain_bf16", "WoAProjection(backend='bf16'): the shipped fallback, copying o",
+             chain_bf16),
+    Provider("chain_bf16_inplace", "the shipped fallback with overwrite_o=True",
+             chain_bf16_inplace),
+    Provider("chain_bf16_ref", "Triton in-place inverse RoPE + torch bf16 einsum",
+             chain_bf16_ref),
+    Provider("chain_fp8_triton", "Triton wo_a_fp8 (fused at decode, else quant + GEMM)",
+             chain_fp8_triton),
+    Provider("chain_fp8_triton_2k", "Triton quant + GEMM, always two kernels",
+             chain_fp8_triton_2k),
+    *_jax_providers(),
+]}
+
+#: The sweep's rows when ``--providers`` is not given (``copy`` only on request).
+DEFAULT = tuple(name for name in PROVIDERS if name != "copy")

@@ -1,0 +1,136 @@
+"""Results as data: every run appends its rows to ``<results dir>/<machine>.csv``.
+
+Each row carries the machine, the versions, the commit and a digest of the measured sources
+(a copied tree may have no git history, or a stale one), the provider, the shape, how it was
+timed (``timer``: graph, eager, jit, wall or host; ``clock``: burst or sustained on a GPU) and
+the metrics that were measured; a cell left empty was not measured.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import hashlib
+import json
+import os
+import pathlib
+import platform
+import re
+import subprocess
+
+COLUMNS = ("run", "machine", "device", "python", "torch", "triton", "jax", "cuda", "commit",
+           "source", "mode", "kind", "provider", "G", "M", "N", "K", "sets", "chunk", "calls",
+           "timer", "clock", "us", "device_us", "TFLOP/s", "GB/s", "pct_ceiling", "vs_bf16",
+           "vs_ref", "vs_deepgemm", "vs_scaled_mm", "runs_ms", "config", "check")
+#: The packages whose sources a row measures, beside this one in the same directory.
+SOURCE_PACKAGES = ("woa_jax", "torch_bridge")
+_ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def machine_slug(device_name: str) -> str:
+    """``"NVIDIA H200"`` -> ``"nvidia-h200"``: the results file's name."""
+    return re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-") or "unknown"
+
+
+def source_digest(root: str | os.PathLike | None = None) -> str:
+    """sha256 (12 hex digits) of the ``.py`` files of ``SOURCE_PACKAGES`` under ``root``
+    (default: where this package is installed or checked out), by relative path."""
+    base = pathlib.Path(root) if root is not None else _ROOT
+    h = hashlib.sha256()
+    for path in sorted(p for d in SOURCE_PACKAGES for p in (base / d).rglob("*.py")):
+        h.update(path.relative_to(base).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
+
+
+def git_commit() -> str:
+    """``WOA_COMMIT``, else the short commit of the tree this package runs from, else unknown."""
+    if os.environ.get("WOA_COMMIT"):
+        return os.environ["WOA_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True, timeout=10, cwd=_ROOT).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def metadata(on_gpu: bool) -> dict:
+    """The per-row metadata of this process (``run`` is the start time, UTC)."""
+    import jax
+    import torch
+    import triton
+
+    device = torch.cuda.get_device_name() if on_gpu else "cpu"
+    return {
+        "run": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds"),
+        "machine": machine_slug(device), "device": device,
+        "python": platform.python_version(), "torch": torch.__version__,
+        "triton": triton.__version__, "jax": jax.__version__,
+        "cuda": torch.version.cuda if on_gpu else "", "commit": git_commit(),
+        "source": source_digest(),
+    }
+
+
+def _cell(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    if isinstance(v, (list, tuple)):
+        return " ".join(f"{x:.6g}" for x in v)
+    if isinstance(v, dict):
+        return json.dumps(v, sort_keys=True)
+    return str(v)
+
+
+def check_appendable(path: pathlib.Path) -> bool:
+    """Whether ``path`` is new (True) or a CSV of these columns (False); else ``ValueError``."""
+    if not path.exists() or path.stat().st_size == 0:
+        return True
+    with path.open(newline="") as f:
+        header = next(csv.reader(f), None)
+    if tuple(header or ()) != COLUMNS:
+        raise ValueError(f"{path} has other columns than this harness writes; move it aside "
+                         "or pass another --results-dir")
+    return False
+
+
+def append(path: pathlib.Path, meta: dict, rows: list[dict]) -> None:
+    """Append ``rows`` (with ``meta``) to the CSV at ``path``, writing its header if new."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = check_appendable(path)
+    with path.open("a", newline="") as f:
+        w = csv.writer(f)
+        if new:
+            w.writerow(COLUMNS)
+        for r in rows:
+            w.writerow([_cell({**r, **meta}.get(c)) for c in COLUMNS])
+
+
+def read(path: str | os.PathLike) -> list[dict]:
+    """The rows of a results CSV, numbers as floats, empty cells as None."""
+    out = []
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            row: dict = {}
+            for k, v in r.items():
+                if v == "":
+                    row[k] = None
+                elif k in ("G", "M", "N", "K", "sets", "chunk", "calls"):
+                    row[k] = int(v)
+                elif k in ("us", "device_us", "TFLOP/s", "GB/s", "pct_ceiling") or \
+                        k.startswith("vs_"):
+                    row[k] = float(v)
+                else:
+                    row[k] = v
+            out.append(row)
+    return out
+
+
+def newest_run(rows: list[dict]) -> list[dict]:
+    """The rows of the newest run in ``rows``."""
+    if not rows:
+        return []
+    last = max(r["run"] for r in rows)
+    return [r for r in rows if r["run"] == last]
+
+

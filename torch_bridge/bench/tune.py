@@ -1,0 +1,175 @@
+"""``--tune``: time candidate Triton launch shapes (GEMM, quant, fused decode chain) per (G, M),
+and ``--tuned``: run the sweep with the fastest shapes of a tuning run instead of the built-in
+choice (``launch.gemm_config``, ``launch.fused_config``, ``launch.quant_config``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+from . import problem
+from .providers import chain_fp8_triton
+from .sweep import time_calls
+
+KINDS = ("gemm", "quant", "chain")
+
+
+def gemm_candidates(m: int) -> list:
+    """GEMM launch shapes worth timing at ``m`` tokens (``GemmConfig.label()`` names each)."""
+    from torch_bridge.backends.triton.launch import GemmConfig as C
+
+    if m <= 64:
+        t = max(16, 1 << (m - 1).bit_length())
+        out = [C(t, bn, sk, True, 4, st) for bn in (64, 128) for sk in (1, 2, 4, 8)
+               for st in (4, 5)]
+        out += [C(t, bn, 1, True, 4, st, tma=True) for bn in (64, 128) for st in (4, 6, 8)]
+        if t == 16:
+            out += [C(16, 64, 1, False, 4, 4), C(16, 64, 1, False, 4, 4, tma=True)]
+        else:  # unswapped 64 x 64 pointer tiles
+            out += [C(64, 64, 1, False, 4, st) for st in (4, 6)]
+        out += [C(64, 128, num_warps=4, num_stages=st, wgmma=True) for st in (4, 6, 8)]
+        tokens = max(8, 1 << (m - 1).bit_length())  # the swapped Hopper tile (spills at 64)
+        if tokens <= 32:
+            out += [C(tokens, bn, swap_ab=True, num_warps=4, num_stages=st, wgmma=True)
+                    for bn in (64, 128) for st in (6, 8)]
+        return out
+    hopper = [C(bm, 128, num_warps=bm // 16, num_stages=st, wgmma=True, programs_per_sm=pps)
+              for bm, st, pps in ((128, 4, 0), (128, 4, 1), (128, 5, 1), (64, 3, 2),
+                                  (64, 4, 0), (64, 4, 2), (64, 6, 0))]
+    return hopper + [C(64, 128, 1, False, 4, 4), C(64, 128, 1, False, 4, 4, tma=True),
+                     C(64, 128, 1, False, 4, 4, tma=True, programs_per_sm=2),
+                     C(128, 128, 1, False, 8, 4, tma=True),
+                     C(128, 128, 1, False, 8, 4, tma=True, programs_per_sm=1)]
+
+
+def fused_candidates(m: int, g: int, n: int) -> list:
+    """Launch shapes of the fused decode chain worth timing (swapped pointer-load tiles)."""
+    from torch_bridge.backends.triton.launch import GemmConfig as C
+
+    t = max(16, 1 << (m - 1).bit_length())
+    splits = (1, 2) if -(-m // t) * (n // 64) * g > 64 else (4, 8)
+    return [C(t, bn, sk, True, nw, st) for bn in (64, 128) for sk in splits for nw in (4, 8)
+            for st in (4, 5)]
+
+
+def quant_candidates() -> list:
+    from torch_bridge.backends.triton.launch import QuantConfig as Q
+
+    return [Q(32, 4), Q(8, 4), Q(4, 1, 1), Q(8, 1, 1), Q(16, 1, 1), Q(8, 2, 1), Q(16, 2, 1),
+            Q(4, 4, 1), Q(16, 4, 1), Q(8, 4, 4), Q(2, 4, 8), Q(4, 1, 2), Q(4, 2, 2), Q(2, 1, 1)]
+
+
+def _gemm_calls(sets, cfg):
+    import torch
+
+    from torch_bridge.backends.triton import launch
+
+    p0 = sets[0]
+    msg = problem.check_close(launch.batched_gemm_a8w8_mxscale(p0.x, p0.w, p0.xs, p0.ws,
+                                                               config=cfg), p0, "gemm")
+    outs = [torch.empty((p.m, p.g, p.w.shape[1]), dtype=torch.bfloat16, device=p.x.device)
+            for p in sets]
+    return [(lambda p=p, y=y: launch.batched_gemm_a8w8_mxscale(p.x, p.w, p.xs, p.ws, out=y,
+                                                               config=cfg))
+            for p, y in zip(sets, outs, strict=True)], msg
+
+
+def _quant_calls(sets, qc):
+    from torch_bridge.backends.triton import launch
+
+    p0 = sets[0]
+    q, sc = launch.inverse_rope_group_quant(p0.o, p0.pos, p0.cos_bf16, p0.sin_bf16, p0.g, 128,
+                                            config=qc)
+    msg = problem.check_quant_bytes(q, sc, p0)
+    return [(lambda p=p: launch.inverse_rope_group_quant(
+        p.o, p.pos, p.cos_bf16, p.sin_bf16, p.g, 128, x_fp8=p.x, x_scale=p.xs, config=qc))
+        for p in sets], msg
+
+
+def _fused_calls(sets, cfg):
+    return chain_fp8_triton(sets, True, fused=True, config=cfg)
+
+
+def _two_kernel_calls(sets, cfg):
+    return chain_fp8_triton(sets, True, fused=False)
+
+
+def run_tune(sweep: problem.Sweep, *, on_gpu: bool, reps: int, progress, seed: int,
+             kinds: tuple[str, ...] = KINDS, clock="burst") -> list[dict]:
+    """One row per candidate of ``kinds`` at every (G, M) (the fused chain up to M = 64); a
+    candidate that fails to compile or to match the oracle is a row too."""
+    rows = []
+    todo = [(g, m) for g in sweep.groups for m in sweep.ms]
+    task = progress.add_task("tune", total=len(todo))
+    for g, m in todo:
+        progress.update(task, description=f"tune G={g} M={m}")
+        sets = problem.make_sets(sweep, g, m, on_gpu, seed)
+        jobs = []  # (kind, label, config, build(sets) -> (calls, check))
+        if "gemm" in kinds:
+            jobs += [("gemm", c.label(), c, _gemm_calls) for c in gemm_candidates(m)]
+        if "quant" in kinds:
+            jobs += [("quant", c.label(), c, _quant_calls) for c in quant_candidates()]
+        if "chain" in kinds and m <= 64:
+            jobs += [("chain", f"fused {c.label()}", c, _fused_calls)
+                     for c in fused_candidates(m, g, sweep.n)]
+            jobs.append(("chain", "quant+gemm", None, _two_kernel_calls))
+        for kind, label, cfg, build in jobs:
+            row = {"mode": "tune", "kind": kind, "provider": label, "G": g, "M": m,
+                   "N": sweep.n, "K": sweep.k,
+                   "config": json.dumps(dataclasses.asdict(cfg)) if cfg else None}
+            try:
+                calls, msg = build(sets, cfg)
+                row.update(time_calls(calls, on_gpu=on_gpu, reps=reps, clock=clock), check=msg)
+            except Exception as e:  # a shape that fails to compile (shared memory) is data too
+                row.update(us=None, check=f"FAILED: {type(e).__name__}: {str(e)[:200]}")
+            rows.append(row)
+            us = "-" if row["us"] is None else f"{row['us']:.1f}"
+            progress.console.print(f"tune {kind} G={g} M={m} {label}: {us} us  "
+                                   f"{row['check'][:100]}")
+        progress.advance(task)
+        del sets
+    return rows
+
+
+def use_tuned(rows: list[dict]) -> None:
+    """Launch with the fastest shapes of the newest tuning run in ``rows`` (results rows).
+
+    GEMM and the fused chain: per (G, M) the best timed shape; another M takes the nearest tuned
+    M (log scale) of the same G, else of any G. Quant: the best shape at the largest tuned M.
+    """
+    from torch_bridge.backends.triton import launch
+
+    tuned = [r for r in rows if r.get("mode") == "tune" and r.get("us") and r.get("config")]
+    if not tuned:
+        raise ValueError("no timed tuning rows with a launch shape")
+    newest = max(r.get("run", "") for r in tuned)
+    best: dict[tuple[str, int, int], dict] = {}
+    for r in tuned:
+        key = (r["kind"], int(r["G"]), int(r["M"]))
+        if r.get("run", "") == newest and (key not in best or
+                                            float(r["us"]) < float(best[key]["us"])):
+            best[key] = r
+
+    def config(r):
+        c = r["config"]
+        return json.loads(c) if isinstance(c, str) else c
+
+    def nearest(table: dict):
+        def lookup(m, g, n, k, block, **_):  # the tuned row already names its kernel
+            keys = [key for key in table if key[0] == g] or list(table)
+            key = min(keys, key=lambda kk: abs(math.log2(kk[1]) - math.log2(max(m, 1))))
+            return launch.GemmConfig(**config(table[key]))
+        return lookup
+
+    gemm = {(g, m): r for (kind, g, m), r in best.items() if kind == "gemm"}
+    fused = {(g, m): r for (kind, g, m), r in best.items() if kind == "chain"}
+    quant = sorted(((m, -float(r["us"]), r) for (kind, _, m), r in best.items()
+                    if kind == "quant"), key=lambda t: t[:2])
+    if gemm:
+        launch.gemm_config = nearest(gemm)
+    if fused:
+        launch.fused_config = nearest(fused)
+    if quant:
+        chosen = launch.QuantConfig(**config(quant[-1][2]))
+        launch.quant_config = lambda s: chosen
