@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import pathlib
 import sys
 from collections.abc import Sequence
 
@@ -30,17 +31,21 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _bench_main():
-    """The harness's ``main``: the packaged ``torch_bridge.bench``, else a source checkout's."""
+    """The harness's ``main``: the packaged ``torch_bridge.bench``, else a source checkout's
+    ``benchmarks.bench`` (beside the package, which an editable install does not put on
+    ``sys.path`` for the console script)."""
     try:
         return importlib.import_module("torch_bridge.bench").main
     except ModuleNotFoundError as e:
         if e.name != "torch_bridge.bench":
             raise
-    try:
-        return importlib.import_module("benchmarks.bench").main
-    except ModuleNotFoundError:
+    root = pathlib.Path(__file__).resolve().parents[2]
+    if not (root / "benchmarks" / "bench.py").is_file():
         raise UsageError("woa bench needs torch_bridge.bench or the benchmarks/ directory of a "
-                         "source checkout on the path") from None
+                         "source checkout")
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    return importlib.import_module("benchmarks.bench").main
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:

@@ -209,11 +209,13 @@ def run(args: argparse.Namespace) -> int:
     if payload["corrupt"]:
         notes.append(f"CORRUPT: {len(payload['corrupt'])} layer(s) hold NaN/Inf in weight or "
                      f"scales: {', '.join(payload['corrupt'])}.")
-    if any(e["layer_kind"] is None for e in layers):
-        notes.append("No config.json with compress_ratios gives the RoPE table of every layer: "
-                     "load one with WoAProjection.from_checkpoint(path, layer, "
-                     "layer_kind='compress' or 'window'), or verify it with woa verify "
-                     "--checkpoint PATH --layer N --layer-kind compress|window.")
+    unknown = [e["name"] for e in layers if e["layer_kind"] is None]
+    if unknown:
+        which = "any layer" if len(unknown) == len(layers) else ", ".join(unknown)
+        notes.append(f"No config.json compress_ratios gives the RoPE table of {which}: load "
+                     "one with WoAProjection.from_checkpoint(path, layer, layer_kind='compress' "
+                     "or 'window'), or verify it with woa verify --checkpoint PATH --layer N "
+                     "--layer-kind compress|window.")
     tp = f" (tp={args.tp})" if args.tp else ""
     output.print_table(f"wo_a in {payload['path']}{tp}", ["tensor", "weight", "scale", "FP8",
                                                           "why"], rows, notes=notes)

@@ -63,7 +63,7 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[object]], *,
             continue
         first, *rest = wrap(r[-1], cols=room) if r[-1] else [""]
         out.append(line(r, first))
-        out.extend((" " * (lead + len(_GAP)) + t).rstrip() for t in rest)
+        out.extend((" " * lead + t).rstrip() for t in rest)
     return out
 
 
