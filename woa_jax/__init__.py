@@ -1,7 +1,12 @@
 """woa_jax: the JAX reference (numerical oracle) of DeepSeek V4's FP8 ``wo_a`` projection.
 
 Bit-exact with AITER's ``inverse_rope_group_quant`` on fp8 and E8M0 scale bytes; the GEMM is an
-fp32-accumulated reference. Depends on jax, numpy and ml_dtypes only (never torch).
+fp32-accumulated reference (``docs/NUMERICS.md`` states the contract). Depends on jax, numpy and
+ml_dtypes only (never torch).
+
+Submodules: ``woa_jax.checks`` (input validation with errors that name the problem),
+``woa_jax.testing`` (relative error, byte equality, the tolerance table) and
+``woa_jax.conformance`` (the sweep that checks another implementation against the oracle).
 """
 
 from ._spec import (
@@ -22,6 +27,7 @@ from .config import (
     rope_cos_sin,
     rope_inv_freq,
 )
+from .examples import WoAInputs, example_inputs
 from .gemm import batched_gemm_a8w8_mxscale, batched_gemm_float64, dequant_weight
 from .layouts import from_scale_layout, scale_shape, to_scale_layout
 from .quant import (
@@ -31,6 +37,7 @@ from .quant import (
     group_dequant_e8m0,
     group_quant_e8m0,
     inverse_rope_group_quant,
+    quantize_weight_blocks,
 )
 from .rope import forward_rope, inverse_rope, inverse_rope_float64
 from .tp import (
@@ -75,6 +82,7 @@ __all__ = [
     "e8m0_decode",
     "e8m0_from_scale",
     "e8m0_scale",
+    "example_inputs",
     "forward_rope",
     "fp8_max",
     "from_scale_layout",
@@ -88,6 +96,7 @@ __all__ = [
     "LocalShapes",
     "ProjectionPath",
     "QUANT_GROUP_SIZE",
+    "quantize_weight_blocks",
     "QuantSemantics",
     "rope_cos_sin",
     "rope_inv_freq",
@@ -110,4 +119,5 @@ __all__ = [
     "wo_b_bf16",
     "wo_b_fp8",
     "wo_b_weight_e8m0",
+    "WoAInputs",
 ]

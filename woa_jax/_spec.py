@@ -18,10 +18,12 @@ QUANT_GROUP_SIZE = 128
 
 E8M0_BIAS = 127
 E8M0_NAN = 0xFF
+#: The largest finite E8M0 byte, 2**127.
+E8M0_MAX_FINITE = 0xFE
 
 
 class ScaleLayout(str, enum.Enum):
-    """Byte layout of the activation scales ``x_scale`` (UPSTREAM_APIS.md section 1).
+    """Byte layout of the activation scales ``x_scale``.
 
     ``ROW`` is the logical ``[S, G, Ks]`` layout the GEMM consumes. ``MFMA_TILE`` and ``N32K4`` are
     the layouts of AITER main (``scale_layout=``); ``SCALE_SHUFFLE`` is the tile written by released
@@ -46,7 +48,7 @@ class QuantSemantics(str, enum.Enum):
 
 
 class RopeKind(str, enum.Enum):
-    """Which rope table a layer uses (NUMERICS.md section 11)."""
+    """Which rope table a layer uses (docs/NUMERICS.md section 2)."""
 
     #: Window-only layers and MTP: ``rope_theta`` 10000, no YaRN.
     WINDOW = "window"
@@ -93,11 +95,11 @@ _FP8_TO_F32 = {name: _fp8_table(name) for name in ("float8_e4m3fn", "float8_e4m3
 
 
 def upcast_f32(x):
-    """Widen fp8/bf16 ``x`` to fp32 through its bits, so the narrow rounding cannot be elided.
+    """Widen fp8/bf16 ``x`` to fp32 through its bits, so a jitted program keeps the narrow value.
 
-    XLA's default ``--xla_allow_excess_precision`` lets one jitted program drop a narrowing
-    convert followed by a widening one; on XLA:GPU that removed the fp8 rounding between the quant
-    and the GEMM (the CPU compiler kept it). A bitcast consumer pins the narrow value.
+    XLA (``--xla_allow_excess_precision``, on by default) may fold a narrowing convert followed by
+    a widening one, which would skip the fp8 rounding between the quant and the GEMM; a bitcast
+    consumer pins the narrow value.
     """
     import jax
 
@@ -108,3 +110,12 @@ def upcast_f32(x):
         bits = jax.lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32) << 16
         return jax.lax.bitcast_convert_type(bits, jnp.float32)
     return x.astype(jnp.float32)
+
+
+def e8m0_bytes_of_floats(f: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(byte, ok)`` for float64 scales: ``ok`` where ``f`` is exactly ``2**(byte - 127)``."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mant, exp = np.frexp(f)  # f = mant * 2**exp with mant in [0.5, 1)
+        byte = exp.astype(np.int64) + (E8M0_BIAS - 1)
+        ok = np.isfinite(f) & (f > 0) & (mant == 0.5) & (byte >= 0) & (byte <= E8M0_MAX_FINITE)
+    return byte, ok

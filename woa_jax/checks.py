@@ -1,28 +1,43 @@
 """Shape and dtype checks with errors that say what was wrong and what was expected.
 
-They only read ``.shape`` and ``.dtype``, so they work on numpy, JAX (also tracers) and torch
-tensors alike; ``torch_bridge`` reuses them, so both sides reject bad input with the same words.
+The shape and dtype checks only read ``.shape`` and ``.dtype``, so they work on numpy, JAX (also
+tracers) and torch tensors alike; ``torch_bridge`` reuses them, so both sides reject bad input with
+the same words. The value checks (``check_amax_floor``, ``check_wo_a_weight_values``) read values
+on the host: call them at load time, not under ``jax.jit``.
 """
 
 from __future__ import annotations
 
-from ._spec import E8M0_NAN, as_enum, check_fp8_dtype
+import math
+import numbers
+
+import numpy as np
+
+from ._spec import E8M0_NAN, as_enum, check_fp8_dtype, e8m0_bytes_of_floats
+from .testing import to_numpy
 
 __all__ = [
     "E8M0_NAN",
     "as_enum",
+    "check_amax_floor",
     "check_dtype",
     "check_fp8_dtype",
     "check_gemm_inputs",
     "check_group_split",
     "check_rank",
     "check_rope_inputs",
+    "check_wo_a_weight_values",
     "dtype_name",
 ]
 
 _FLOAT_ACTIVATION = ("bfloat16", "float16", "float32")
 _FP8 = ("float8_e4m3fn", "float8_e4m3fnuz")
 _SCALE_BYTES = ("uint8", "float8_e8m0fnu")
+_FLOAT_SCALES = ("float32", "float64", "float16", "bfloat16")
+_FLOAT_SCALE_HINT = ("; float scales that are exact powers of two convert losslessly with "
+                     "woa_jax.e8m0_from_scale")
+#: Dtypes a checkpoint's weight scale may have: E8M0 bytes or float values.
+_WEIGHT_SCALES = ("float8_e8m0fnu", "uint8", *_FLOAT_SCALES)
 
 
 def dtype_name(x) -> str:
@@ -43,15 +58,21 @@ def check_rank(x, rank: int, what: str, dims: str) -> tuple[int, ...]:
     return shape
 
 
-def check_dtype(x, allowed: tuple[str, ...], what: str) -> str:
+def check_dtype(x, allowed: tuple[str, ...], what: str, hint: str = "") -> str:
+    """Return ``x``'s dtype name, or raise ``TypeError`` listing ``allowed`` (then ``hint``)."""
     name = dtype_name(x)
     if name not in allowed:
-        raise TypeError(f"{what} must have dtype {' or '.join(allowed)}, got {name}")
+        raise TypeError(f"{what} must have dtype {' or '.join(allowed)}, got {name}{hint}")
     return name
 
 
-def check_rope_inputs(o, positions, cos_cache, sin_cache) -> tuple[int, int, int, int]:
-    """Check ``o [S, H, Dh]``, ``positions [>= S]``, ``cos/sin [P, rd/2]``; return S, H, Dh, rd."""
+def check_rope_inputs(o, positions, cos_cache, sin_cache, *,
+                      rope_dim: int | None = None) -> tuple[int, int, int, int]:
+    """Check ``o [S, H, Dh]``, ``positions [>= S]``, ``cos/sin [P, rd/2]``; return S, H, Dh, rd.
+
+    ``rope_dim``, when the caller knows the layer's (a projection built from a config), must equal
+    the tables' ``rd``: a table of another width would rotate the wrong lanes without an error.
+    """
     s, h, dh = check_rank(o, 3, "o", "[S, H, Dh]")
     check_dtype(o, _FLOAT_ACTIVATION, "o")
     if len(_shape(positions)) != 1:
@@ -73,6 +94,11 @@ def check_rope_inputs(o, positions, cos_cache, sin_cache) -> tuple[int, int, int
         raise ValueError(
             f"cos_cache [P, rd/2] = {cshape} does not fit head_dim {dh}: need P >= 1 and "
             f"2 <= rd <= {dh}"
+        )
+    if rope_dim is not None and rd != rope_dim:
+        raise ValueError(
+            f"cos_cache [P, rd/2] = {cshape} rotates rd = {rd} lanes, but the layer's rope_dim "
+            f"is {rope_dim}: expected tables of shape [P, {rope_dim // 2}]"
         )
     return s, h, dh, rd
 
@@ -114,7 +140,8 @@ def check_gemm_inputs(x, w, x_scale, w_scale) -> tuple[int, int, int, int, int]:
     xs = check_rank(x_scale, 3, "x_scale", "[M, G, K / block]")
     ws = check_rank(w_scale, 3, "w_scale", "[G, N / block, K / block]")
     check_dtype(x_scale, _SCALE_BYTES, "x_scale")
-    check_dtype(w_scale, _SCALE_BYTES, "w_scale")
+    is_float = dtype_name(w_scale) in _FLOAT_SCALES
+    check_dtype(w_scale, _SCALE_BYTES, "w_scale", _FLOAT_SCALE_HINT if is_float else "")
     if xs[:2] != (m, g) or xs[2] < 1 or k % xs[2] != 0:
         raise ValueError(f"x_scale must be [M, G, K / block] with block dividing K={k}, got {xs}")
     block = k // xs[2]
@@ -126,3 +153,77 @@ def check_gemm_inputs(x, w, x_scale, w_scale) -> tuple[int, int, int, int, int]:
             f"w_scale must be [G, ceil(N / {block}), K / {block}] = {expect_ws}, got {ws}"
         )
     return m, g, n, k, block
+
+
+def check_amax_floor(amax_floor) -> float:
+    """Return ``amax_floor`` as a float, or raise ``ValueError`` unless it is finite and > 0.
+
+    The floor is the smallest group absolute maximum the quantizer uses; NaN would make every
+    scale byte 255 and zero or a negative value would let an all-zero group divide by zero.
+    """
+    ok = isinstance(amax_floor, numbers.Real) and not isinstance(amax_floor, bool)
+    if not (ok and math.isfinite(amax_floor) and amax_floor > 0):
+        raise ValueError(f"amax_floor must be a finite number > 0, got {amax_floor!r}")
+    value = float(amax_floor)
+    return value
+
+
+
+def _first_bad(bad: np.ndarray) -> tuple[int, ...]:
+    return tuple(int(i) for i in np.argwhere(bad)[0])
+
+
+def check_wo_a_weight_values(weight, weight_scale, *, require_e8m0: bool = False) -> None:
+    """Raise ``ValueError`` naming the first corrupt element of a checkpoint weight or its scale.
+
+    Corrupt means: a NaN fp8 byte in ``weight`` (0x7F/0xFF in e4m3fn, 0x80 in e4m3fnuz; neither
+    format has Inf), the E8M0 NaN byte 255 in a byte scale, or a float scale that is NaN, Inf,
+    zero or negative. Such a checkpoint has no right answer, so no path (FP8 or BF16) may run it.
+
+    Args:
+      weight: ``[R, K]`` fp8 weight (numpy, JAX or torch; read on the host).
+      weight_scale: its block scales: ``float8_e8m0fnu``/``uint8`` bytes or float values.
+      require_e8m0: also require every float scale to be an exact power of two in the E8M0
+        range, which the FP8 path needs; without it such scales are valid for the BF16 path.
+
+    Raises:
+      ValueError: the tensor, the first bad element's index and value, and what was expected.
+    """
+    check_dtype(weight, _FP8, "weight")
+    scale_dtype = check_dtype(weight_scale, _WEIGHT_SCALES, "weight_scale")
+    w = to_numpy(weight)
+    w_bytes = w.view(np.uint8)
+    nan = w_bytes == 0x80 if w.dtype.name == "float8_e4m3fnuz" else (w_bytes & 0x7F) == 0x7F
+    if nan.any():
+        idx = _first_bad(nan)
+        raise ValueError(
+            f"weight: element {list(idx)} is NaN (fp8 byte 0x{int(w_bytes[idx]):02x}); expected "
+            "finite fp8 values, so the checkpoint is corrupt"
+        )
+    scale = to_numpy(weight_scale)
+    if scale_dtype in _SCALE_BYTES:
+        bad = scale.view(np.uint8) == E8M0_NAN
+        if bad.any():
+            raise ValueError(
+                f"weight_scale: element {list(_first_bad(bad))} is the E8M0 NaN byte 255; "
+                "expected bytes 0..254, so the checkpoint is corrupt"
+            )
+        return
+    f = scale.astype(np.float64)
+    bad = ~(np.isfinite(f) & (f > 0))
+    if bad.any():
+        idx = _first_bad(bad)
+        raise ValueError(
+            f"weight_scale: element {list(idx)} = {float(f[idx])!r}; expected finite scales > 0, "
+            "so the checkpoint is corrupt"
+        )
+    if require_e8m0:
+        byte, ok = e8m0_bytes_of_floats(f)
+        if not ok.all():
+            idx = _first_bad(~ok)
+            raise ValueError(
+                f"weight_scale: element {list(idx)} = {float(f[idx])!r} is not a power of two "
+                "in the E8M0 range [2**-127, 2**127]; the FP8 path needs E8M0 scales (the BF16 "
+                "path takes this checkpoint)"
+            )
+

@@ -1,4 +1,4 @@
-"""DeepSeek V4 model shapes, tensor-parallel splits and RoPE tables (NUMERICS.md sections 2, 11)."""
+"""DeepSeek V4 model shapes, tensor-parallel splits and RoPE tables (docs/NUMERICS.md 1, 2)."""
 
 from __future__ import annotations
 

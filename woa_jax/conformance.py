@@ -8,7 +8,7 @@ function with AITER's signature into such a callable. This module never imports 
 
 * ``inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, quant_group_size)
   -> (x_fp8 [S, G, D], x_scale [S, G, D / GS])``: scale bytes and fp8 bytes must equal the oracle's
-  (fused rotation, bf16 cos/sin, so the bytes do not depend on FMA contraction; NUMERICS.md
+  (fused rotation, bf16 cos/sin, so the bytes do not depend on FMA contraction; docs/NUMERICS.md
   sections 2, 4, 5). AITER's signature has no floor argument, so every case is compared against
   the oracle at each accepted amax floor; the floor only changes the bytes of groups whose amax is
   below it. An implementation passes when every case matches one accepted floor and one floor
@@ -43,9 +43,7 @@ from ._spec import AITER_AMAX_FLOOR, CUDA_AMAX_FLOOR, RopeKind, as_enum
 from .config import local_shapes, rope_cos_sin
 from .gemm import batched_gemm_a8w8_mxscale
 from .quant import inverse_rope_group_quant
-
-# woa_jax.testing re-exports this module's entry points, so its helpers are imported inside the
-# functions that use them (a top-level import would be circular).
+from .testing import TOLERANCES, relative_error, to_numpy
 
 
 class ConformanceOp(str, enum.Enum):
@@ -361,8 +359,6 @@ def _place_rope_boundaries(o: np.ndarray, positions: np.ndarray, cos: np.ndarray
 
 
 def _u8(x, what: str, fp8_dtype) -> np.ndarray:
-    from .testing import to_numpy
-
     a = to_numpy(x)
     if a.dtype.itemsize != 1:
         raise TypeError(f"{what} has dtype {a.dtype}; expected a 1-byte dtype")
@@ -460,8 +456,6 @@ def _gemm_inputs(case: _Case, rng: np.random.Generator, fp8_dtype):
 
 
 def _check_gemm_case(impl, case: _Case, rng, fp8_dtype) -> tuple[CaseResult, str | None]:
-    from .testing import TOLERANCES, relative_error, to_numpy
-
     op = ConformanceOp.BATCHED_GEMM_A8W8_MXSCALE
     name = case.name(op)
     x, w, xs, ws = _gemm_inputs(case, rng, fp8_dtype)

@@ -1,4 +1,4 @@
-"""Block-scaled FP8 batched GEMM reference and weight dequantization (NUMERICS.md sections 6, 7)."""
+"""Block-scaled FP8 batched GEMM reference and weight dequantization (docs/NUMERICS.md 6, 8)."""
 
 from __future__ import annotations
 
@@ -47,6 +47,11 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=jnp.bfloat16):
       ``[M, G, N]`` in ``dtype``. Operands are upcast exactly to fp32 and contracted with
       ``precision=HIGHEST``; summation order is the only freedom, so kernels agree with this to
       the output rounding (relative Frobenius error about 1.7e-3 for bf16), not bit for bit.
+
+    Raises:
+      ValueError: a rank or shape does not fit (the message names the operand and the shape
+        expected).
+      TypeError: a dtype does not fit; float ``w_scale`` points to ``e8m0_from_scale``.
     """
     m, g, n, k, _ = checks.check_gemm_inputs(x, w, x_scale, w_scale)
     if np.dtype(dtype) not in (np.dtype(jnp.bfloat16), np.dtype(jnp.float32)):

@@ -1,9 +1,9 @@
 """Activation scale layouts: the logical ``[S, G, Ks]`` row layout and AITER's tiled layouts.
 
-Each tiled layout is described by one function, the byte address of logical element (s, g, k)
-(UPSTREAM_APIS.md section 1); both directions are a gather/scatter through it, so they are exact
-inverses over the logical extent by construction. Padding bytes are undefined in AITER: never
-compare them.
+Each tiled layout (AITER's ``scale_layout=`` tiles and its released ``scale_shuffle=True`` tile)
+is described by one function, the byte address of logical element (s, g, k); both directions are
+a gather/scatter through it, so they are exact inverses over the logical extent by construction.
+Padding bytes are undefined in AITER: never compare them.
 """
 
 from __future__ import annotations

@@ -1,18 +1,19 @@
-"""Per-token 1 x GS E8M0 (round-up power-of-two) FP8 group quantization (NUMERICS.md 4, 5, 9)."""
+"""Per-token 1 x GS E8M0 (round-up power-of-two) FP8 group quantization (docs/NUMERICS.md 4, 5)."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 
 from . import checks
 from ._spec import (
     AITER_AMAX_FLOOR,
-    E8M0_BIAS,
     QuantSemantics,
     as_enum,
     check_fp8_dtype,
+    e8m0_bytes_of_floats,
     fp8_max,
     fp8_max_reciprocal,
     upcast_f32,
@@ -53,10 +54,14 @@ def e8m0_scale(amax, *, fp8_dtype=jnp.float8_e4m3fn, amax_floor: float = AITER_A
 
     Returns:
       ``(dq_scale fp32, byte uint8)`` with ``dq_scale = 2**(byte - 127)`` (byte 255 -> +inf).
+
+    Raises:
+      ValueError: ``amax_floor`` is not a finite number > 0.
     """
     check_fp8_dtype(fp8_dtype)
+    floor = checks.check_amax_floor(amax_floor)
     amax = jnp.asarray(amax, jnp.float32)
-    amax = jnp.fmax(amax, jnp.float32(amax_floor))
+    amax = jnp.fmax(amax, jnp.float32(floor))
     x = amax * fp8_max_reciprocal(fp8_dtype)
     u = jax.lax.bitcast_convert_type(x, jnp.uint32)
     exp = (u >> 23) & 0xFF
@@ -69,13 +74,26 @@ def group_quant_e8m0(x, group_size: int = 128, *, fp8_dtype=jnp.float8_e4m3fn,
                      amax_floor: float = AITER_AMAX_FLOOR):
     """Quantize ``x [..., K]`` in 1 x ``group_size`` groups along the last axis.
 
+    The round-up scale keeps ``|q| <= fp8_max``, so nothing saturates; the clamp before the cast
+    is a no-op on the bytes, kept because library casts return NaN above the range
+    (docs/NUMERICS.md section 5).
+
+    Args:
+      x: ``[..., K]`` float values (widened to fp32).
+      group_size: GS, the group width; must divide K.
+      fp8_dtype: ``float8_e4m3fn`` or ``float8_e4m3fnuz``.
+      amax_floor: 1e-8 (AITER) or 1e-10 (vLLM CUDA); finite and > 0.
+
     Returns:
-      ``(q [..., K] fp8_dtype, scale [..., K / group_size] float8_e8m0fnu)`` with
-      ``q = RNE(x * 2**(127 - byte))``. The round-up scale keeps ``|q| <= fp8_max`` so no
-      saturation occurs; the clamp below is a no-op on the bytes, kept because library casts
-      return NaN above the range (NUMERICS.md section 5).
+      ``(q [..., K] fp8_dtype, scale [..., K / GS] float8_e8m0fnu)`` with
+      ``q = RNE(x * 2**(127 - byte))``.
+
+    Raises:
+      ValueError: ``group_size`` is not a positive integer dividing K, or a bad ``amax_floor``.
+      TypeError: ``fp8_dtype`` is not an e4m3 type.
     """
     fp8 = check_fp8_dtype(fp8_dtype)
+    checks.check_amax_floor(amax_floor)
     if not isinstance(group_size, int) or group_size < 1:
         raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
     k = x.shape[-1]
@@ -120,12 +138,18 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
       semantics: ``"fused"`` keeps the rotation in fp32 up to the quantizer (AITER's op);
         ``"unfused"`` rounds the rotated lanes to ``o.dtype`` first.
 
+    Raises:
+      ValueError: a rank or shape does not fit, G does not split ``H * Dh`` into whole quant
+        groups, or a bad ``amax_floor``/``semantics`` (the message names which).
+      TypeError: a dtype does not fit.
+
     Returns:
       ``(x_fp8 [S, G, D] fp8_dtype, x_scale [S, G, D / GS] float8_e8m0fnu)`` in the row layout.
     """
     s, h, dh, _ = checks.check_rope_inputs(o, positions, cos_cache, sin_cache)
     d = checks.check_group_split(s, h, dh, num_groups, quant_group_size)
     mode = as_enum(QuantSemantics, semantics, "semantics")
+    checks.check_amax_floor(amax_floor)
     rotated = _rotate(o, positions[:s], cos_cache, sin_cache, sign=-1)
     if mode is QuantSemantics.UNFUSED:
         rotated = upcast_f32(rotated.astype(o.dtype))
@@ -133,7 +157,7 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
                             fp8_dtype=fp8_dtype, amax_floor=amax_floor)
 
 
-def e8m0_from_scale(scale):
+def e8m0_from_scale(weight_scale):
     """Checkpoint weight scales to E8M0 bytes, losslessly, or a ``ValueError``.
 
     * ``float8_e8m0fnu`` or ``uint8``: the bytes pass through unchanged.
@@ -143,11 +167,18 @@ def e8m0_from_scale(scale):
 
     Host-side (numpy) because it inspects values; call it at load, not under ``jax.jit``.
 
+    Args:
+      weight_scale: checkpoint block scales of any shape (numpy, JAX or ml_dtypes array).
+
     Returns:
       numpy ``uint8`` array of the input's shape, C-contiguous.
+
+    Raises:
+      ValueError: a float scale is not finite, positive and an exact power of two in range.
+      TypeError: a dtype that cannot hold E8M0 values losslessly.
     """
-    name = checks.dtype_name(scale)
-    arr = np.asarray(scale)
+    name = checks.dtype_name(weight_scale)
+    arr = np.asarray(weight_scale)
     if name in ("float8_e8m0fnu", "uint8"):
         return np.ascontiguousarray(arr.view(np.uint8))
     if name not in ("float32", "float64", "float16", "bfloat16"):
@@ -156,18 +187,62 @@ def e8m0_from_scale(scale):
             "float8_e8m0fnu, uint8 or a float dtype holding powers of two"
         )
     f = arr.astype(np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        mant, exp = np.frexp(f)  # f = mant * 2**exp, mant in [0.5, 1)
-        byte = exp.astype(np.int64) - 1 + E8M0_BIAS
-        ok = np.isfinite(f) & (f > 0) & (mant == 0.5) & (byte >= 0) & (byte <= 254)
+    byte, ok = e8m0_bytes_of_floats(f)
     if not ok.all():
         idx = tuple(int(i) for i in np.argwhere(~ok)[0])
         v = f[idx]
         why = ("not finite" if not np.isfinite(v) else "not positive" if v <= 0
-               else "not a power of two" if mant[idx] != 0.5 else "outside the E8M0 range")
+               else "outside the E8M0 range" if np.frexp(v)[0] == 0.5 else "not a power of two")
         raise ValueError(
             f"weight scale is not losslessly representable as E8M0: element {list(idx)} = "
             f"{float(v)!r} is {why}; rounding would change the weights, so this checkpoint needs "
             "the BF16 path"
         )
     return np.ascontiguousarray(byte.astype(np.uint8))
+
+
+def quantize_weight_blocks(w, *, block: int = 128, fp8_dtype=ml_dtypes.float8_e4m3fn):
+    """Quantize a real weight ``[R, K]`` the way DeepSeek checkpoints store it.
+
+    Each ``block x block`` tile (ragged last tiles allowed) gets the round-up power-of-two scale
+    of its absolute maximum, by the same rule as the activation quantizer (``e8m0_scale``), and
+    the payload is ``RNE(w / scale)``. A weight that is already fp8 values times one power of two
+    per tile comes back unchanged through ``dequant_wo_a_weight``: the chosen scale never exceeds
+    the tile's own, so dividing by it only shifts exponents.
+
+    Host-side (numpy); call it when building weights, not under ``jax.jit``.
+
+    Args:
+      w: ``[R, K]`` real-valued weight (any float dtype: numpy, JAX or ml_dtypes).
+      block: tile edge B: 128 (V4) or 32 (V4.1); 64 is accepted too.
+      fp8_dtype: ``float8_e4m3fn`` (max 448) or ``float8_e4m3fnuz`` (max 240).
+
+    Returns:
+      ``(weight [R, K] fp8_dtype, weight_scale [ceil(R / B), ceil(K / B)] float8_e8m0fnu)``
+      as numpy arrays; ``weight_scale.view(np.uint8)`` gives the raw bytes.
+
+    Raises:
+      ValueError: ``w`` is not 2-D, ``block`` is not 32, 64 or 128, or an element is not finite.
+      TypeError: ``w`` is not a float array, or ``fp8_dtype`` is not an e4m3 type.
+    """
+    fp8 = check_fp8_dtype(fp8_dtype)
+    if block not in (32, 64, 128):
+        raise ValueError(f"block must be 32, 64 or 128, got {block!r}")
+    rows, k = checks.check_rank(w, 2, "w", "[R, K]")
+    checks.check_dtype(w, ("bfloat16", "float16", "float32", "float64"), "w")
+    wf = np.asarray(w).astype(np.float32)
+    bad = ~np.isfinite(wf)
+    if bad.any():
+        idx = [int(i) for i in np.argwhere(bad)[0]]
+        raise ValueError(f"w: element {idx} = {float(wf[tuple(idx)])!r}; expected finite values")
+    rb, kb = -(-rows // block), -(-k // block)
+    tiles = np.zeros((rb * block, kb * block), np.float32)
+    tiles[:rows, :k] = np.abs(wf)
+    amax = tiles.reshape(rb, block, kb, block).max(axis=(1, 3))
+    byte = np.asarray(e8m0_scale(amax, fp8_dtype=fp8)[1])
+    # Finite tiles get bytes in [92, 248], so 2**(127 - byte) is a normal fp32 number: exact.
+    inv = np.ldexp(np.float32(1), 127 - byte.astype(np.int32)).astype(np.float32)
+    inv = inv.repeat(block, 0).repeat(block, 1)[:rows, :k]
+    m = np.float32(fp8_max(fp8))
+    q = np.clip(wf * inv, -m, m).astype(fp8)
+    return q, byte.view(ml_dtypes.float8_e8m0fnu)

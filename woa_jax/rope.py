@@ -21,7 +21,7 @@ def _no_contract(p):
 def _rotate(o, positions, cos_cache, sin_cache, sign: int):
     """Rotate the last ``2 * cos.shape[1]`` lanes of every head of ``o``; fp32 ``[S, H, Dh]``.
 
-    ``sign=-1`` is the inverse rotation (NUMERICS.md section 2):
+    ``sign=-1`` is the inverse rotation (docs/NUMERICS.md section 2):
     ``a' = a c + b s``, ``b' = b c - a s`` with ``a, b`` lanes ``(2j, 2j+1)`` of the tail.
     The products and the sum are separate fp32 operations, eager and under ``jax.jit`` alike.
     """
@@ -62,6 +62,9 @@ def inverse_rope(o, positions, cos_cache, sin_cache, *, out_dtype=None):
 
     Returns:
       ``[S, H, Dh]``; lanes ``[0, Dh - rd)`` are ``o``'s values unchanged.
+
+    Raises:
+      ValueError, TypeError: a rank, shape or dtype does not fit (the message names which).
 
     Numerics: inputs are upcast to fp32, products and sums are separate fp32 operations. With bf16
     ``o`` and bf16 cos/sin every product is exact in fp32, so the result is independent of FMA

@@ -1,6 +1,13 @@
-"""Comparison helpers shipped with the oracle, for our tests and for other projects' CI.
+"""Comparison helpers for tests, benchmarks and other projects' CI: the one home for them.
 
-Works on numpy, JAX and (CPU) torch arrays: everything is read through ``to_numpy``.
+* ``TOLERANCES`` / ``Tolerance``: the tolerance table (docs/NUMERICS.md section 11).
+* ``relative_error``, ``calc_diff``: error measures in float64.
+* ``assert_close``: relative error within a ``TOLERANCES`` entry, and no new NaN.
+* ``assert_bitwise_equal``: same shape and bits, else the first mismatch is named.
+* ``bytes_equal_fraction``: the fraction of equal elements, for reports.
+* ``to_numpy``: a numpy view of numpy, JAX or torch arrays (GPU tensors are copied to the host).
+
+Nothing here imports torch or the rest of ``woa_jax``; ``woa_jax.conformance`` builds on it.
 """
 
 from __future__ import annotations
@@ -8,6 +15,17 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+
+__all__ = [
+    "TOLERANCES",
+    "Tolerance",
+    "assert_bitwise_equal",
+    "assert_close",
+    "bytes_equal_fraction",
+    "calc_diff",
+    "relative_error",
+    "to_numpy",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,7 +38,7 @@ class Tolerance:
 
 #: The one tolerance table. Keys name what is compared.
 TOLERANCES: dict[str, Tolerance] = {
-    "scale_bytes": Tolerance(0.0, "E8M0 scale bytes are exact integer arithmetic (NUMERICS 4)"),
+    "scale_bytes": Tolerance(0.0, "E8M0 scale bytes are exact integer arithmetic"),
     "fp8_bytes": Tolerance(0.0, "fp8 payload is exact when the rotation precision matches"),
     # GEMM outputs: only summation order differs; bf16 output rounding is about 1.7e-3 relative
     # (Frobenius) on random data, so 4e-3 leaves room for order effects without hiding a wrong
@@ -28,15 +46,15 @@ TOLERANCES: dict[str, Tolerance] = {
     "gemm_bf16": Tolerance(4e-3, "bf16 output rounding of an fp32-accumulated GEMM"),
     "gemm_fp32": Tolerance(1e-5, "fp32 summation-order differences"),
     # The FP8 chain against the BF16 chain or the float64 truth: e4m3 activation rounding
-    # (unit roundoff 2**-4) averaged over K = 4096 products. Measured 2.65e-2 .. 2.68e-2 on
-    # V4-Flash shapes with o = randn * 0.1 (tests/woa_jax/test_chain.py); the gate leaves ~2x.
+    # (unit roundoff 2**-4) averaged over K = 4096 products: about 2.7e-2 on V4-Flash shapes
+    # with o = randn * 0.1 (tests/woa_jax/test_chain.py); the gate leaves ~2x.
     "fp8_chain_vs_bf16": Tolerance(6e-2, "e4m3 activation quantization"),
-    # The BF16 chain against the float64 truth: measured 1.75e-3 on the same data; ~2x gate.
+    # The BF16 chain against the float64 truth: about 1.75e-3 on the same data; ~2x gate.
     "bf16_chain_vs_truth": Tolerance(4e-3, "bf16 rounding of activations and output"),
     # wo_a then wo_b, both FP8, against another implementation of the same pair: the first
     # GEMM's bf16 rounding may differ by summation order, which can move an e4m3 rounding of
-    # the re-quantized intermediate. Measured 3.39e-3 .. 3.47e-3 (Triton vs pure torch, V4-Flash
-    # and V4-Pro, benchmarks/tp_bench.py on an H200); ~3x gate.
+    # the re-quantized intermediate: about 3.4e-3 between the Triton and pure-torch backends on
+    # V4-Flash and V4-Pro shapes; ~3x gate.
     "fp8_wo_a_wo_b_impls": Tolerance(1e-2, "order-dependent bf16 rounding re-quantized to fp8"),
 }
 
@@ -132,6 +150,3 @@ def assert_close(actual, reference, *, tolerance: str, name: str = "tensor") -> 
         )
     return err
 
-
-# The conformance sweep for other projects' CI; it imports this module lazily, hence last.
-from .conformance import ConformanceReport, assert_conformance, run_conformance  # noqa: E402, F401

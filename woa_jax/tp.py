@@ -28,7 +28,6 @@ from .gemm import batched_gemm_a8w8_mxscale
 from .quant import e8m0_from_scale, group_quant_e8m0
 from .woa import _dequant_2d, _scale_bytes, wo_a_bf16, wo_a_fp8
 
-_FLOAT_SCALES = ("float32", "float64", "float16", "bfloat16")
 #: Mesh axis name the sharded functions use unless told otherwise.
 TP_AXIS = "tp"
 
@@ -55,8 +54,7 @@ def check_wo_b_weight(weight, weight_scale) -> tuple[int, int, int]:
     checks.check_dtype(weight, ("float8_e4m3fn", "float8_e4m3fnuz"), "wo_b weight")
     srows, scols = checks.check_rank(weight_scale, 2, "wo_b weight_scale",
                                       "[hidden / B, G * N / B]")
-    checks.check_dtype(weight_scale, ("float8_e8m0fnu", "uint8", *_FLOAT_SCALES),
-                        "wo_b weight_scale")
+    checks.check_dtype(weight_scale, checks._WEIGHT_SCALES, "wo_b weight_scale")
     if scols < 1 or k % scols != 0 or k // scols not in (32, 128):
         raise ValueError(
             f"wo_b weight_scale {(srows, scols)} does not tile weight {(hidden, k)} in 128x128 or "
@@ -111,6 +109,7 @@ def wo_b_fp8(z, weight, weight_scale, *, amax_floor: float = AITER_AMAX_FLOOR,
     Returns:
       ``[T, hidden]`` in ``dtype``.
     """
+    checks.check_amax_floor(amax_floor)
     w, ws = wo_b_weight_e8m0(weight, weight_scale)
     block = weight.shape[1] // weight_scale.shape[1]
     _check_z(z, weight.shape[1])
@@ -137,8 +136,8 @@ def wo_b_bf16(z, weight, weight_scale, *, dtype=jnp.float32):
     return y.astype(dtype)
 
 
-def wo_a_wo_b_partial(o, positions, cos_cache, sin_cache, wo_a_weight, wo_a_scale, wo_b_weight,
-                      wo_b_scale, num_groups: int, *,
+def wo_a_wo_b_partial(o, positions, cos_cache, sin_cache, wo_a_weight, wo_a_weight_scale,
+                      wo_b_weight, wo_b_weight_scale, num_groups: int, *,
                       path: ProjectionPath | str = ProjectionPath.FP8,
                       amax_floor: float = AITER_AMAX_FLOOR,
                       semantics: QuantSemantics | str = QuantSemantics.FUSED):
@@ -147,8 +146,9 @@ def wo_a_wo_b_partial(o, positions, cos_cache, sin_cache, wo_a_weight, wo_a_scal
     Args:
       o: ``[T, H_l, Dh]`` bf16, this rank's heads.
       positions, cos_cache, sin_cache: as for ``wo_a_fp8`` / ``wo_a_bf16``.
-      wo_a_weight, wo_a_scale: ``[G_l * N, K]`` fp8 and ``[G_l * N / B, K / B]`` scales.
-      wo_b_weight, wo_b_scale: ``[hidden, G_l * N]`` fp8 and ``[hidden / B, G_l * N / B]`` scales.
+      wo_a_weight, wo_a_weight_scale: ``[G_l * N, K]`` fp8 and ``[G_l * N / B, K / B]`` scales.
+      wo_b_weight, wo_b_weight_scale: ``[hidden, G_l * N]`` fp8 and ``[hidden / B, G_l * N / B]``
+        scales.
       num_groups: G_l, the groups this rank holds.
       path: ``"fp8"`` or ``"bf16"`` for both projections.
       amax_floor, semantics: FP8 quantizer options (both quantizers use ``amax_floor``).
@@ -157,23 +157,25 @@ def wo_a_wo_b_partial(o, positions, cos_cache, sin_cache, wo_a_weight, wo_a_scal
       ``[T, hidden]`` fp32 partial sum (the full result when the rank holds every group).
     """
     mode = as_enum(ProjectionPath, path, "path")
+    checks.check_amax_floor(amax_floor)
     if mode is ProjectionPath.FP8:
-        z = wo_a_fp8(o, positions, cos_cache, sin_cache, wo_a_weight, wo_a_scale, num_groups,
+        z = wo_a_fp8(o, positions, cos_cache, sin_cache, wo_a_weight, wo_a_weight_scale, num_groups,
                      amax_floor=amax_floor, semantics=semantics, dtype=jnp.bfloat16)
         z = z.reshape(z.shape[0], -1)
-        return wo_b_fp8(z, wo_b_weight, wo_b_scale, amax_floor=amax_floor, dtype=jnp.float32)
-    z = wo_a_bf16(o, positions, cos_cache, sin_cache, wo_a_weight, wo_a_scale, num_groups)
-    return wo_b_bf16(z.reshape(z.shape[0], -1), wo_b_weight, wo_b_scale, dtype=jnp.float32)
+        return wo_b_fp8(z, wo_b_weight, wo_b_weight_scale, amax_floor=amax_floor, dtype=jnp.float32)
+    z = wo_a_bf16(o, positions, cos_cache, sin_cache, wo_a_weight, wo_a_weight_scale, num_groups)
+    return wo_b_bf16(z.reshape(z.shape[0], -1), wo_b_weight, wo_b_weight_scale, dtype=jnp.float32)
 
 
-def wo_a_wo_b(o, positions, cos_cache, sin_cache, wo_a_weight, wo_a_scale, wo_b_weight,
-              wo_b_scale, num_groups: int, *, path: ProjectionPath | str = ProjectionPath.FP8,
+def wo_a_wo_b(o, positions, cos_cache, sin_cache, wo_a_weight, wo_a_weight_scale, wo_b_weight,
+              wo_b_weight_scale, num_groups: int, *,
+              path: ProjectionPath | str = ProjectionPath.FP8,
               amax_floor: float = AITER_AMAX_FLOOR,
               semantics: QuantSemantics | str = QuantSemantics.FUSED, dtype=jnp.bfloat16):
     """The TP1 attention output ``[T, hidden]``: ``wo_a_wo_b_partial`` cast once to ``dtype``."""
-    y = wo_a_wo_b_partial(o, positions, cos_cache, sin_cache, wo_a_weight, wo_a_scale, wo_b_weight,
-                          wo_b_scale, num_groups, path=path, amax_floor=amax_floor,
-                          semantics=semantics)
+    y = wo_a_wo_b_partial(o, positions, cos_cache, sin_cache, wo_a_weight, wo_a_weight_scale,
+                          wo_b_weight, wo_b_weight_scale, num_groups, path=path,
+                          amax_floor=amax_floor, semantics=semantics)
     return y.astype(dtype)
 
 
@@ -227,16 +229,16 @@ def tp_shard(config: DSV4Config | str, tp: int, rank: int) -> TPShard:
     )
 
 
-def check_tp_weights(config: DSV4Config | str, wo_a_weight, wo_a_scale, wo_b_weight,
-                     wo_b_scale) -> None:
+def check_tp_weights(config: DSV4Config | str, wo_a_weight, wo_a_weight_scale, wo_b_weight,
+                     wo_b_weight_scale) -> None:
     """Require the full (TP1) tensors to have the shapes ``config`` implies."""
     cfg = get_config(config)
     b, gn = cfg.block_size, cfg.o_groups * cfg.o_lora_rank
     expect = {
         "wo_a weight": (wo_a_weight, (gn, cfg.group_in_features)),
-        "wo_a scale": (wo_a_scale, (-(-gn // b), cfg.group_in_features // b)),
+        "wo_a scale": (wo_a_weight_scale, (-(-gn // b), cfg.group_in_features // b)),
         "wo_b weight": (wo_b_weight, (cfg.hidden_size, gn)),
-        "wo_b scale": (wo_b_scale, (cfg.hidden_size // b, gn // b)),
+        "wo_b scale": (wo_b_weight_scale, (cfg.hidden_size // b, gn // b)),
     }
     for what, (t, shape) in expect.items():
         got = tuple(int(d) for d in t.shape)
@@ -244,13 +246,13 @@ def check_tp_weights(config: DSV4Config | str, wo_a_weight, wo_a_scale, wo_b_wei
             raise ValueError(f"{cfg.name}: {what} has shape {got}, expected {shape}")
 
 
-def shard_wo_a_wo_b(wo_a_weight, wo_a_scale, wo_b_weight, wo_b_scale, shard: TPShard):
+def shard_wo_a_wo_b(wo_a_weight, wo_a_weight_scale, wo_b_weight, wo_b_weight_scale, shard: TPShard):
     """One rank's ``(wo_a weight, wo_a scale, wo_b weight, wo_b scale)`` views of the full tensors.
 
     Uses only basic slicing, so it works on numpy, JAX and torch tensors (torch gives views).
     """
-    return (wo_a_weight[shard.wo_a_rows], wo_a_scale[shard.wo_a_scale_rows],
-            wo_b_weight[:, shard.wo_b_cols], wo_b_scale[:, shard.wo_b_scale_cols])
+    return (wo_a_weight[shard.wo_a_rows], wo_a_weight_scale[shard.wo_a_scale_rows],
+            wo_b_weight[:, shard.wo_b_cols], wo_b_weight_scale[:, shard.wo_b_scale_cols])
 
 
 def _shard_map():
@@ -296,7 +298,7 @@ def _tp_fn(mesh, axis: str, g_l: int, mode: ProjectionPath, amax_floor: float,
 
 
 def wo_a_wo_b_tp(mesh: jax.sharding.Mesh, o, positions, cos_cache, sin_cache, wo_a_weight,
-                 wo_a_scale, wo_b_weight, wo_b_scale, config: DSV4Config | str, *,
+                 wo_a_weight_scale, wo_b_weight, wo_b_weight_scale, config: DSV4Config | str, *,
                  axis: str = TP_AXIS, path: ProjectionPath | str = ProjectionPath.FP8,
                  amax_floor: float = AITER_AMAX_FLOOR,
                  semantics: QuantSemantics | str = QuantSemantics.FUSED, dtype=jnp.bfloat16):
@@ -312,7 +314,8 @@ def wo_a_wo_b_tp(mesh: jax.sharding.Mesh, o, positions, cos_cache, sin_cache, wo
       mesh: a mesh with an axis named ``axis``; its size is ``tp``.
       o: ``[T, H, Dh]`` bf16, all heads (global array).
       positions, cos_cache, sin_cache: as for ``wo_a_fp8``.
-      wo_a_weight, wo_a_scale, wo_b_weight, wo_b_scale: the full TP1 checkpoint tensors.
+      wo_a_weight, wo_a_weight_scale, wo_b_weight, wo_b_weight_scale: the full TP1 checkpoint
+        tensors.
       config: the model config (``o_groups``, shapes, block); validated against the tensors.
       axis, path, amax_floor, semantics, dtype: see ``wo_a_wo_b_partial`` / ``wo_a_wo_b``.
 
@@ -320,23 +323,24 @@ def wo_a_wo_b_tp(mesh: jax.sharding.Mesh, o, positions, cos_cache, sin_cache, wo
       ``[T, hidden]`` in ``dtype``, replicated over ``axis``.
     """
     cfg = get_config(config)
+    floor = checks.check_amax_floor(amax_floor)
     if axis not in mesh.shape:
         raise ValueError(f"mesh axes {tuple(mesh.shape)} have no axis named {axis!r}")
     tp = int(mesh.shape[axis])
     g_l = tp_shard(cfg, tp, 0).local.num_groups
-    check_tp_weights(cfg, wo_a_weight, wo_a_scale, wo_b_weight, wo_b_scale)
+    check_tp_weights(cfg, wo_a_weight, wo_a_weight_scale, wo_b_weight, wo_b_weight_scale)
     _, h, _ = checks.check_rank(o, 3, "o", "[T, H, Dh]")
     if h != cfg.num_heads:
         raise ValueError(f"o has {h} heads; {cfg.name} has num_heads={cfg.num_heads}")
     mode = as_enum(ProjectionPath, path, "path")
     if mode is ProjectionPath.FP8:
         # The lossless float -> E8M0 conversion inspects values on the host; do it before tracing.
-        if checks.dtype_name(wo_a_scale) in _FLOAT_SCALES:
-            wo_a_scale = e8m0_from_scale(wo_a_scale)
-        if checks.dtype_name(wo_b_scale) in _FLOAT_SCALES:
-            wo_b_scale = e8m0_from_scale(wo_b_scale)
+        if checks.dtype_name(wo_a_weight_scale) in checks._FLOAT_SCALES:
+            wo_a_weight_scale = e8m0_from_scale(wo_a_weight_scale)
+        if checks.dtype_name(wo_b_weight_scale) in checks._FLOAT_SCALES:
+            wo_b_weight_scale = e8m0_from_scale(wo_b_weight_scale)
 
-    fn = _tp_fn(mesh, axis, g_l, mode, float(amax_floor),
+    fn = _tp_fn(mesh, axis, g_l, mode, floor,
                 as_enum(QuantSemantics, semantics, "semantics"), np.dtype(dtype))
-    return fn(o, positions, cos_cache, sin_cache, wo_a_weight, wo_a_scale, wo_b_weight,
-              wo_b_scale)
+    return fn(o, positions, cos_cache, sin_cache, wo_a_weight, wo_a_weight_scale, wo_b_weight,
+              wo_b_weight_scale)

@@ -12,17 +12,28 @@ from .gemm import batched_gemm_a8w8_mxscale
 from .quant import e8m0_decode, e8m0_from_scale, inverse_rope_group_quant
 from .rope import inverse_rope, inverse_rope_float64
 
-_FLOAT_SCALES = ("float32", "float64", "float16", "bfloat16")
-
 
 def check_wo_a_weight(weight, weight_scale, num_groups: int) -> tuple[int, int, int]:
-    """Validate a checkpoint ``wo_a`` weight ``[G*N, K]`` and scale; return ``(N, K, block)``."""
+    """Validate a checkpoint ``wo_a`` weight's shapes and dtypes; return ``(N, K, block)``.
+
+    Only ``.shape`` and ``.dtype`` are read (works under ``jax.jit`` and on torch tensors);
+    ``checks.check_wo_a_weight_values`` inspects the values.
+
+    Args:
+      weight: ``[G * N, K]`` fp8.
+      weight_scale: ``[ceil(G * N / B), K / B]`` E8M0 bytes or float scales, B in {32, 128}.
+      num_groups: G.
+
+    Raises:
+      ValueError: a rank or shape does not fit, or G does not divide the rows.
+      TypeError: a dtype does not fit.
+    """
     rows, k = checks.check_rank(weight, 2, "weight", "[G * N, K]")
     checks.check_dtype(weight, ("float8_e4m3fn", "float8_e4m3fnuz"), "weight")
     if not isinstance(num_groups, int) or num_groups < 1 or rows % num_groups != 0:
         raise ValueError(f"weight rows {rows} are not divisible by num_groups={num_groups}")
     srows, scols = checks.check_rank(weight_scale, 2, "weight_scale", "[G * N / B, K / B]")
-    checks.check_dtype(weight_scale, ("float8_e8m0fnu", "uint8", *_FLOAT_SCALES), "weight_scale")
+    checks.check_dtype(weight_scale, checks._WEIGHT_SCALES, "weight_scale")
     if scols < 1 or k % scols != 0 or k // scols not in (32, 128):
         raise ValueError(
             f"weight_scale {(srows, scols)} does not tile weight {(rows, k)} in 128x128 or 32x32 "
@@ -38,7 +49,7 @@ def check_wo_a_weight(weight, weight_scale, num_groups: int) -> tuple[int, int, 
 
 
 def _weight_scale_f32(weight_scale):
-    if checks.dtype_name(weight_scale) in _FLOAT_SCALES:
+    if checks.dtype_name(weight_scale) in checks._FLOAT_SCALES:
         return jnp.asarray(weight_scale, jnp.float32)
     return e8m0_decode(weight_scale)
 
@@ -53,7 +64,7 @@ def _dequant_2d(weight, weight_scale, block: int):
 def _scale_bytes(weight_scale):
     """Weight scales as E8M0 ``uint8`` bytes: float scales through the lossless (host-side)
     ``e8m0_from_scale``, ``float8_e8m0fnu`` re-viewed."""
-    if checks.dtype_name(weight_scale) in _FLOAT_SCALES:
+    if checks.dtype_name(weight_scale) in checks._FLOAT_SCALES:
         weight_scale = e8m0_from_scale(weight_scale)
     ws = jnp.asarray(weight_scale)
     if checks.dtype_name(ws) == "float8_e8m0fnu":
@@ -90,63 +101,92 @@ def _group_view(o, num_groups: int):
     return o.reshape(s, num_groups, h * dh // num_groups)
 
 
-def wo_a_bf16(o, positions, cos_cache, sin_cache, weight_fp8, weight_scale, num_groups: int):
+def wo_a_bf16(o, positions, cos_cache, sin_cache, weight, weight_scale, num_groups: int):
     """The BF16 reference chain (vLLM ``rocm_inv_rope_einsum``; DeepSeek's own inference).
 
-    Inverse RoPE in fp32 rounded to bf16, exact BF16 dequantized weight, bf16 GEMM with fp32
-    accumulation, bf16 out. Use fp32 cos/sin to mirror upstream's BF16 path.
+    Inverse RoPE in fp32 rounded to bf16, the weight dequantized to bf16 (exact for E8M0 scales),
+    bf16 GEMM with fp32 accumulation, bf16 out. Upstream's BF16 path passes fp32 cos/sin. Float
+    scales need not be powers of two here.
 
     Args:
-      o: ``[S, H, Dh]`` bf16.
-      positions: ``[S]`` int32/int64.
-      cos_cache, sin_cache: ``[P, rd / 2]``.
-      weight_fp8: ``[G * N, K]`` fp8 checkpoint weight.
-      weight_scale: ``[G * N / B, K / B]`` E8M0 or uint8 bytes, or float scales.
-      num_groups: G.
+      o: ``[S, H, Dh]`` bf16 attention output of the rank's H heads (rope tail rotated).
+      positions: ``[S]`` int32/int64 token positions, clamped to ``[0, P - 1]``.
+      cos_cache, sin_cache: ``[P, rd / 2]`` bf16 or fp32 rope tables (``rope_cos_sin``).
+      weight: ``[G * N, K]`` fp8 checkpoint weight, groups stacked along rows, as stored.
+      weight_scale: ``[ceil(G * N / B), K / B]`` scales of its ``B x B`` blocks (B = 128, or 32
+        for V4.1) as stored: ``float8_e8m0fnu`` or ``uint8`` bytes, or float values.
+      num_groups: G; ``H * Dh`` must equal ``G * K``.
 
     Returns:
       ``[S, G, N]`` bf16.
+
+    Raises:
+      ValueError, TypeError: a shape, rank or dtype does not fit (the message says which).
     """
-    check_wo_a_weight(weight_fp8, weight_scale, num_groups)
-    _check_k(o, weight_fp8, num_groups)
+    check_wo_a_weight(weight, weight_scale, num_groups)
+    _check_k(o, weight, num_groups)
     x = inverse_rope(o, positions, cos_cache, sin_cache, out_dtype=jnp.bfloat16)
-    w = dequant_wo_a_weight(weight_fp8, weight_scale, num_groups, dtype=jnp.bfloat16)
+    w = dequant_wo_a_weight(weight, weight_scale, num_groups, dtype=jnp.bfloat16)
     y = jnp.einsum("sgk,gnk->sgn", _group_view(x, num_groups), w,
                    preferred_element_type=jnp.float32, precision=jax.lax.Precision.HIGHEST)
     return y.astype(jnp.bfloat16)
 
 
-def wo_a_fp8(o, positions, cos_cache, sin_cache, weight_fp8, weight_scale, num_groups: int, *,
+def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_groups: int, *,
              amax_floor: float = AITER_AMAX_FLOOR,
              semantics: QuantSemantics | str = QuantSemantics.FUSED, dtype=jnp.bfloat16):
-    """The FP8 chain: fused inverse RoPE + 1 x B E8M0 quant, then the block-scaled GEMM.
+    """The FP8 chain: ``inverse_rope_group_quant`` then ``batched_gemm_a8w8_mxscale``.
 
-    Same arguments as ``wo_a_bf16``; the activation group size B is the weight block (128, or 32
-    for V4.1) and the activation fp8 dtype is the weight's. AITER semantics: bf16 cos/sin,
-    ``amax_floor=1e-8``. Returns ``[S, G, N]`` in ``dtype``.
+    Takes the checkpoint's 2-D tensors exactly as ``wo_a_bf16`` does and views them as the GEMM's
+    ``w [G, N, K]`` and ``w_scale [G, N / B, K / B]`` (``wo_a_weight_e8m0``). The activation quant
+    group is the weight block B and the activation fp8 dtype is the weight's. AITER's semantics
+    are bf16 cos/sin and ``amax_floor=1e-8``.
+
+    Args:
+      o: ``[S, H, Dh]`` bf16 attention output of the rank's H heads (rope tail rotated).
+      positions: ``[S]`` int32/int64 token positions, clamped to ``[0, P - 1]``.
+      cos_cache, sin_cache: ``[P, rd / 2]`` bf16 or fp32 rope tables (``rope_cos_sin``).
+      weight: ``[G * N, K]`` fp8 checkpoint weight, groups stacked along rows, as stored.
+      weight_scale: ``[ceil(G * N / B), K / B]`` scales of its ``B x B`` blocks (B = 128, or 32
+        for V4.1) as stored: ``float8_e8m0fnu`` or ``uint8`` bytes, or float values.
+      num_groups: G; ``H * Dh`` must equal ``G * K``.
+      amax_floor: the quantizer's floor: 1e-8 (AITER) or 1e-10 (vLLM CUDA); finite and > 0.
+      semantics: ``"fused"`` (fp32 rotation straight into the quantizer) or ``"unfused"``.
+      dtype: output dtype, bf16 or fp32.
+
+    Returns:
+      ``[S, G, N]`` in ``dtype``.
+
+    Raises:
+      ValueError: a shape does not fit, ``amax_floor`` is not finite and > 0, ``N`` is not a
+        multiple of B, or a float scale is not an exact power of two (use ``wo_a_bf16``).
+      TypeError: a dtype does not fit.
     """
-    w, ws = wo_a_weight_e8m0(weight_fp8, weight_scale, num_groups)
-    _check_k(o, weight_fp8, num_groups)
-    block = weight_fp8.shape[1] // weight_scale.shape[1]
+    checks.check_amax_floor(amax_floor)
+    w, ws = wo_a_weight_e8m0(weight, weight_scale, num_groups)
+    _check_k(o, weight, num_groups)
+    block = weight.shape[1] // weight_scale.shape[1]
     x, xs = inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, block,
-                                     fp8_dtype=weight_fp8.dtype, amax_floor=amax_floor,
+                                     fp8_dtype=weight.dtype, amax_floor=amax_floor,
                                      semantics=semantics)
     return batched_gemm_a8w8_mxscale(x, w, xs, ws, dtype=dtype)
 
 
-def wo_a_truth(o, positions, cos_cache, sin_cache, weight_fp8, weight_scale,
+def wo_a_truth(o, positions, cos_cache, sin_cache, weight, weight_scale,
                num_groups: int) -> np.ndarray:
     """Exact math in numpy float64, no quantization or rounding: ``[S, G, N]`` float64.
+
+    Same arguments as ``wo_a_bf16``.
 
     This is the yardstick for error measurement (``relative_error(y, truth)``), not an oracle for
     bytes.
     """
-    n, k, block = check_wo_a_weight(weight_fp8, weight_scale, num_groups)
-    _check_k(o, weight_fp8, num_groups)
+    n, k, block = check_wo_a_weight(weight, weight_scale, num_groups)
+    _check_k(o, weight, num_groups)
     x = inverse_rope_float64(o, positions, cos_cache, sin_cache)
     s = np.asarray(_weight_scale_f32(weight_scale), np.float64)
     full = np.repeat(np.repeat(s, block, axis=0), block, axis=1)[: num_groups * n]
-    w = (np.asarray(jnp.asarray(weight_fp8).astype(jnp.float32), np.float64) * full)
+    w = (np.asarray(jnp.asarray(weight).astype(jnp.float32), np.float64) * full)
     w = w.reshape(num_groups, n, k)
     return np.einsum("sgk,gnk->sgn", _group_view(x, num_groups), w)
 

@@ -1,4 +1,4 @@
-"""The full wo_a chains on DeepSeek V4 shapes: FP8 vs BF16 vs float64 truth (NUMERICS 7, 8, 11)."""
+"""The full wo_a chains on DeepSeek V4 shapes: FP8 vs BF16 vs float64 truth (docs/NUMERICS.md 7)."""
 
 from __future__ import annotations
 
@@ -236,6 +236,19 @@ def test_chain_errors(small_case, change, exc, match):
         with pytest.raises(exc, match=match):
             f(o, pos, cos, sin, w2, ws2, g)
 
+
+@pytest.mark.parametrize("floor", [float("nan"), 0.0, -1e-8])
+def test_fp8_chain_rejects_a_bad_amax_floor(small_case, floor):
+    o, pos, (cos, sin), w, ws = small_case
+    with pytest.raises(ValueError, match="amax_floor must be a finite number > 0"):
+        wo_a_fp8(o, pos, cos, sin, w, ws, 2, amax_floor=floor)
+
+
+def test_chains_take_the_checkpoint_tensors_by_name(small_case):
+    o, pos, (cos, sin), w, ws = small_case
+    kw = {"weight": w, "weight_scale": ws, "num_groups": 2}
+    assert_bitwise_equal(wo_a_fp8(o, pos, cos, sin, **kw), wo_a_fp8(o, pos, cos, sin, w, ws, 2))
+    assert_bitwise_equal(wo_a_bf16(o, pos, cos, sin, **kw), wo_a_bf16(o, pos, cos, sin, w, ws, 2))
 
 
 def test_chain_rejects_o_of_the_wrong_rank(small_case):

@@ -1,4 +1,4 @@
-"""E8M0 scale rule (NUMERICS.md section 4), E8M0 decoding, the lossless weight-scale converter."""
+"""E8M0 scale rule (docs/NUMERICS.md 4), E8M0 decoding, the lossless weight-scale converter."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def _exact_bytes_vec(amax: np.ndarray, fp8_max: int) -> np.ndarray:
     return 127 + big_e - t + n
 
 
-# ------------------------------------------------------------------ NUMERICS section 4 table
+# ---------------------------------------------------------- docs/NUMERICS.md section 4 table
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Block-scaled FP8 batched GEMM reference (NUMERICS.md section 6)."""
+"""Block-scaled FP8 batched GEMM reference (docs/NUMERICS.md, "GEMM")."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from woa_jax import (
     batched_gemm_a8w8_mxscale,
     batched_gemm_float64,
     dequant_weight,
-    e8m0_scale,
     group_quant_e8m0,
+    quantize_weight_blocks,
 )
 from woa_jax.testing import TOLERANCES, assert_bitwise_equal, assert_close, relative_error
 
@@ -29,23 +29,13 @@ def _block_scaled_randn(rng, shape, block: int) -> np.ndarray:
     return x * np.exp2(e).astype(F32).repeat(block, -1).reshape(shape)
 
 
-def _quant_weight(w_real: np.ndarray, block: int, fp8_dtype):
-    """``[G, N, K]`` real weight to fp8 with one round-up E8M0 byte per ``block x block`` tile."""
-    g, n, k = w_real.shape
-    nb = -(-n // block)
-    pad = np.zeros((g, nb * block, k), F32)
-    pad[:, :n] = w_real
-    tiles = np.abs(pad).reshape(g, nb, block, k // block, block).max(axis=(2, 4))
-    _, b = e8m0_scale(tiles, fp8_dtype=fp8_dtype)
-    b = np.asarray(b)
-    inv = np.exp2(127.0 - b).astype(F32).repeat(block, 1).repeat(block, 2)[:, :n]
-    return (w_real * inv).astype(fp8_dtype), b
-
-
 def _make_case(rng, m, g, n, k, block, fp8_dtype=E4M3FN):
     x, xs = group_quant_e8m0(_block_scaled_randn(rng, (m, g, k), block), block,
                              fp8_dtype=fp8_dtype)
-    w, ws = _quant_weight(_block_scaled_randn(rng, (g, n, k), block), block, fp8_dtype)
+    per_group = [quantize_weight_blocks(wg, block=block, fp8_dtype=fp8_dtype)
+                 for wg in _block_scaled_randn(rng, (g, n, k), block)]
+    w = np.stack([q for q, _ in per_group])
+    ws = np.stack([sc for _, sc in per_group]).view(np.uint8)
     return np.asarray(x), np.asarray(xs).view(np.uint8), w, ws
 
 
@@ -186,3 +176,10 @@ def test_dequant_weight_rejects_a_scale_that_does_not_tile_w():
             dequant_weight(w, ws)
     with pytest.raises(ValueError, match=r"w_scale must be 3-D"):
         dequant_weight(w, np.zeros((2, 2), np.uint8))
+
+
+def test_float_weight_scales_point_to_the_lossless_converter():
+    x, w, xs, ws = _ops()
+    with pytest.raises(TypeError, match=r"w_scale must have dtype uint8 or float8_e8m0fnu, got "
+                                        r"float32; .* losslessly with woa_jax.e8m0_from_scale"):
+        batched_gemm_a8w8_mxscale(x, w, xs, ws.astype(F32))

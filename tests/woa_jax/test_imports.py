@@ -28,3 +28,15 @@ def test_woa_jax_never_imports_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().endswith("ok")
+
+
+def test_testing_stands_below_conformance():
+    """``woa_jax.testing`` imports nothing of the sweep; the sweep builds on it."""
+    code = (
+        "import sys, woa_jax.testing; assert 'woa_jax.conformance' not in sys.modules; "
+        "import woa_jax.conformance as c, woa_jax.testing as t; assert c.to_numpy is t.to_numpy; "
+        "print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "ok"

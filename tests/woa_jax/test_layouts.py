@@ -1,6 +1,6 @@
 """Activation scale layouts: row, AITER's mfma_tile / n32k4, released scale_shuffle.
 
-Addresses follow UPSTREAM_APIS.md section 1.
+Addresses follow AITER's scale layouts.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def test_scale_shape(layout, gs, s, g, ks, shape):
     assert scale_shape(s, g, ks, layout, gs) == shape
 
 
-# Addresses worked out by hand from the formulas in UPSTREAM_APIS.md section 1.
+# Addresses worked out by hand from AITER's layout formulas.
 @pytest.mark.parametrize(
     ("layout", "gs", "dims", "where", "addr"),
     [

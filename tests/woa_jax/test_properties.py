@@ -123,7 +123,7 @@ def test_inverse_undoes_forward(case):
 
 
 def _documented_address(s, g, k, layout, gs, num_g, s_pad, ks_pad, ks):
-    """UPSTREAM_APIS.md section 1 formulas, written out independently of woa_jax.layouts."""
+    """AITER's layout formulas, written out independently of woa_jax.layouts."""
     if layout == "row":
         return (s * num_g + g) * ks + k
     if layout == "n32k4":

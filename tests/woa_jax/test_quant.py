@@ -1,4 +1,4 @@
-"""1 x GS E8M0 group quantization and the fused inverse-RoPE + quant op (NUMERICS.md 3-5, 8)."""
+"""1 x GS E8M0 group quantization, the fused inverse-RoPE + quant op and the weight quantizer."""
 
 from __future__ import annotations
 
@@ -11,10 +11,13 @@ import pytest
 from woa_jax import (
     CUDA_AMAX_FLOOR,
     QuantSemantics,
+    dequant_wo_a_weight,
+    e8m0_scale,
     group_dequant_e8m0,
     group_quant_e8m0,
     inverse_rope,
     inverse_rope_group_quant,
+    quantize_weight_blocks,
 )
 from woa_jax._spec import fp8_max_reciprocal
 from woa_jax.testing import assert_bitwise_equal
@@ -231,3 +234,69 @@ def test_fused_op_errors(kwargs, exc, match):
     ng, gs = args.pop("num_groups"), args.pop("quant_group_size")
     with pytest.raises(exc, match=match):
         inverse_rope_group_quant(o, np.arange(3), cos, sin, ng, gs, **args)
+
+
+# ----------------------------------------------------------------------------- weight blocks
+
+
+@pytest.mark.parametrize("fp8_dtype", [E4M3FN, E4M3FNUZ])
+@pytest.mark.parametrize("block", [32, 128])
+def test_weight_blocks_use_the_activation_rule_per_tile(rng, fp8_dtype, block):
+    """Each tile's byte is ``e8m0_scale`` of its amax; the payload is RNE of ``w / scale``."""
+    rows, k = 2 * block + 5, 3 * block  # a ragged last row tile
+    w = rng.standard_normal((rows, k), dtype=F32) * F32(0.02)
+    q, s = quantize_weight_blocks(w, block=block, fp8_dtype=fp8_dtype)
+    assert q.dtype == np.dtype(fp8_dtype) and q.shape == (rows, k)
+    assert s.dtype == np.dtype(ml_dtypes.float8_e8m0fnu) and s.shape == (3, 3)
+    for r in range(3):
+        for c in range(3):
+            tile = w[r * block:(r + 1) * block, c * block:(c + 1) * block]
+            _, byte = e8m0_scale(np.abs(tile).max(), fp8_dtype=fp8_dtype)
+            assert _bytes(s)[r, c] == int(byte)
+            want = (tile * np.exp2(127.0 - int(byte)).astype(F32)).astype(fp8_dtype)
+            got = q[r * block:(r + 1) * block, c * block:(c + 1) * block]
+            assert_bitwise_equal(got, want, name=f"tile {r, c}")
+
+
+def test_weight_blocks_round_trip_through_dequant_exactly(rng, make_weight):
+    """fp8 values times one power of two per tile come back byte for byte."""
+    w, ws = make_weight(256, 512, 128, rng)
+    real = np.asarray(dequant_wo_a_weight(w, ws, 2, dtype=jnp.float32)).reshape(256, 512)
+    q, s = quantize_weight_blocks(real)
+    assert_bitwise_equal(dequant_wo_a_weight(q, s, 2, dtype=jnp.float32),
+                         dequant_wo_a_weight(w, ws, 2, dtype=jnp.float32))
+    assert np.abs(q.astype(F32)).max() <= 448
+
+
+def test_weight_blocks_zero_tile_and_ragged_k():
+    w = np.zeros((128, 160), F32)
+    w[0, 150] = 3.0
+    q, s = quantize_weight_blocks(w)
+    assert s.shape == (1, 2)
+    assert _bytes(s)[0, 0] == 92  # the amax floor, as an all-zero activation group
+    assert float(q[0, 150]) * 2.0 ** (int(_bytes(s)[0, 1]) - 127) == 3.0
+
+
+@pytest.mark.parametrize("w, kwargs, exc, match", [
+    (np.zeros((4, 128, 128), F32), {}, ValueError, r"w must be 2-D \[R, K\]"),
+    (np.zeros((128, 128), np.int32), {}, TypeError, "w must have dtype"),
+    (np.zeros((128, 128), F32), {"block": 96}, ValueError, "block must be 32, 64 or 128"),
+    (np.zeros((128, 128), F32), {"fp8_dtype": np.float16}, TypeError, "fp8_dtype"),
+    (np.full((128, 128), np.inf, F32), {}, ValueError, r"w: element \[0, 0\] = inf"),
+])
+def test_weight_blocks_errors(w, kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        quantize_weight_blocks(w, **kwargs)
+
+
+@pytest.mark.parametrize("floor", [float("nan"), 0.0, -1.0, float("inf"), "x", None])
+def test_every_quantizer_rejects_a_bad_amax_floor(floor, aiter_case):
+    o, pos, cos, sin = aiter_case
+    calls = [
+        lambda: e8m0_scale(np.ones(2, F32), amax_floor=floor),
+        lambda: group_quant_e8m0(np.ones((1, 128), F32), 128, amax_floor=floor),
+        lambda: inverse_rope_group_quant(o, pos, cos, sin, 2, 128, amax_floor=floor),
+    ]
+    for call in calls:
+        with pytest.raises(ValueError, match=r"amax_floor must be a finite number > 0, got"):
+            call()

@@ -1,4 +1,4 @@
-"""Inverse RoPE: lanes, pairing, sign, FMA-free fp32 arithmetic, positions (NUMERICS.md 2)."""
+"""Inverse RoPE: lanes, pairing, sign, FMA-free fp32 arithmetic, positions (docs/NUMERICS.md 2)."""
 
 from __future__ import annotations
 
