@@ -52,8 +52,6 @@ SCALE_KINDS = ("scale", "weight_scale_inv", "weight_scale")
 DTYPE_NAMES = {"F8_E4M3": "float8_e4m3fn", "F8_E8M0": "float8_e8m0fnu", "F8_E5M2": "float8_e5m2",
                "U8": "uint8", "BF16": "bfloat16", "F16": "float16", "F32": "float32",
                "F64": "float64", "I32": "int32", "I64": "int64"}
-#: Rows checked at a time for NaN/Inf (bounds the float32 copy to 16 MiB for K = 4096).
-_CHECK_ROWS = 1024
 
 
 class CheckpointError(ValueError):
@@ -64,7 +62,10 @@ class CheckpointError(ValueError):
 
 
 class NonFiniteTensorError(CheckpointError):
-    """A weight or scale holds NaN/Inf (or a float scale is not positive): corrupt data."""
+    """A weight or scale holds NaN/Inf (or a float scale is not positive): corrupt data.
+
+    The message names the file, the tensor, the first bad element and what was expected.
+    """
 
 
 @contextlib.contextmanager
@@ -148,35 +149,34 @@ def load_tensor(files: dict[str, pathlib.Path], name: str) -> torch.Tensor:
         return fh.get_tensor(name)
 
 
-def bad_values(t: torch.Tensor, *, positive: bool = False) -> str | None:
-    """What is wrong with the values of a checkpoint tensor, or ``None`` when nothing is.
+def check_wo_a_values(weight: torch.Tensor, scale: torch.Tensor | None, *,
+                      where: tuple[str, str | None]) -> None:
+    """Raise ``NonFiniteTensorError`` when a ``wo_a`` weight or its scale holds corrupt values.
 
-    NaN/Inf anywhere is wrong (fp8 NaN bytes, E8M0 byte 255 included; ``uint8`` tensors are
-    E8M0 scale bytes); with ``positive`` (scales, which multiply the weight) so is a zero or
-    negative value.
+    An fp8 weight with a scale is checked by ``woa_jax.checks.check_wo_a_weight_values`` (NaN
+    fp8 bytes, the E8M0 NaN byte, NaN/Inf/non-positive float scales); an unquantized float weight
+    must be finite. Such data has no right answer on any path, so it is an error, not a fallback.
 
-    Returns:
-      e.g. ``"2 NaN/Inf values (first at [3, 17])"``.
+    Args:
+      weight: ``[R, K]`` as read from the checkpoint.
+      scale: its block scale, or ``None``.
+      where: how to name the weight and the scale in the message (file and tensor name).
     """
-    if t.dtype == torch.uint8:
-        t = t.view(torch.float8_e8m0fnu)
-    count, first = 0, None
-    rows = t.reshape(-1, t.shape[-1]) if t.dim() > 1 else t.reshape(1, -1)
-    what = "NaN/Inf" + (" or non-positive" if positive else "")
-    for r0 in range(0, rows.shape[0], _CHECK_ROWS):
-        chunk = rows[r0:r0 + _CHECK_ROWS].to(torch.float32)
-        bad = ~torch.isfinite(chunk)
-        if positive:
-            bad |= chunk <= 0
-        n = int(bad.sum())
-        if n and first is None:
-            flat = r0 * rows.shape[1] + int(bad.flatten().nonzero()[0])
-            first = list(torch.unravel_index(torch.tensor(flat), tuple(t.shape)))
-        count += n
-    if not count:
-        return None
-    where = ", ".join(str(int(i)) for i in first)
-    return f"{count} {what} value{'s' if count > 1 else ''} (first at [{where}])"
+    from woa_jax import checks
+
+    try:
+        if scale is not None and weight.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
+            checks.check_wo_a_weight_values(weight, scale)
+        elif scale is None and weight.is_floating_point() and weight.element_size() > 1:
+            bad = ~torch.isfinite(weight)
+            if bool(bad.any()):
+                idx = [int(i) for i in bad.nonzero()[0]]
+                raise ValueError(f"weight: element {idx} = {float(weight[tuple(idx)])!r}; "
+                                 "expected finite values, so the checkpoint is corrupt")
+    except ValueError as e:
+        what, _, why = str(e).partition(": ")
+        name = where[1] if what == "weight_scale" and where[1] else where[0]
+        raise NonFiniteTensorError(f"{name}: {why}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,11 +291,8 @@ def read_wo_a(path: str | pathlib.Path, layer: int, *, tp_rank: int = 0, tp_size
                     f"{block}-row scale blocks"
                 )
             scale = sslice[r0 // block:-(-r1 // block)]
-    for name, t, positive in ((wname, weight, False), (sname, scale, True)):
-        problem = None if t is None else bad_values(t, positive=positive)
-        if problem:
-            raise NonFiniteTensorError(f"{files[name]}: {name} holds {problem}; the checkpoint "
-                                       "is corrupt")
+    check_wo_a_values(weight, scale, where=(f"{files[wname]}: {wname}",
+                                            sname and f"{files[sname]}: {sname}"))
     return WoATensors(weight=weight, scale=scale, num_groups=g, local_groups=g_l,
                       weight_name=wname, scale_name=sname)
 

@@ -95,8 +95,8 @@ def test_inspect_reports_nan_and_inf_as_corrupt(woa, reads_well, checkpoint):
     assert proc.returncode == 4, proc.stdout + proc.stderr
     reads_well(proc.stdout)
     text = " ".join(proc.stdout.split())
-    assert "corrupt: scale holds 1 NaN/Inf or non-positive value (first at [0, 1])" in text
-    assert "corrupt: weight holds 1 NaN/Inf value (first at [3, 4])" in text
+    assert "corrupt: scale: element [0, 1] = inf; expected finite scales > 0" in text
+    assert "corrupt: weight: element [3, 4] is NaN (fp8 byte 0x7f)" in text
     assert ("CORRUPT: 2 layer(s) hold NaN/Inf in weight or scales: layers.0.attn.wo_a, "
             "layers.1.attn.wo_a") in text
     report = json.loads(woa("inspect", checkpoint / "bad", "--json").stdout)

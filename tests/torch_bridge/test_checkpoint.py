@@ -230,8 +230,8 @@ def test_config_json_that_is_not_json(tmp_path, layer):
 
 
 @pytest.mark.parametrize("tensor, value, problem", [
-    ("weight", 0x7F, "1 NaN/Inf value (first at [5, 9])"),
-    ("scale", 0xFF, "1 NaN/Inf or non-positive value (first at [1, 0])"),
+    ("weight", 0x7F, "element [5, 9] is NaN (fp8 byte 0x7f)"),
+    ("scale", 0xFF, "element [1, 0] is the E8M0 NaN byte 255"),
 ])
 def test_nan_in_weight_or_scale_is_a_corrupt_checkpoint(tmp_path, layer, tensor, value, problem):
     w, sc = (t.clone() for t in layer)
@@ -239,7 +239,8 @@ def test_nan_in_weight_or_scale_is_a_corrupt_checkpoint(tmp_path, layer, tensor,
     t.view(torch.uint8)[(5, 9) if tensor == "weight" else (1, 0)] = value
     checkpoint.save_wo_a_layer(tmp_path, 3, w, sc)
     with pytest.raises(checkpoint.NonFiniteTensorError,
-                       match=rf"layers\.3\.attn\.wo_a\.{tensor} holds {re.escape(problem)}"):
+                       match=rf"model\.safetensors: layers\.3\.attn\.wo_a\.{tensor}: "
+                             rf"{re.escape(problem)}.*checkpoint is corrupt"):
         _load(tmp_path)
 
 
@@ -249,9 +250,18 @@ def test_float_scales_must_be_positive_and_finite(tmp_path, layer, bad):
     f32 = torch.exp2(sc.view(torch.uint8).float() - 127)
     f32[0, 1] = bad
     checkpoint.save_wo_a_layer(tmp_path, 3, w, f32)
-    with pytest.raises(checkpoint.NonFiniteTensorError, match=r"scale holds 1 NaN/Inf or "
-                                                              r"non-positive value \(first at "
-                                                              r"\[0, 1\]\)"):
+    with pytest.raises(checkpoint.NonFiniteTensorError,
+                       match=rf"wo_a\.scale: element \[0, 1\] = {re.escape(repr(bad))}; "
+                             "expected finite scales > 0"):
+        tb.read_wo_a(tmp_path, 3, num_groups=G)
+
+
+def test_unquantized_weight_must_be_finite(tmp_path):
+    w = torch.zeros(G * N, K, dtype=torch.bfloat16)
+    w[2, 3] = float("inf")
+    checkpoint.save_wo_a_layer(tmp_path, 3, w, None)
+    with pytest.raises(checkpoint.NonFiniteTensorError,
+                       match=r"wo_a\.weight: element \[2, 3\] = inf; expected finite values"):
         tb.read_wo_a(tmp_path, 3, num_groups=G)
 
 

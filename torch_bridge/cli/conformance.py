@@ -52,7 +52,7 @@ def load_target(spec: str) -> Callable:
     return fn
 
 
-def _to_device(a, device: str):
+def numpy_to_torch(a, device: str = "cpu"):
     """numpy (ml_dtypes bf16/fp8 included) to a torch tensor on ``device``, bytes unchanged."""
     import jax
 
@@ -68,12 +68,12 @@ def torch_adapter(fn: Callable, op: str, device: str) -> Callable:
     """
     if op == _QUANT:
         def quant(o, positions, cos_cache, sin_cache, num_groups, quant_group_size):
-            t = [_to_device(a, device) for a in (o, positions, cos_cache, sin_cache)]
+            t = [numpy_to_torch(a, device) for a in (o, positions, cos_cache, sin_cache)]
             return fn(*t, num_groups, quant_group_size)
         return quant
 
     def gemm(x, w, x_scale, w_scale):
-        return fn(*(_to_device(a, device) for a in (x, w, x_scale, w_scale)))
+        return fn(*(numpy_to_torch(a, device) for a in (x, w, x_scale, w_scale)))
     return gemm
 
 

@@ -146,14 +146,14 @@ def _judge(entry: dict[str, Any], files: dict, tp: int | None) -> None:
     from .. import checkpoint
 
     stem, sname = entry["name"], entry["scale_name"]
-    problems = []
-    for name, positive in ((stem + ".weight", False), (sname, True)):
-        if name is not None:
-            bad = checkpoint.bad_values(checkpoint.load_tensor(files, name), positive=positive)
-            if bad:
-                problems.append(f"{name.rsplit('.', 1)[-1]} holds {bad}")
-    entry["corrupt"] = "; ".join(problems) or None
-    if problems:
+    try:
+        checkpoint.check_wo_a_values(
+            checkpoint.load_tensor(files, stem + ".weight"),
+            checkpoint.load_tensor(files, sname) if sname else None, where=("weight", "scale"))
+        entry["corrupt"] = None
+    except checkpoint.NonFiniteTensorError as e:
+        entry["corrupt"] = str(e)
+    if entry["corrupt"]:
         entry.update(eligible=False, block=None, scale_format=entry["scale_dtype"] or "missing",
                      reason="corrupt: " + entry["corrupt"])
     elif entry["groups"] is None:
@@ -169,7 +169,7 @@ def _judge(entry: dict[str, Any], files: dict, tp: int | None) -> None:
 
         entry.update(fp8_eligibility(entry["weight_dtype"], tuple(entry["weight_shape"]),
                                      entry["scale_dtype"],
-                                     tuple(entry["scale_shape"] or ()) or None,
+                                     tuple(entry["scale_shape"]) if entry["scale_shape"] else None,
                                      num_groups=entry["groups"], tp=tp, load_scale=load_scale))
 
 

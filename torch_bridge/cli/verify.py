@@ -58,32 +58,22 @@ def _attention_outputs(rng, tokens: int, heads: int, positions, cos32, sin32, *,
 
 def embedded_checkpoint(directory: pathlib.Path, cfg, layer: int, seed: int, *,
                         layer_kind: str = "compress") -> None:
-    """Write a seeded ``wo_a`` layer of ``cfg``'s full shape, quantized as checkpoints are.
+    """Write the seeded full-size ``wo_a`` layer of ``woa_jax.example_inputs`` as a checkpoint.
 
-    Real-valued weights ``~ N(0, 0.02)``, with block magnitudes spread over 2^-2..2^2 as trained
-    weights have, are cut into ``cfg.block_size`` blocks; each block gets the round-up E8M0 scale
-    of its amax and an e4m3fn payload. Written as F8_E4M3 + F8_E8M0 tensors named
+    The weight is real-valued, quantized into ``cfg.block_size`` tiles as checkpoints are
+    (``woa_jax.quantize_weight_blocks``), and written as F8_E4M3 + F8_E8M0 tensors named
     ``layers.{layer}.attn.wo_a.{weight,scale}``, with a ``config.json`` that gives the layer's
     RoPE kind, so ``WoAProjection.from_checkpoint(directory, layer)`` needs nothing else.
     """
-    import numpy as np
-    import torch
-
     import woa_jax
 
     from ..checkpoint import save_wo_a_layer
+    from .conformance import numpy_to_torch
 
-    rows, k, b = cfg.o_groups * cfg.o_lora_rank, cfg.group_in_features, cfg.block_size
-    gen = torch.Generator().manual_seed(seed)
-    w = torch.randn(rows, k, generator=gen) * 0.02
-    w *= torch.exp2(torch.randint(-2, 3, (rows // b, 1, k // b, 1), generator=gen)).expand(
-        -1, b, -1, b).reshape(rows, k)
-    blocks = w.reshape(rows // b, b, k // b, b)
-    _, byte = woa_jax.e8m0_scale(blocks.abs().amax(dim=(1, 3)).numpy())
-    scale = torch.from_numpy(np.array(byte))  # uint8 [rows / b, k / b]
-    inv = torch.exp2(127.0 - scale.to(torch.float32))[:, None, :, None]
-    payload = (blocks * inv).reshape(rows, k).to(torch.float8_e4m3fn)
-    save_wo_a_layer(directory, layer, payload, scale.view(torch.float8_e8m0fnu))
+    full = woa_jax.example_inputs(config=cfg, tokens=1, tp_size=1, seed=seed, max_position=1,
+                                  keys=1)
+    save_wo_a_layer(directory, layer, numpy_to_torch(full.weight),
+                    numpy_to_torch(full.weight_scale))
     ratios = [0] * max(cfg.num_layers, layer + 1)
     ratios[layer] = _COMPRESS_RATIO if layer_kind == "compress" else 0
     (directory / "config.json").write_text(json.dumps(
