@@ -78,6 +78,7 @@ def torch_adapter(fn: Callable, op: str, device: str) -> Callable:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run ``woa conformance``: the report as text or JSON; returns the ``ExitCode``."""
     output.check_json_dest(args.json)
     from woa_jax import conformance
 
@@ -129,9 +130,10 @@ def _print_conformance(report, seconds: float, *, verbose: bool) -> None:
     if quant:
         floor = " amax floor: " + (f"{report.amax_floor:g}." if report.amax_floor is not None
                                    else "not determined.")
+    legend = ("scale = / fp8 =: bytes equal to the oracle's; floor: the amax floors the case's "
+              "bytes match." if quant else "vs fp32 ref: relative error against the fp32 GEMM.")
     caption = (f"{len(report.cases) - len(report.failures)} of {len(report.cases)} cases "
-               f"conform.{floor} {seconds:.1f} s. scale = / fp8 =: bytes equal to the oracle's; "
-               "floor: the amax floors the case's bytes match; vs fp32 ref: relative error.")
+               f"conform.{floor} {seconds:.1f} s. {legend}")
     output.print_table(f"woa conformance: {report.impl} ({report.op})", columns, rows,
                        right=right, notes=[caption, *(f"problem: {p}" for p in report.problems)])
     print()
@@ -139,6 +141,7 @@ def _print_conformance(report, seconds: float, *, verbose: bool) -> None:
 
 
 def add_parser(sub) -> None:
+    """Register ``woa conformance`` with the subcommand parsers ``sub``."""
     c = sub.add_parser("conformance", help="check another implementation against the oracle",
                        description="Import MODULE:FUNCTION, an implementation with AITER's "
                        "signature of inverse_rope_group_quant or batched_gemm_a8w8_mxscale "

@@ -174,6 +174,7 @@ def _judge(entry: dict[str, Any], files: dict, tp: int | None) -> None:
 
 
 def add_parser(sub) -> None:
+    """Register ``woa inspect`` with the subcommand parsers ``sub``."""
     i = sub.add_parser("inspect", help="a checkpoint's wo_a layers and their FP8 eligibility",
                        description="Read a checkpoint (safetensors file, or directory with "
                        "shards and index) and report every wo_a: shapes, dtypes, block size, "
@@ -193,6 +194,7 @@ def _cell(shape: list[int] | None, dtype: str | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run ``woa inspect``: the report as text or JSON; returns the ``ExitCode``."""
     output.check_json_dest(args.json)
     if args.tp is not None and args.tp < 1:
         raise UsageError(f"--tp must be a positive integer, got {args.tp}")

@@ -72,6 +72,7 @@ def check_environment() -> dict[str, str]:
 
 
 def add_parser(sub) -> None:
+    """Register ``woa probe`` with the subcommand parsers ``sub``."""
     p = sub.add_parser("probe", help="which backend runs here, and why not",
                        description="Each backend per op: can it run here, and the reason. "
                        "Exit 2 when a WOA_* variable holds a value the library rejects.")
@@ -82,6 +83,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run ``woa probe``: the report as text or JSON; returns the ``ExitCode``."""
     output.check_json_dest(args.json)
     env = check_environment()
     import torch_bridge

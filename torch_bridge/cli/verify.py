@@ -401,6 +401,7 @@ def _label(r: dict[str, Any]) -> str:
 
 
 def add_parser(sub) -> None:
+    """Register ``woa verify`` with the subcommand parsers ``sub``."""
     v = sub.add_parser(
         "verify", help="cross-framework correctness report (no arguments needed)",
         description="Run the FP8 wo_a chain on every backend that runs here, in torch and JAX, "
@@ -430,6 +431,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run ``woa verify``: the report as text or JSON; returns the ``ExitCode``."""
     output.check_json_dest(args.json)
     payload = run_verify(args)
     output.write_json(args.json, payload)
