@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 
 import pytest
 import torch
@@ -42,6 +44,10 @@ def test_default_run_passes_keeps_its_checkpoint_and_reads_well(woa, reads_well,
     # The kept checkpoint: said where, and usable as said.
     assert "checkpoint kept in kept: woa inspect kept" in " ".join(out.split())
     assert "WoAProjection.from_checkpoint('kept', layer=0)" in " ".join(out.split())
+    umask = os.umask(0)
+    os.umask(umask)
+    for f in (tmp_path / "kept").iterdir():  # the shard like the config: 0o666 less the umask
+        assert stat.S_IMODE(f.stat().st_mode) == 0o666 & ~umask, f
     proj = WoAProjection.from_checkpoint(tmp_path / "kept", layer=0, max_positions=16)
     assert (proj.num_groups, proj.n, proj.k) == (8, 1024, 4096)
     inspected = woa("inspect", "kept", cwd=tmp_path)
