@@ -164,16 +164,15 @@ def check_amax_floor(amax_floor) -> float:
     ok = isinstance(amax_floor, numbers.Real) and not isinstance(amax_floor, bool)
     if not (ok and math.isfinite(amax_floor) and amax_floor > 0):
         raise ValueError(f"amax_floor must be a finite number > 0, got {amax_floor!r}")
-    value = float(amax_floor)
-    return value
-
+    return float(amax_floor)
 
 
 def _first_bad(bad: np.ndarray) -> tuple[int, ...]:
     return tuple(int(i) for i in np.argwhere(bad)[0])
 
 
-def check_wo_a_weight_values(weight, weight_scale, *, require_e8m0: bool = False) -> None:
+def check_wo_a_weight_values(weight, weight_scale, *, require_e8m0: bool = False,
+                             names: tuple[str, str] = ("weight", "weight_scale")) -> None:
     """Raise ``ValueError`` naming the first corrupt element of a checkpoint weight or its scale.
 
     Corrupt means: a NaN fp8 byte in ``weight`` (0x7F/0xFF in e4m3fn, 0x80 in e4m3fnuz; neither
@@ -185,19 +184,22 @@ def check_wo_a_weight_values(weight, weight_scale, *, require_e8m0: bool = False
       weight_scale: its block scales: ``float8_e8m0fnu``/``uint8`` bytes or float values.
       require_e8m0: also require every float scale to be an exact power of two in the E8M0
         range, which the FP8 path needs; without it such scales are valid for the BF16 path.
+      names: how errors name the two tensors, e.g. their checkpoint keys
+        (``("layers.0.attn.wo_a.weight", "layers.0.attn.wo_a.scale")``).
 
     Raises:
       ValueError: the tensor, the first bad element's index and value, and what was expected.
     """
-    check_dtype(weight, _FP8, "weight")
-    scale_dtype = check_dtype(weight_scale, _WEIGHT_SCALES, "weight_scale")
+    w_name, s_name = names
+    check_dtype(weight, _FP8, w_name)
+    scale_dtype = check_dtype(weight_scale, _WEIGHT_SCALES, s_name)
     w = to_numpy(weight)
     w_bytes = w.view(np.uint8)
     nan = w_bytes == 0x80 if w.dtype.name == "float8_e4m3fnuz" else (w_bytes & 0x7F) == 0x7F
     if nan.any():
         idx = _first_bad(nan)
         raise ValueError(
-            f"weight: element {list(idx)} is NaN (fp8 byte 0x{int(w_bytes[idx]):02x}); expected "
+            f"{w_name}: element {list(idx)} is NaN (fp8 byte 0x{int(w_bytes[idx]):02x}); expected "
             "finite fp8 values, so the checkpoint is corrupt"
         )
     scale = to_numpy(weight_scale)
@@ -205,7 +207,7 @@ def check_wo_a_weight_values(weight, weight_scale, *, require_e8m0: bool = False
         bad = scale.view(np.uint8) == E8M0_NAN
         if bad.any():
             raise ValueError(
-                f"weight_scale: element {list(_first_bad(bad))} is the E8M0 NaN byte 255; "
+                f"{s_name}: element {list(_first_bad(bad))} is the E8M0 NaN byte 255; "
                 "expected bytes 0..254, so the checkpoint is corrupt"
             )
         return
@@ -214,15 +216,15 @@ def check_wo_a_weight_values(weight, weight_scale, *, require_e8m0: bool = False
     if bad.any():
         idx = _first_bad(bad)
         raise ValueError(
-            f"weight_scale: element {list(idx)} = {float(f[idx])!r}; expected finite scales > 0, "
+            f"{s_name}: element {list(idx)} = {float(f[idx])!r}; expected finite scales > 0, "
             "so the checkpoint is corrupt"
         )
     if require_e8m0:
-        byte, ok = e8m0_bytes_of_floats(f)
+        _, ok = e8m0_bytes_of_floats(f)
         if not ok.all():
             idx = _first_bad(~ok)
             raise ValueError(
-                f"weight_scale: element {list(idx)} = {float(f[idx])!r} is not a power of two "
+                f"{s_name}: element {list(idx)} = {float(f[idx])!r} is not a power of two "
                 "in the E8M0 range [2**-127, 2**127]; the FP8 path needs E8M0 scales (the BF16 "
                 "path takes this checkpoint)"
             )

@@ -9,7 +9,7 @@ import ml_dtypes
 import numpy as np
 
 from ._spec import RopeKind
-from .config import get_config, local_shapes, rope_cos_sin
+from .config import DSV4Config, get_config, local_shapes, rope_cos_sin
 from .quant import quantize_weight_blocks
 from .rope import forward_rope
 
@@ -67,7 +67,7 @@ def _group_weight(seed: int, group: int, n: int, k: int, block: int) -> np.ndarr
     return w * spread.repeat(block, 0).repeat(block, 1)[:n, :k]
 
 
-def example_inputs(*, config: str = "v4-flash", tokens: int = 4, tp_size: int = 8,
+def example_inputs(*, config: str | DSV4Config = "v4-flash", tokens: int = 4, tp_size: int = 8,
                    tp_rank: int = 0, seed: int = 0, layer_kind: RopeKind | str = "compress",
                    max_position: int = 4096, rope_dtype=jnp.bfloat16,
                    fp8_dtype=ml_dtypes.float8_e4m3fn, keys: int = 64) -> WoAInputs:

@@ -80,3 +80,20 @@ def test_value_check_rejects_wrong_dtypes():
         checks.check_wo_a_weight_values(np.zeros((4, 256), np.float32), np.ones((1, 2)))
     with pytest.raises(TypeError, match="weight_scale must have dtype"):
         checks.check_wo_a_weight_values(_weight(), np.ones((1, 2), np.int32))
+
+
+def test_errors_use_the_given_tensor_names():
+    names = ("layers.3.attn.wo_a.weight", "layers.3.attn.wo_a.scale")
+    scale = np.array([[1.0, float("nan")]], np.float32)
+    with pytest.raises(ValueError, match=r"^layers\.3\.attn\.wo_a\.scale: element \[0, 1\] = nan"):
+        checks.check_wo_a_weight_values(_weight(), scale, names=names)
+    with pytest.raises(TypeError, match=r"^layers\.3\.attn\.wo_a\.weight must have dtype"):
+        checks.check_wo_a_weight_values(np.zeros((4, 256), np.float32), scale, names=names)
+
+
+def test_torch_tensors_are_read_through_their_bytes():
+    torch = pytest.importorskip("torch")
+    w = torch.full((4, 256), 0.5).to(torch.float8_e4m3fn)
+    w.view(torch.uint8)[1, 7] = 0x7F
+    with pytest.raises(ValueError, match=r"weight: element \[1, 7\] is NaN"):
+        checks.check_wo_a_weight_values(w, torch.full((1, 2), 127, dtype=torch.uint8))
