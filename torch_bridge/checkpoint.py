@@ -166,17 +166,15 @@ def check_wo_a_values(weight: torch.Tensor, scale: torch.Tensor | None, *,
 
     try:
         if scale is not None and weight.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
-            checks.check_wo_a_weight_values(weight, scale)
+            checks.check_wo_a_weight_values(weight, scale, names=(where[0], where[1] or "scale"))
         elif scale is None and weight.is_floating_point() and weight.element_size() > 1:
             bad = ~torch.isfinite(weight)
             if bool(bad.any()):
                 idx = [int(i) for i in bad.nonzero()[0]]
-                raise ValueError(f"weight: element {idx} = {float(weight[tuple(idx)])!r}; "
+                raise ValueError(f"{where[0]}: element {idx} = {float(weight[tuple(idx)])!r}; "
                                  "expected finite values, so the checkpoint is corrupt")
     except ValueError as e:
-        what, _, why = str(e).partition(": ")
-        name = where[1] if what == "weight_scale" and where[1] else where[0]
-        raise NonFiniteTensorError(f"{name}: {why}") from None
+        raise NonFiniteTensorError(str(e)) from None
 
 
 @dataclasses.dataclass(frozen=True)
