@@ -1,6 +1,6 @@
 """Read (and write, for tests and ``woa verify``) the ``wo_a`` tensors of safetensors checkpoints.
 
-Names understood (NUMERICS.md section 10):
+Names understood:
 
 * DeepSeek native: ``layers.{i}.attn.wo_a.weight`` and ``layers.{i}.attn.wo_a.scale``;
 * vLLM / HF: ``model.layers.{i}.self_attn.wo_a.weight`` with ``weight_scale_inv`` (block FP8) or
@@ -14,14 +14,21 @@ directory whose ``*.safetensors`` files are all scanned.
 Tensor parallelism slices whole groups: rank ``r`` of ``tp`` keeps output rows
 ``[r * G_l * N, (r + 1) * G_l * N)`` of the ``[G * N, K]`` weight (``G_l = G / tp``) and the
 matching whole scale rows. ``G % tp != 0`` is an error, never a truncation.
+
+A file that is not readable safetensors, an index or ``config.json`` that is not valid JSON, and
+a ``wo_a`` tensor holding NaN/Inf raise ``CheckpointError`` (a ``ValueError``) naming the file and
+tensor, so bad data is never mistaken for a backend fault or hidden by a fallback.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
 import pathlib
 import re
+from collections.abc import Iterator
 from typing import Literal
 
 import torch
@@ -41,6 +48,50 @@ _NAMES = {
 }
 #: Scale tensor suffixes in order of preference (DeepSeek, then vLLM / ModelOpt names).
 SCALE_KINDS = ("scale", "weight_scale_inv", "weight_scale")
+#: safetensors dtype tags -> torch / ``woa_jax.checks`` dtype names.
+DTYPE_NAMES = {"F8_E4M3": "float8_e4m3fn", "F8_E8M0": "float8_e8m0fnu", "F8_E5M2": "float8_e5m2",
+               "U8": "uint8", "BF16": "bfloat16", "F16": "float16", "F32": "float32",
+               "F64": "float64", "I32": "int32", "I64": "int64"}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file cannot be read, or a ``wo_a`` tensor in it holds impossible values.
+
+    The message names the file (and the tensor and first bad element where there is one).
+    """
+
+
+class NonFiniteTensorError(CheckpointError):
+    """A weight or scale holds NaN/Inf (or a float scale is not positive): corrupt data.
+
+    The message names the file, the tensor, the first bad element and what was expected.
+    """
+
+
+@contextlib.contextmanager
+def open_shard(file: str | pathlib.Path) -> Iterator:
+    """``safetensors.safe_open`` of one shard, with ``CheckpointError`` for unreadable files."""
+    from safetensors import SafetensorError, safe_open
+
+    file = pathlib.Path(file)
+    if not file.is_file():
+        raise CheckpointError(f"{file}: shard file does not exist")
+    try:
+        fh = safe_open(str(file), framework="pt")
+    except SafetensorError as e:
+        raise CheckpointError(f"{file}: not a readable safetensors file ({e})") from None
+    with fh:
+        yield fh
+
+
+def _read_json(file: pathlib.Path) -> dict:
+    try:
+        data = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{file}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{file}: expected a JSON object, got {type(data).__name__}")
+    return data
 
 
 def projection_names(layer: int, proj: Projection = "wo_a",
@@ -61,16 +112,16 @@ def wo_a_names(layer: int, naming: Naming = "deepseek") -> tuple[str, str]:
 
 def tensor_files(path: str | pathlib.Path) -> dict[str, pathlib.Path]:
     """Map every tensor name of a checkpoint to the shard file holding it."""
-    from safetensors import safe_open
-
     p = pathlib.Path(path)
     if p.is_file():
         files = [p]
     elif (p / INDEX_FILE).is_file():
-        index = json.loads((p / INDEX_FILE).read_text())
-        if not isinstance(index.get("weight_map"), dict):
-            raise ValueError(f"{p / INDEX_FILE} has no 'weight_map' object")
-        return {name: p / fname for name, fname in index["weight_map"].items()}
+        weight_map = _read_json(p / INDEX_FILE).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(
+                isinstance(v, str) for v in weight_map.values()):
+            raise CheckpointError(f"{p / INDEX_FILE}: no 'weight_map' object of tensor name -> "
+                                  "shard file name")
+        return {name: p / fname for name, fname in weight_map.items()}
     elif p.is_dir():
         files = sorted(p.glob("*.safetensors"))
         if not files:
@@ -79,9 +130,51 @@ def tensor_files(path: str | pathlib.Path) -> dict[str, pathlib.Path]:
         raise FileNotFoundError(f"checkpoint {p} does not exist")
     out: dict[str, pathlib.Path] = {}
     for f in files:
-        with safe_open(str(f), framework="pt") as fh:
+        with open_shard(f) as fh:
             out.update(dict.fromkeys(fh.keys(), f))
     return out
+
+
+def tensor_info(files: dict[str, pathlib.Path], name: str) -> tuple[str, tuple[int, ...]]:
+    """``(dtype name, shape)`` of tensor ``name`` without reading its data."""
+    with open_shard(files[name]) as fh:
+        sl = fh.get_slice(name)
+        tag = sl.get_dtype()
+        return DTYPE_NAMES.get(tag, tag), tuple(int(d) for d in sl.get_shape())
+
+
+def load_tensor(files: dict[str, pathlib.Path], name: str) -> torch.Tensor:
+    """Tensor ``name`` on the CPU."""
+    with open_shard(files[name]) as fh:
+        return fh.get_tensor(name)
+
+
+def check_wo_a_values(weight: torch.Tensor, scale: torch.Tensor | None, *,
+                      where: tuple[str, str | None]) -> None:
+    """Raise ``NonFiniteTensorError`` when a ``wo_a`` weight or its scale holds corrupt values.
+
+    An fp8 weight with a scale is checked by ``woa_jax.checks.check_wo_a_weight_values`` (NaN
+    fp8 bytes, the E8M0 NaN byte, NaN/Inf/non-positive float scales); an unquantized float weight
+    must be finite. Such data has no right answer on any path, so it is an error, not a fallback.
+
+    Args:
+      weight: ``[R, K]`` as read from the checkpoint.
+      scale: its block scale, or ``None``.
+      where: how to name the weight and the scale in the message (file and tensor name).
+    """
+    from woa_jax import checks
+
+    try:
+        if scale is not None and weight.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
+            checks.check_wo_a_weight_values(weight, scale, names=(where[0], where[1] or "scale"))
+        elif scale is None and weight.is_floating_point() and weight.element_size() > 1:
+            bad = ~torch.isfinite(weight)
+            if bool(bad.any()):
+                idx = [int(i) for i in bad.nonzero()[0]]
+                raise ValueError(f"{where[0]}: element {idx} = {float(weight[tuple(idx)])!r}; "
+                                 "expected finite values, so the checkpoint is corrupt")
+    except ValueError as e:
+        raise NonFiniteTensorError(str(e)) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,16 +240,21 @@ def read_wo_a(path: str | pathlib.Path, layer: int, *, tp_rank: int = 0, tp_size
 
     Returns:
       A ``WoATensors`` on the CPU.
-    """
-    from safetensors import safe_open
 
+    Raises:
+      CheckpointError: a file is not readable safetensors or an index is not valid JSON.
+      NonFiniteTensorError: the weight or scale slice holds NaN/Inf, or a float scale is not
+        positive (a ``CheckpointError``).
+      KeyError: the checkpoint has no ``wo_a`` weight for ``layer``.
+      ValueError: shapes that do not split into ``num_groups`` groups or ``tp_size`` ranks.
+    """
     if not isinstance(tp_size, int) or tp_size < 1:
         raise ValueError(f"tp_size must be a positive integer, got {tp_size!r}")
     if not isinstance(tp_rank, int) or not 0 <= tp_rank < tp_size:
         raise ValueError(f"tp_rank must be an integer in [0, {tp_size}), got {tp_rank!r}")
     files = tensor_files(path)
     wname, sname = find_wo_a(files, layer)
-    with safe_open(str(files[wname]), framework="pt") as fh:
+    with open_shard(files[wname]) as fh:
         wslice = fh.get_slice(wname)
         shape = tuple(wslice.get_shape())
         if len(shape) != 2:
@@ -178,7 +276,7 @@ def read_wo_a(path: str | pathlib.Path, layer: int, *, tp_rank: int = 0, tp_size
         weight = wslice[r0:r1]
     scale = None
     if sname is not None:
-        with safe_open(str(files[sname]), framework="pt") as fh:
+        with open_shard(files[sname]) as fh:
             sslice = fh.get_slice(sname)
             sshape = tuple(sslice.get_shape())
             if len(sshape) != 2 or sshape[1] < 1 or k % sshape[1] != 0:
@@ -191,6 +289,8 @@ def read_wo_a(path: str | pathlib.Path, layer: int, *, tp_rank: int = 0, tp_size
                     f"{block}-row scale blocks"
                 )
             scale = sslice[r0 // block:-(-r1 // block)]
+    check_wo_a_values(weight, scale, where=(f"{files[wname]}: {wname}",
+                                            sname and f"{files[sname]}: {sname}"))
     return WoATensors(weight=weight, scale=scale, num_groups=g, local_groups=g_l,
                       weight_name=wname, scale_name=sname)
 
@@ -200,15 +300,34 @@ def layer_kind_from_config(path: str | pathlib.Path, layer: int) -> str | None:
 
     Reads ``compress_ratios[layer]`` (ratio > 1: compressed-attention layer); ``None`` when there
     is no config or no such field.
+
+    Raises:
+      CheckpointError: ``config.json`` is not a valid JSON object.
     """
-    p = pathlib.Path(path)
-    cfg = (p if p.is_dir() else p.parent) / "config.json"
-    if not cfg.is_file():
+    cfg = read_config(path)
+    if cfg is None:
         return None
-    ratios = json.loads(cfg.read_text()).get("compress_ratios")
+    ratios = cfg.get("compress_ratios")
     if not isinstance(ratios, list) or not 0 <= layer < len(ratios):
         return None
     return "compress" if (ratios[layer] or 1) > 1 else "window"
+
+
+def read_config(path: str | pathlib.Path) -> dict | None:
+    """The ``config.json`` beside a checkpoint (file or directory), or ``None`` without one.
+
+    Raises:
+      CheckpointError: the file is not a valid JSON object.
+    """
+    p = pathlib.Path(path)
+    cfg = (p if p.is_dir() else p.parent) / "config.json"
+    return _read_json(cfg) if cfg.is_file() else None
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def save_checkpoint(path: str | pathlib.Path, tensors: dict[str, torch.Tensor], *,
@@ -216,7 +335,9 @@ def save_checkpoint(path: str | pathlib.Path, tensors: dict[str, torch.Tensor], 
     """Write ``tensors`` as safetensors into directory ``path``, round-robin over ``shards`` files.
 
     With ``shards > 1`` the files are ``model-0000i-of-0000n.safetensors`` plus
-    ``model.safetensors.index.json``; with one shard, ``model.safetensors``.
+    ``model.safetensors.index.json``; with one shard, ``model.safetensors``. Shards get the mode
+    of any file this process creates (``0o666`` less the umask), like the index; safetensors
+    alone would leave them private to the owner.
     """
     from safetensors.torch import save_file
 
@@ -228,12 +349,14 @@ def save_checkpoint(path: str | pathlib.Path, tensors: dict[str, torch.Tensor], 
     if shards == 1:
         out = p / "model.safetensors"
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(out))
+        out.chmod(0o666 & ~_umask())
         return [out]
     written, weight_map = [], {}
     for i in range(shards):
         fname = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
         part = {k: tensors[k].contiguous() for k in names[i::shards]}
         save_file(part, str(p / fname))
+        (p / fname).chmod(0o666 & ~_umask())
         weight_map.update({k: fname for k in part})
         written.append(p / fname)
     (p / INDEX_FILE).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))

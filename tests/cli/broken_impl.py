@@ -1,7 +1,7 @@
 """Deliberately wrong implementations with AITER's signatures (torch in, torch out).
 
 ``woa conformance`` must reject each of them and name the failing case; they stand for the bugs
-NUMERICS.md warns about.
+``docs/NUMERICS.md`` warns about.
 """
 
 from __future__ import annotations

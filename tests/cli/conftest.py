@@ -13,34 +13,38 @@ HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 
 
-def _clean_env() -> dict[str, str]:
-    """The environment of a fresh machine: no WOA_* switches and no Triton interpreter.
+def _clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a fresh machine, piped: no WOA_* switches, no Triton interpreter, no
+    COLUMNS (so output is 80 columns wide), plus ``extra``.
 
     The suite's conftest sets TRITON_INTERPRET=1 for the in-process Triton tests; a subprocess
     inheriting it would run the full-size verify through the interpreter.
     """
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith("WOA_") and k != "TRITON_INTERPRET"}
+           if not k.startswith("WOA_") and k not in ("TRITON_INTERPRET", "COLUMNS")}
     env.setdefault("JAX_PLATFORMS", "cpu")
+    env.update(extra or {})
     return env
 
 
 @pytest.fixture
 def woa():
-    """``woa(*args, cwd=None) -> CompletedProcess``: ``python -m torch_bridge ARGS``."""
+    """``woa(*args, cwd=None, env=None) -> CompletedProcess``: ``python -m torch_bridge ARGS``
+    (``env``: variables added to the clean environment)."""
 
-    def run(*args: str, cwd: pathlib.Path | None = None,
+    def run(*args: str, cwd: pathlib.Path | None = None, env: dict[str, str] | None = None,
             timeout: float = 300) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "torch_bridge", *map(str, args)],
-                              capture_output=True, text=True, cwd=cwd or REPO, env=_clean_env(),
-                              timeout=timeout)
+                              capture_output=True, text=True, cwd=cwd or REPO,
+                              env=_clean_env(env), timeout=timeout)
 
     return run
 
 
-def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
-    """Exit code 2, one ``woa...: error:`` line on stderr naming the fragments, no traceback."""
-    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str,
+                          code: int = 2) -> None:
+    """Exit ``code``, one ``woa...: error:`` line on stderr naming the fragments, no traceback."""
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
@@ -52,6 +56,18 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) ->
 @pytest.fixture
 def one_line_error():
     return assert_one_line_error
+
+
+def assert_reads_well(text: str, width: int = 80) -> None:
+    """No line ends in padding or runs past ``width`` columns."""
+    for line in text.splitlines():
+        assert line == line.rstrip(), repr(line)
+        assert len(line) <= width, (len(line), line)
+
+
+@pytest.fixture
+def reads_well():
+    return assert_reads_well
 
 
 @pytest.fixture

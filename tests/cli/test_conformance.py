@@ -12,7 +12,7 @@ import pytest
 
 import woa_jax
 from woa_jax import conformance
-from woa_jax.testing import assert_conformance, run_conformance
+from woa_jax.conformance import assert_conformance, run_conformance
 
 GOOD = "tests/cli/good_impl.py"
 BROKEN = "tests/cli/broken_impl.py"

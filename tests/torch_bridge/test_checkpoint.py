@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import stat
 
 import jax.numpy as jnp
 import ml_dtypes
@@ -189,3 +192,85 @@ def test_full_size_v4_flash_layer(tmp_path):
                                          max_positions=16)
     assert rank.num_groups == 4
     assert_bitwise_equal(rank.weight_scale_e8m0.reshape(32, 32), sc[32:])
+
+
+@pytest.mark.parametrize("content", [b"", b"garbage" * 50, "truncated"])
+def test_unreadable_safetensors_raise_checkpoint_error_naming_the_file(tmp_path, layer, content):
+    (f,) = checkpoint.save_wo_a_layer(tmp_path, 3, *layer)
+    data = f.read_bytes()
+    f.write_bytes(data[: len(data) // 2] if content == "truncated" else content)
+    with pytest.raises(checkpoint.CheckpointError, match=r"model\.safetensors: not a readable "
+                                                         "safetensors file"):
+        tb.read_wo_a(tmp_path, 3, num_groups=G)
+    with pytest.raises(checkpoint.CheckpointError, match=re.escape(str(f))):
+        _load(f)
+
+
+def test_index_that_is_not_json_or_names_a_missing_shard(tmp_path, layer):
+    checkpoint.save_wo_a_layer(tmp_path, 3, *layer, shards=2)
+    index = tmp_path / checkpoint.INDEX_FILE
+    good = index.read_text()
+    index.write_text("{weight_map: ")
+    with pytest.raises(checkpoint.CheckpointError, match=f"{index}: not valid JSON"):
+        _load(tmp_path)
+    index.write_text(json.dumps({"weight_map": ["a"]}))
+    with pytest.raises(checkpoint.CheckpointError, match="no 'weight_map' object"):
+        _load(tmp_path)
+    index.write_text(good.replace("model-00002-of-00002", "model-00009-of-00002"))
+    with pytest.raises(checkpoint.CheckpointError, match="model-00009-of-00002.safetensors: "
+                                                         "shard file does not exist"):
+        _load(tmp_path)
+
+
+def test_config_json_that_is_not_json(tmp_path, layer):
+    checkpoint.save_wo_a_layer(tmp_path, 3, *layer)
+    (tmp_path / "config.json").write_text("{")
+    with pytest.raises(checkpoint.CheckpointError, match="config.json: not valid JSON"):
+        _load(tmp_path, layer_kind=None)
+
+
+@pytest.mark.parametrize("tensor, value, problem", [
+    ("weight", 0x7F, "element [5, 9] is NaN (fp8 byte 0x7f)"),
+    ("scale", 0xFF, "element [1, 0] is the E8M0 NaN byte 255"),
+])
+def test_nan_in_weight_or_scale_is_a_corrupt_checkpoint(tmp_path, layer, tensor, value, problem):
+    w, sc = (t.clone() for t in layer)
+    t = w if tensor == "weight" else sc
+    t.view(torch.uint8)[(5, 9) if tensor == "weight" else (1, 0)] = value
+    checkpoint.save_wo_a_layer(tmp_path, 3, w, sc)
+    with pytest.raises(checkpoint.NonFiniteTensorError,
+                       match=rf"model\.safetensors: layers\.3\.attn\.wo_a\.{tensor}: "
+                             rf"{re.escape(problem)}.*checkpoint is corrupt"):
+        _load(tmp_path)
+
+
+@pytest.mark.parametrize("bad", [0.0, -2.0, float("nan")])
+def test_float_scales_must_be_positive_and_finite(tmp_path, layer, bad):
+    w, sc = layer
+    f32 = torch.exp2(sc.view(torch.uint8).float() - 127)
+    f32[0, 1] = bad
+    checkpoint.save_wo_a_layer(tmp_path, 3, w, f32)
+    with pytest.raises(checkpoint.NonFiniteTensorError,
+                       match=rf"wo_a\.scale: element \[0, 1\] = {re.escape(repr(bad))}; "
+                             "expected finite scales > 0"):
+        tb.read_wo_a(tmp_path, 3, num_groups=G)
+
+
+def test_unquantized_weight_must_be_finite(tmp_path):
+    w = torch.zeros(G * N, K, dtype=torch.bfloat16)
+    w[2, 3] = float("inf")
+    checkpoint.save_wo_a_layer(tmp_path, 3, w, None)
+    with pytest.raises(checkpoint.NonFiniteTensorError,
+                       match=r"wo_a\.weight: element \[2, 3\] = inf; expected finite values"):
+        tb.read_wo_a(tmp_path, 3, num_groups=G)
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600)])
+def test_written_files_follow_the_umask_like_the_index(tmp_path, layer, umask, mode):
+    old = os.umask(umask)
+    try:
+        files = checkpoint.save_wo_a_layer(tmp_path, 3, *layer, shards=2)
+    finally:
+        os.umask(old)
+    for f in (*files, tmp_path / checkpoint.INDEX_FILE):
+        assert stat.S_IMODE(f.stat().st_mode) == mode, f

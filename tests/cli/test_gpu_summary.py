@@ -1,0 +1,22 @@
+"""The pytest summary says how many GPU tests were deselected and how to run them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "1"]])
+def test_summary_counts_deselected_gpu_tests(workers):
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers,
+         "tests/woa_jax/test_gpu_jit.py", "tests/triton/test_launch_checks.py"],
+        capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert ("1 GPU test(s) deselected; on a CUDA or ROCm machine run them with: python -m "
+            "pytest -m gpu tests") in lines
+    assert lines[-1].startswith("5 passed")  # the closing line `.ci/run` reads stays last

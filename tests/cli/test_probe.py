@@ -1,0 +1,44 @@
+"""``woa probe``: the table, JSON, and WOA_* values the library rejects."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+def test_probe_table_lists_every_backend_per_op(woa, reads_well):
+    proc = woa("probe")
+    assert proc.returncode == 0, proc.stderr
+    reads_well(proc.stdout)
+    # Rows start at column 0; a wrapped "why" continues on indented lines.
+    rows = [line.split() for line in proc.stdout.splitlines() if line[:1].strip()]
+    for op in ("inverse_rope_group_quant", "batched_gemm_a8w8_mxscale", "wo_a"):
+        assert {r[1] for r in rows if r[:1] == [op]} == {"aiter", "triton", "torch", "bf16"}
+    # Without a GPU or interpreter, Triton says why; the pure-torch reference always runs.
+    triton = next(r for r in rows if r[:2] == ["inverse_rope_group_quant", "triton"])
+    assert triton[2] == "no"
+    assert "TRITON_INTERPRET" in " ".join(proc.stdout.split())
+    assert next(r for r in rows if r[:2] == ["batched_gemm_a8w8_mxscale", "torch"])[2] == "yes"
+    assert "torch 2." in proc.stdout and "jax 0." in proc.stdout  # versions
+
+
+def test_probe_json_to_stdout(woa):
+    proc = woa("probe", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["device"]["device"] == "cpu" and report["versions"]["torch"]
+    assert set(report["ops"]) == {"inverse_rope_group_quant", "batched_gemm_a8w8_mxscale",
+                                  "wo_a"}
+    assert report["ops"]["inverse_rope_group_quant"]["torch"]["ok"] is True
+    aiter = report["ops"]["wo_a"]["aiter"]
+    assert aiter["ok"] is False and "AITER" in aiter["reason"]
+    assert report["env"]["TRITON_INTERPRET"] == "(unset)"
+
+
+@pytest.mark.parametrize("env, fragments", [
+    ({"WOA_BACKEND": "nope"}, ["WOA_BACKEND='nope' is not a backend", "aiter"]),
+    ({"WOA_USE_TRITON": "yes"}, ["WOA_USE_TRITON='yes' is not a valid switch", "0 or 1"]),
+])
+def test_a_bad_environment_value_is_reported(woa, one_line_error, env, fragments):
+    one_line_error(woa("probe", env=env), *fragments)
