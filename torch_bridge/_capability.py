@@ -23,7 +23,8 @@ ENV_VARS: dict[str, str] = {
     "WOA_USE_TRITON": "1 (default) or 0: the same switch for the Triton backend",
     "WOA_JAX_COMMAND_BUFFER": "0 or 1: let XLA record the buffer_callback route's kernel "
                               "launches into its command buffers (torch_bridge.jax_ops); unset: "
-                              "on for the GEMMs that run the Gluon kernel, off elsewhere",
+                              "on for the GEMMs that take the callback route to the wgmma "
+                              "kernel, off elsewhere",
     "WOA_JAX_TRITON": "1 (default) or 0: 0 sends torch_bridge.jax_ops' Triton launches through "
                       "buffer_callback instead of the native jax_triton custom call",
     "WOA_COMMIT": "commit id recorded in benchmark rows when git cannot tell (default: "

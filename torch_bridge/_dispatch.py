@@ -102,14 +102,6 @@ class Backend(Protocol):
         """Whether it can run ``op`` on ``case``, and why."""
 
 
-#: Protocol attributes of backend objects whose modules do not state them (the triton package's
-#: object); applied once at load, and only where the object does not state them itself.
-_STATED_HERE: dict[str, dict[str, Any]] = {
-    "triton": {"ops": frozenset({"inverse_rope_group_quant", "batched_gemm_a8w8_mxscale",
-                                 "wo_a_fp8"}),
-               "rope_in_activation_dtype": False},
-}
-
 _loaded: dict[str, Any] = {}
 _logged: set[tuple[str, str, str]] = set()
 
@@ -140,9 +132,6 @@ def _load(name: str) -> Backend:
         return _Unusable(name, f"{label} backend not importable: {e}")
     except AttributeError:
         return _Unusable(name, f"{label} backend not importable: {module} defines no BACKEND")
-    for attr, value in _STATED_HERE.get(name, {}).items():
-        if attr not in vars(be) and attr not in vars(type(be)):
-            setattr(be, attr, value)
     if not isinstance(be, Backend):
         missing = [a for a in ("name", "ops", "rope_in_activation_dtype", "is_available",
                                "supports") if not hasattr(be, a)]

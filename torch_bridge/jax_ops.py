@@ -22,12 +22,12 @@ Limits: no autodiff (forward only) and no ``vmap``. Cost: the native route adds 
 call beyond XLA's own dispatch; its GEMM is the pointer kernel (jax-triton takes no TMA
 descriptors) and never splits K. The callback route re-enters Python on every call (DLPack
 wrapping, a torch stream object, the torch launcher); use it where the zero-copy ``jax.jit``
-integration matters more than latency. The GEMMs above ``_NATIVE_DECODE_TOKENS`` tokens that the
-torch launcher runs on the Gluon wgmma kernel (Hopper) take the callback route too, recorded in
-XLA's command buffers by default: at those sizes the GPU time outweighs the host cost, and the
-recorded launch runs level with torch's. At decode sizes the Gluon kernel saves less GPU time
-than the callback costs on the host, so those GEMMs stay native. ``benchmarks/RESULTS.md`` has the
-figures.
+integration matters more than latency. A GEMM with at least ``_CALLBACK_MIN_ROWS`` rows
+(``M * G``) that the torch launcher runs on the Hopper wgmma kernel takes the callback route,
+recorded in XLA's command buffers by default: there the kernel's GPU-time saving over the native
+pointer kernel outweighs the callback's host work. Smaller GEMMs stay native, because a call that
+re-enters Python costs more host time than the wgmma kernel saves on the GPU, and back-to-back
+calls would wait on the host. ``benchmarks/RESULTS.md`` has the figures.
 """
 
 from __future__ import annotations
@@ -52,9 +52,9 @@ __all__ = ["batched_gemm_a8w8_mxscale", "inverse_rope_group_quant", "wo_a_fp8"]
 
 log = logging.getLogger("woa")
 
-#: Up to this many tokens a GEMM stays on the native route even where the torch launcher would
-#: pick the Gluon kernel (see the module docstring).
-_NATIVE_DECODE_TOKENS = 128
+#: GEMM rows (``M * G``) from which a GEMM that the torch launcher runs on the wgmma kernel takes
+#: the callback route (see the module docstring): M >= 2048 at G = 16, never at G = 2.
+_CALLBACK_MIN_ROWS = 32768
 
 #: The routes already logged: ``(route, reason)``.
 _route_logged: set[tuple[str, str]] = set()
@@ -88,18 +88,18 @@ def native_route_reason(backend_name: str, gemm: tuple[int, ...] | None = None) 
     error = jax_launch.import_error()
     if error is not None:
         return f"jax_triton does not import ({error}); pip install 'woa[jax-triton]'"
-    if gemm is not None and _takes_gluon(gemm):
-        return (f"the torch launcher runs this GEMM on the Gluon wgmma kernel (Hopper, "
-                f"M > {_NATIVE_DECODE_TOKENS}), which jax_triton cannot launch (it takes no "
-                f"TMA descriptors)")
+    if gemm is not None and _takes_wgmma(gemm):
+        return (f"the torch launcher runs this GEMM on the wgmma kernel (Hopper, M * G >= "
+                f"{_CALLBACK_MIN_ROWS}), which jax_triton cannot launch (it takes no TMA "
+                f"descriptors)")
     return None
 
 
-def _takes_gluon(gemm: tuple[int, ...]) -> bool:
-    """Whether the GEMM ``(M, G, N, K, B)`` goes to the torch launcher's Gluon kernel."""
+def _takes_wgmma(gemm: tuple[int, ...]) -> bool:
+    """Whether the GEMM ``(M, G, N, K, B)`` takes the callback route to the wgmma kernel."""
     from .backends.triton import launch
 
-    return gemm[0] > _NATIVE_DECODE_TOKENS and launch.wgmma_chosen(*gemm)
+    return gemm[0] * gemm[1] >= _CALLBACK_MIN_ROWS and launch.wgmma_chosen(*gemm)
 
 
 def _native(op: str, backend_name: str, gemm: tuple[int, ...] | None = None) -> bool:
@@ -247,7 +247,7 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=jnp.bfloat16, *,
 
     Agrees with the oracle to the output rounding (summation order is the kernel's).
     ``command_buffer``: as ``inverse_rope_group_quant``'s, except that it defaults to on for the
-    GEMMs that go to the Gluon kernel: unrecorded, such a call runs slower on the GPU than the
+    GEMMs that go to the wgmma kernel: unrecorded, such a call runs slower on the GPU than the
     same kernel launched from torch.
     """
     m, g, n, k, block = checks.check_gemm_inputs(x, w, x_scale, w_scale)
@@ -278,9 +278,9 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=jnp.bfloat16, *,
 
 
 def _gemm_command_buffer(flag: bool | None, backend_name: str, gemm: tuple[int, ...]) -> bool:
-    """The GEMM callback's ``command_buffer``: on by default where it runs the Gluon kernel."""
-    gluon = backend_name == "triton" and _device_type() == "cuda" and _takes_gluon(gemm)
-    return _command_buffer(flag, gluon)
+    """The GEMM callback's ``command_buffer``: on by default where it runs the wgmma kernel."""
+    wgmma = backend_name == "triton" and _device_type() == "cuda" and _takes_wgmma(gemm)
+    return _command_buffer(flag, wgmma)
 
 
 def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_groups: int, *,

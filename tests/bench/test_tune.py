@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from torch_bridge.backends.triton import launch  # noqa: E402
+from torch_bridge.backends.triton import configs  # noqa: E402
 from torch_bridge.bench import results, tune  # noqa: E402
 
 
@@ -23,19 +23,19 @@ def _row(kind, g, m, us, cfg, run="2026-01-02"):
 
 def test_tuned_shapes_replace_the_launch_choice(monkeypatch):
     """The best GEMM shape of the nearest tuned M, the quant shape of the largest M, and only
-    the newest run counts; called as the launcher calls them."""
-    monkeypatch.setattr(launch, "gemm_config", launch.gemm_config)
-    monkeypatch.setattr(launch, "quant_config", launch.quant_config)
-    fast, slow = launch.GemmConfig(16, 64, swap_ab=True), launch.GemmConfig(64, 128, tma=True)
-    quant = launch.QuantConfig(8, 4, block_h=1)
+    the newest run counts; installed where the launchers look them up."""
+    monkeypatch.setattr(configs, "gemm_config", configs.gemm_config)
+    monkeypatch.setattr(configs, "quant_config", configs.quant_config)
+    fast, slow = configs.GemmConfig(16, 64, swap_ab=True), configs.GemmConfig(64, 128, tma=True)
+    quant = configs.QuantConfig(8, 4, block_h=1)
     rows = [_row("gemm", 16, 1, 19.0, fast), _row("gemm", 16, 1, 25.0, slow),
             _row("gemm", 16, 1024, 99.0, slow), _row("quant", 16, 64, 5.0, quant),
             _row("gemm", 16, 1, 1.0, slow, run="2025-12-31"),  # an older run: ignored
             {"mode": "sweep", "kind": "gemm", "G": 16, "M": 1, "us": 0.5}]
     tune.use_tuned(rows)
-    assert launch.gemm_config(4, 16, 1024, 4096, 128, wgmma=True) == fast
-    assert launch.gemm_config(2048, 16, 1024, 4096, 128, wgmma=False) == slow
-    assert launch.quant_config(1) == quant
+    assert configs.gemm_config(4, 16, 1024, 4096, 128, wgmma=True) == fast
+    assert configs.gemm_config(2048, 16, 1024, 4096, 128, wgmma=False) == slow
+    assert configs.quant_config(1) == quant
 
 
 def test_tuned_needs_tuning_rows():
@@ -45,15 +45,15 @@ def test_tuned_needs_tuning_rows():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU rows of the harness")
 def test_tune_run_writes_rows_that_tuned_reads(bench, tmp_path, monkeypatch):
-    monkeypatch.setattr(launch, "quant_config", launch.quant_config)
-    monkeypatch.setattr(tune, "quant_candidates", lambda: [launch.QuantConfig(8, 4),
-                                                           launch.QuantConfig(4, 1, 1)])
+    monkeypatch.setattr(configs, "quant_config", configs.quant_config)
+    monkeypatch.setattr(tune, "quant_candidates", lambda: [configs.QuantConfig(8, 4),
+                                                           configs.QuantConfig(4, 1, 1)])
     rc, rows = bench("--tune", "--tune-kinds", "quant", "--ms", "1", "--reps", "1")
     assert rc == 0 and [r["provider"] for r in rows] == ["r8w4", "r4w1h1"]
     assert all(r["check"] == "bytes exact" and r["us"] > 0 for r in rows)
     tune.use_tuned(results.read(tmp_path / "res" / "cpu.csv"))
     best = min(rows, key=lambda r: r["us"])
-    assert dataclasses.asdict(launch.quant_config(1)) == json.loads(best["config"])
+    assert dataclasses.asdict(configs.quant_config(1)) == json.loads(best["config"])
 
 
 def test_candidates_have_distinct_labels():

@@ -562,7 +562,7 @@ def test_command_buffer_default(monkeypatch):
     # the GEMM's default: on where the callback runs the wgmma kernel (CUDA, triton backend)
     monkeypatch.delenv("WOA_JAX_COMMAND_BUFFER")
     monkeypatch.setattr(jax_ops, "_device_type", lambda: "cuda")
-    monkeypatch.setattr(jax_ops, "_takes_gluon", lambda gemm: gemm[0] > 128)
+    monkeypatch.setattr(jax_ops, "_takes_wgmma", lambda gemm: gemm[0] > 128)
     big, small = (8192, 16, 1024, 4096, 128), (64, 16, 1024, 4096, 128)
     assert jax_ops._gemm_command_buffer(None, "triton", big) is True
     assert jax_ops._gemm_command_buffer(None, "triton", small) is False

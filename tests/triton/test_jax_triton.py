@@ -81,12 +81,12 @@ def test_import_failure_is_the_reason(native_ok, monkeypatch):
 def test_gemms_of_the_wgmma_kernel_keep_buffer_callback(native_ok, monkeypatch):
     monkeypatch.setattr(launch, "wgmma_chosen", lambda m, g, n, k, b: m > 16)
     assert jax_ops.native_route_reason("triton", (16, 16, 1024, 4096, 128)) is None
-    # decode sizes stay native even where torch takes the wgmma kernel
-    assert jax_ops.native_route_reason("triton", (128, 16, 1024, 4096, 128)) is None
-    reason = jax_ops.native_route_reason("triton", (129, 16, 1024, 4096, 128))
-    assert "Gluon wgmma kernel (Hopper, M > 128)" in reason
-    assert "Gluon wgmma kernel" in jax_ops.native_route_reason("triton",
-                                                               (8192, 16, 1024, 4096, 128))
+    # below M * G = 32768 the GEMM stays native even where torch takes the wgmma kernel
+    assert jax_ops.native_route_reason("triton", (1024, 16, 1024, 4096, 128)) is None
+    assert jax_ops.native_route_reason("triton", (8192, 2, 1024, 4096, 128)) is None
+    reason = jax_ops.native_route_reason("triton", (2048, 16, 1024, 4096, 128))
+    assert "wgmma kernel (Hopper, M * G >= 32768)" in reason
+    assert "wgmma kernel" in jax_ops.native_route_reason("triton", (8192, 16, 1024, 4096, 128))
     assert jax_ops.native_route_reason("triton") is None  # the quant op passes no GEMM
 
 

@@ -104,13 +104,3 @@ def test_wgmma_relaunch_passes_every_argument_in_kernel_order(monkeypatch):
     assert values["xs_ptr"].data_ptr() == xs_80.data_ptr() and values["M"] == 80
     assert values["STAGES"] == 4 and values["num_warps"] == 4 and values["G"] == g
     assert values["SWAP_AB"] is False
-
-
-def test_tune_candidates_have_distinct_labels():
-    """A tune table names each launch shape by its label: persistent and one-program-per-tile
-    wgmma shapes must not print alike."""
-    from benchmarks import bench
-
-    for m in (1, 16, 33, 64, 128, 8192):
-        labels = [c.label() for c in bench.gemm_candidates(m)]
-        assert len(labels) == len(set(labels)), labels

@@ -1,6 +1,7 @@
 """``--tune``: time candidate Triton launch shapes (GEMM, quant, fused decode chain) per (G, M),
 and ``--tuned``: run the sweep with the fastest shapes of a tuning run instead of the built-in
-choice (``launch.gemm_config``, ``launch.fused_config``, ``launch.quant_config``)."""
+choice (``configs.gemm_config``, ``configs.fused_config``, ``configs.quant_config``, which the
+launchers look up on every plan they build)."""
 
 from __future__ import annotations
 
@@ -138,7 +139,7 @@ def use_tuned(rows: list[dict]) -> None:
     GEMM and the fused chain: per (G, M) the best timed shape; another M takes the nearest tuned
     M (log scale) of the same G, else of any G. Quant: the best shape at the largest tuned M.
     """
-    from torch_bridge.backends.triton import launch
+    from torch_bridge.backends.triton import configs
 
     tuned = [r for r in rows if r.get("mode") == "tune" and r.get("us") and r.get("config")]
     if not tuned:
@@ -159,7 +160,7 @@ def use_tuned(rows: list[dict]) -> None:
         def lookup(m, g, n, k, block, **_):  # the tuned row already names its kernel
             keys = [key for key in table if key[0] == g] or list(table)
             key = min(keys, key=lambda kk: abs(math.log2(kk[1]) - math.log2(max(m, 1))))
-            return launch.GemmConfig(**config(table[key]))
+            return configs.GemmConfig(**config(table[key]))
         return lookup
 
     gemm = {(g, m): r for (kind, g, m), r in best.items() if kind == "gemm"}
@@ -167,9 +168,9 @@ def use_tuned(rows: list[dict]) -> None:
     quant = sorted(((m, -float(r["us"]), r) for (kind, _, m), r in best.items()
                     if kind == "quant"), key=lambda t: t[:2])
     if gemm:
-        launch.gemm_config = nearest(gemm)
+        configs.gemm_config = nearest(gemm)
     if fused:
-        launch.fused_config = nearest(fused)
+        configs.fused_config = nearest(fused)
     if quant:
-        chosen = launch.QuantConfig(**config(quant[-1][2]))
-        launch.quant_config = lambda s: chosen
+        chosen = configs.QuantConfig(**config(quant[-1][2]))
+        configs.quant_config = lambda s: chosen

@@ -41,6 +41,9 @@ def _fp8_arch_reason(arch: str | None) -> str | None:
 
 class _TritonBackend:
     name = "triton"
+    ops = frozenset({"inverse_rope_group_quant", "batched_gemm_a8w8_mxscale", "wo_a_fp8"})
+    #: The kernels read cos/sin in any float dtype; no conversion to ``o``'s dtype first.
+    rope_in_activation_dtype = False
 
     @functools.cache  # noqa: B019 - one module-level instance; cache_clear() resets it
     def is_available(self) -> tuple[bool, str]:
