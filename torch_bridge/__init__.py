@@ -14,6 +14,9 @@ kernel runs and raises
   finite positive number, a rope table of the wrong width, float scales that are not exact powers
   of two where E8M0 is required, a corrupt checkpoint (NaN weight bytes, NaN/Inf/zero/negative
   scales); the message names the tensor, the element where it applies, and what was expected;
+* ``CheckpointError`` (a ``ValueError``) for a checkpoint file that cannot be read (empty,
+  truncated, not safetensors, bad JSON), naming the file, and its subclass
+  ``NonFiniteTensorError`` for NaN/Inf in a stored weight or scale;
 * ``BackendUnavailableError`` (a ``RuntimeError``) when the requested backend cannot run the call,
   with the reason.
 """
@@ -23,7 +26,7 @@ from __future__ import annotations
 from . import _dispatch
 from ._capability import ENV_VARS
 from ._dispatch import BACKENDS, BackendName, BackendUnavailableError, Case
-from .checkpoint import read_wo_a, save_wo_a_layer
+from .checkpoint import CheckpointError, NonFiniteTensorError, read_wo_a, save_wo_a_layer
 from .interop import to_jax, to_torch
 from .layouts import from_scale_layout, to_scale_layout
 from .ops import batched_gemm_a8w8_mxscale, inverse_rope_group_quant
@@ -84,7 +87,9 @@ __all__ = [
     "ENV_VARS",
     "BackendName",
     "BackendUnavailableError",
+    "CheckpointError",
     "Case",
+    "NonFiniteTensorError",
     "TPOutputProjection",
     "WoAProjection",
     "WoBProjection",

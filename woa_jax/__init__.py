@@ -27,7 +27,7 @@ from .config import (
     rope_cos_sin,
     rope_inv_freq,
 )
-from .examples import WoAInputs, example_inputs
+from .examples import WoAInputs, attention_output, example_inputs
 from .gemm import batched_gemm_a8w8_mxscale, batched_gemm_float64, dequant_weight
 from .layouts import from_scale_layout, scale_shape, to_scale_layout
 from .quant import (
@@ -82,6 +82,7 @@ __all__ = [
     "e8m0_decode",
     "e8m0_from_scale",
     "e8m0_scale",
+    "attention_output",
     "example_inputs",
     "forward_rope",
     "fp8_max",

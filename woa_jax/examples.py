@@ -37,12 +37,20 @@ class WoAInputs(NamedTuple):
     num_groups: int
 
 
-def _attention_output(rng: np.random.Generator, positions: np.ndarray, heads: int, head_dim: int,
-                      cos32: np.ndarray, sin32: np.ndarray, keys: int) -> np.ndarray:
+def attention_output(rng: np.random.Generator, positions: np.ndarray, heads: int,
+                     head_dim: int, cos32, sin32, keys: int) -> np.ndarray:
     """``o [T, heads, Dh]`` fp32 as attention makes it: causal softmax sums of cached values.
 
     DeepSeek V4 attends with one KV head whose entries are key and value at once, so each
-    entry's rope tail carries the forward rotation of its own position.
+    entry's rope tail carries the forward rotation of its own position; query ``t`` attends to
+    the ``keys`` cached entries at positions ``<= positions[t]`` with peaked softmax rows.
+
+    Args:
+      rng: the numpy generator that draws keys, values and logits.
+      positions: ``[T]`` integer query positions.
+      heads, head_dim: H and Dh of ``o``.
+      cos32, sin32: ``[P, rd / 2]`` fp32 rope tables (numpy or JAX), ``P > positions.max()``.
+      keys: cached entries to attend over.
     """
     key_pos = np.sort(rng.integers(0, int(positions.max()) + 1, size=keys))
     key_pos[0] = 0
@@ -106,7 +114,7 @@ def example_inputs(*, config: str | DSV4Config = "v4-flash", tokens: int = 4, tp
     cos32, sin32 = (np.asarray(t) for t in rope_cos_sin(cfg, layer_kind, max_position))
     rng = np.random.default_rng(seed)
     positions = np.sort(rng.integers(0, max_position, size=tokens)).astype(np.int32)
-    o_full = _attention_output(rng, positions, cfg.num_heads, cfg.head_dim, cos32, sin32, keys)
+    o_full = attention_output(rng, positions, cfg.num_heads, cfg.head_dim, cos32, sin32, keys)
     heads = slice(tp_rank * shapes.num_heads, (tp_rank + 1) * shapes.num_heads)
     o = o_full[:, heads].astype(ml_dtypes.bfloat16)
     g_l, n, k, b = (shapes.num_groups, shapes.group_out_features, shapes.group_in_features,

@@ -9,13 +9,13 @@ from __future__ import annotations
 import torch
 
 import torch_bridge
-from torch_bridge.backends.torch_ref import rotate_inverse
+from torch_bridge.backends.torch_ref import inverse_rope
 
 
 def _quant_with(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, scale_byte):
     """The fused op with the E8M0 byte rule replaced by ``scale_byte(amax) -> int32``."""
     s = o.shape[0]
-    g = rotate_inverse(o, positions, cos_cache, sin_cache).reshape(s, num_groups, -1,
+    g = inverse_rope(o, positions, cos_cache, sin_cache).reshape(s, num_groups, -1,
                                                                    quant_group_size)
     byte = scale_byte(g.abs().amax(dim=-1)).clamp(0, 254)
     inv = ((254 - byte).clamp(1, 254) << 23).view(torch.float32)

@@ -11,7 +11,7 @@ from tb_cases import np_to_torch, rope_case, wo_a_checkpoint
 
 import torch_bridge as tb
 from torch_bridge import _dispatch
-from torch_bridge.backends.torch_ref import rotate_inverse
+from torch_bridge.backends.torch_ref import inverse_rope
 from woa_jax.testing import assert_bitwise_equal, assert_close
 
 G, N, H, DH = 2, 128, 4, 64
@@ -76,7 +76,7 @@ def test_triton_and_torch_rotations_give_the_same_bits(monkeypatch, rotations):
     _dispatch.reset_caches()
     y_torch = tb.wo_a_bf16(o, pos, cos, sin, eye, one, G)
     assert_bitwise_equal(y_triton, y_torch, name="rotated activations")
-    assert_bitwise_equal(y_torch.reshape(o.shape), rotate_inverse(o, pos, cos, sin).to(
+    assert_bitwise_equal(y_torch.reshape(o.shape), inverse_rope(o, pos, cos, sin).to(
         torch.bfloat16))
 
 
@@ -116,7 +116,7 @@ def test_gpu_fallback_runs_the_triton_rotation_with_the_torch_bits(rope_dtype, s
     before = o.clone()
     y = proj(o, pos)
     assert rotations and torch.equal(o, before)
-    want = rotate_inverse(o, pos, cos, sin).to(torch.bfloat16)
+    want = inverse_rope(o, pos, cos, sin).to(torch.bfloat16)
     eye, one = _identity(g, h * dh // g, "cuda")
     rotated = tb.WoAProjection(eye, one, g, cos, sin, backend="bf16")(o, pos)
     assert_bitwise_equal(rotated.reshape(o.shape), want, name="Triton vs torch rotation")

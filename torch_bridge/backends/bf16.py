@@ -10,7 +10,7 @@ section 7).
   have the bits of the torch rotation) and torch's bf16 batched GEMM, which accumulates in fp32
   except where torch allows reduced-precision split-K reductions
   (``torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction``, on by default).
-* Elsewhere the rotation is pure torch (``torch_ref.rotate_inverse``); on CPU the bf16 operands
+* Elsewhere the rotation is pure torch (``torch_ref.inverse_rope``); on CPU the bf16 operands
   are then upcast to fp32 (exact), so the product is an fp32 contraction with one final rounding,
   like ``woa_jax.wo_a_bf16``.
 
@@ -24,7 +24,7 @@ import torch
 
 from .. import _dispatch
 from .._dispatch import Case
-from .torch_ref import rotate_inverse
+from .torch_ref import inverse_rope
 
 
 def _triton_rotation(o: torch.Tensor, cos_cache: torch.Tensor) -> bool:
@@ -79,7 +79,7 @@ class Bf16Backend:
             return launch.wo_a_bf16(o, positions, cos_cache, sin_cache,
                                     w_bf16.to(torch.bfloat16), num_groups, inplace=overwrite_o)
         s = o.shape[0]
-        x = rotate_inverse(o, positions, cos_cache, sin_cache).to(torch.bfloat16)
+        x = inverse_rope(o, positions, cos_cache, sin_cache).to(torch.bfloat16)
         x = x.reshape(s, num_groups, -1).transpose(0, 1)  # [G, S, K]
         if x.device.type == "cpu":
             y = torch.bmm(x.to(torch.float32), w_bf16.to(torch.float32).transpose(1, 2))

@@ -30,7 +30,7 @@ def fp8_max_reciprocal(fp8_dtype: torch.dtype) -> float:
     return float(np.float32(1.0) / np.float32(fp8_max(fp8_dtype)))
 
 
-def rotate_inverse(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
+def inverse_rope(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
                    sin_cache: torch.Tensor) -> torch.Tensor:
     """Inverse GPT-J RoPE of the last ``rd = 2 * cos.shape[1]`` lanes per head; fp32 ``[S, H, Dh]``.
 
@@ -141,7 +141,7 @@ class TorchBackend:
                                  x_fp8=None, x_scale=None):
         s = o.shape[0]
         fp8_dtype = x_fp8.dtype if x_fp8 is not None else torch.float8_e4m3fn
-        rotated = rotate_inverse(o, positions, cos_cache, sin_cache)
+        rotated = inverse_rope(o, positions, cos_cache, sin_cache)
         q, byte = group_quant_e8m0(rotated.reshape(s, num_groups, -1), quant_group_size,
                                    fp8_dtype, amax_floor)
         if x_fp8 is not None:

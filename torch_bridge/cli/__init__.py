@@ -10,9 +10,7 @@ harness, arguments forwarded), ``probe`` (which backend runs here and why not), 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
-import pathlib
 import sys
 from collections.abc import Sequence
 
@@ -30,26 +28,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(ExitCode.USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _bench_main():
-    """The harness's ``main``: the packaged ``torch_bridge.bench``, else a source checkout's
-    ``benchmarks.bench`` (beside the package, which an editable install does not put on
-    ``sys.path`` for the console script)."""
-    try:
-        return importlib.import_module("torch_bridge.bench").main
-    except ModuleNotFoundError as e:
-        if e.name != "torch_bridge.bench":
-            raise
-    root = pathlib.Path(__file__).resolve().parents[2]
-    if not (root / "benchmarks" / "bench.py").is_file():
-        raise UsageError("woa bench needs torch_bridge.bench or the benchmarks/ directory of a "
-                         "source checkout")
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    return importlib.import_module("benchmarks.bench").main
-
-
 def _cmd_bench(args: argparse.Namespace) -> int:
-    bench_main = _bench_main()
+    from torch_bridge.bench import main as bench_main
+
     try:
         return int(bench_main(list(args.rest)) or 0)
     except SystemExit as e:  # the harness reports its usage errors as SystemExit(message)

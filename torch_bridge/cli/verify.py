@@ -28,34 +28,6 @@ _FP8_BACKENDS = ("aiter", "triton", "torch")
 _COMPRESS_RATIO = 4
 
 
-def _attention_outputs(rng, tokens: int, heads: int, positions, cos32, sin32, *,
-                       head_dim: int = 512, keys: int = 256):
-    """``o [T, H, Dh]`` as attention produces it: softmax-weighted sums of cached values.
-
-    DeepSeek V4 attention has one KV head shared by all query heads, and each cached entry is both
-    key and value, so its rope tail carries the forward rotation of its own position. Query ``t``
-    attends causally to the entries at positions ``<= positions[t]``; its logits are random with
-    a spread that gives peaked softmax rows.
-    """
-    import jax.numpy as jnp
-    import numpy as np
-
-    import woa_jax
-
-    key_pos = np.sort(rng.integers(0, max(int(positions.max()), 1) + 1, size=keys))
-    key_pos[0] = 0
-    kv = rng.standard_normal((keys, 1, head_dim), dtype=np.float32)
-    rows = jnp.asarray(key_pos.astype(np.int32))  # gather the table rows once: [L, rd / 2]
-    kv = woa_jax.forward_rope(jnp.asarray(kv, jnp.bfloat16), jnp.arange(keys, dtype=jnp.int32),
-                              cos32[rows], sin32[rows], out_dtype=jnp.float32)
-    kv = np.asarray(kv)[:, 0, :]
-    logits = rng.standard_normal((tokens, heads, keys), dtype=np.float32) * np.float32(3.0)
-    logits = np.where(key_pos[None, None, :] > positions[:, None, None], -np.inf, logits)
-    p = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    p /= p.sum(axis=-1, keepdims=True)
-    return np.einsum("thl,ld->thd", p, kv).astype(np.float32)
-
-
 def embedded_checkpoint(directory: pathlib.Path, cfg, layer: int, seed: int, *,
                         layer_kind: str = "compress") -> None:
     """Write the seeded full-size ``wo_a`` layer of ``woa_jax.example_inputs`` as a checkpoint.
@@ -216,8 +188,7 @@ def run_verify(args: argparse.Namespace) -> dict[str, Any]:
         return jax.device_put(to_jax(t.cpu()), jax_device)
 
     cos32_j, sin32_j = jx(proj.cos_cache), jx(proj.sin_cache)
-    o32 = _attention_outputs(rng, args.tokens, heads, positions, cos32_j, sin32_j,
-                             head_dim=head_dim)
+    o32 = woa_jax.attention_output(rng, positions, heads, head_dim, cos32_j, sin32_j, keys=256)
     o_j = jax.device_put(jnp.asarray(o32, jnp.bfloat16), jax_device)
     pos_j = jax.device_put(jnp.asarray(positions.astype(np.int32)), jax_device)
     # AITER's FP8 path rotates with bf16 cos/sin (vLLM converts the table once); every FP8 row
