@@ -56,9 +56,10 @@ def gemm_triton(sets, on_gpu):
 
 
 def _fp32_scale(e8m0):
+    """E8M0 bytes (uint8 or float8_e8m0fnu) as the fp32 powers of two they encode."""
     import torch
 
-    return (e8m0.to(torch.int32) << 23).view(torch.float32)
+    return (e8m0.view(torch.uint8).to(torch.int32) << 23).view(torch.float32)
 
 
 def gemm_deepgemm(sets, on_gpu):
@@ -71,8 +72,8 @@ def gemm_deepgemm(sets, on_gpu):
     einsum = getattr(deep_gemm, "fp8_einsum", None)
     if einsum is None:
         raise Skip(f"deep_gemm {getattr(deep_gemm, '__version__', '?')} has no fp8_einsum")
-    prepared = [(p.x, _fp32_scale(p.xs).contiguous(), p.w, _fp32_scale(p.ws).contiguous(),
-                 _out(p)) for p in sets]
+    prepared = [(p.x.contiguous(), _fp32_scale(p.xs).contiguous(), p.w,
+                 _fp32_scale(p.ws).contiguous(), _out(p)) for p in sets]
 
     def run(x, xs, w, ws, y):
         einsum("bhr,hdr->bhd", (x, xs), (w, ws), y)
