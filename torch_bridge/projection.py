@@ -15,8 +15,10 @@ bytes, NaN/Inf/zero/negative scales, E8M0 NaN bytes) raises ``ValueError`` inste
 
 from __future__ import annotations
 
+import collections
 import logging
 import pathlib
+import weakref
 from typing import NamedTuple
 
 import torch
@@ -404,8 +406,40 @@ def wo_a_bf16(o, positions, cos_cache, sin_cache, weight, weight_scale, num_grou
     Raises:
       TypeError, ValueError: as ``WoAProjection`` and its call.
     """
-    return WoAProjection(weight, weight_scale, num_groups, cos_cache, sin_cache, rope_dim=None,
-                         backend="bf16")(o, positions, overwrite_o=overwrite_o)
+    proj = _prepared(weight, weight_scale, num_groups, cos_cache, sin_cache, backend="bf16")
+    return proj(o, positions, overwrite_o=overwrite_o)
+
+
+#: Prepared layers of the functional forms, newest last: ``key -> (weak refs, WoAProjection)``.
+_PREPARED: collections.OrderedDict[tuple, tuple[tuple, WoAProjection]] = collections.OrderedDict()
+_PREPARED_LAYERS = 4
+
+
+def _prepared(weight, weight_scale, num_groups: int, cos_cache, sin_cache, **options):
+    """The ``WoAProjection`` of the functional forms, reused while its tensors are unchanged.
+
+    Building one checks every weight byte and converts the weight, which is far more host and
+    device work than the call itself; a later call with the same tensor objects, unmodified
+    (same data pointer and version counter), reuses it. The last ``_PREPARED_LAYERS`` distinct
+    weights are kept; a model with many layers should hold one ``WoAProjection`` per layer.
+    """
+    tensors = (weight, weight_scale, cos_cache, sin_cache)
+    if not all(t is None or isinstance(t, torch.Tensor) for t in tensors):
+        return WoAProjection(weight, weight_scale, num_groups, cos_cache, sin_cache,
+                             rope_dim=None, **options)
+    key = (num_groups, tuple(sorted(options.items())),
+           *(None if t is None else (t.data_ptr(), t._version, tuple(t.shape), t.stride(),
+                                     t.dtype, t.device) for t in tensors))
+    hit = _PREPARED.get(key)
+    if hit is not None and all(r is None or r() is t for r, t in zip(hit[0], tensors, strict=True)):
+        _PREPARED.move_to_end(key)
+        return hit[1]
+    proj = WoAProjection(weight, weight_scale, num_groups, cos_cache, sin_cache, rope_dim=None,
+                         **options)
+    _PREPARED[key] = (tuple(None if t is None else weakref.ref(t) for t in tensors), proj)
+    while len(_PREPARED) > _PREPARED_LAYERS:
+        _PREPARED.popitem(last=False)
+    return proj
 
 
 @interop.jax_io()
@@ -428,8 +462,8 @@ def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_group
         run the FP8 chain (not powers of two) or the weight is unquantized.
       BackendUnavailableError: the requested backend cannot run an op.
     """
-    proj = WoAProjection(weight, weight_scale, num_groups, cos_cache, sin_cache, rope_dim=None,
-                         amax_floor=amax_floor)
+    proj = _prepared(weight, weight_scale, num_groups, cos_cache, sin_cache,
+                     amax_floor=amax_floor)
     if proj.fp8_unavailable:
         raise ValueError(f"the FP8 chain cannot run: {proj.fp8_unavailable}")
     x, xs = ops.inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups,

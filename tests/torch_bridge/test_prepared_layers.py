@@ -1,0 +1,41 @@
+"""The functional forms reuse a prepared layer while its tensors are the same, unmodified."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch_bridge as tb  # noqa: E402
+import woa_jax  # noqa: E402
+from torch_bridge import projection  # noqa: E402
+from torch_bridge.interop import numpy_to_torch  # noqa: E402
+
+
+@pytest.fixture
+def inputs():
+    inp = woa_jax.example_inputs(tokens=2)
+    return [a if isinstance(a, int) else numpy_to_torch(np.array(a)) for a in inp]
+
+
+def test_repeated_calls_reuse_the_prepared_layer(inputs, monkeypatch):
+    monkeypatch.setattr(projection, "_PREPARED", type(projection._PREPARED)())
+    o, pos, cos, sin, w, ws, g = inputs
+    y1 = tb.wo_a_bf16(o, pos, cos, sin, w, ws, g)
+    first = projection._prepared(w, ws, g, cos, sin, backend="bf16")
+    y2 = tb.wo_a_bf16(o, pos, cos, sin, w, ws, g)
+    assert projection._prepared(w, ws, g, cos, sin, backend="bf16") is first
+    assert len(projection._PREPARED) == 1 and torch.equal(y1, y2)
+
+
+def test_a_modified_or_other_weight_is_prepared_again(inputs, monkeypatch):
+    monkeypatch.setattr(projection, "_PREPARED", type(projection._PREPARED)())
+    _, _, cos, sin, w, ws, g = inputs
+    first = projection._prepared(w, ws, g, cos, sin, backend="bf16")
+    w.view(torch.uint8)[0, 0] ^= 1  # in place: a new version of the same tensor
+    assert projection._prepared(w, ws, g, cos, sin, backend="bf16") is not first
+    assert projection._prepared(w.clone(), ws, g, cos, sin, backend="bf16") is not first
+    for _ in range(projection._PREPARED_LAYERS + 2):
+        projection._prepared(w.clone(), ws, g, cos, sin, backend="bf16")
+    assert len(projection._PREPARED) == projection._PREPARED_LAYERS
