@@ -15,10 +15,9 @@ import numpy as np
 import torch
 
 import woa_jax
-from woa_jax import ScaleLayout, checks, scale_shape
+from woa_jax import ScaleLayout, scale_shape
 from woa_jax.checks import as_enum
-
-_SCALE_BYTES = ("uint8", "float8_e8m0fnu")
+from woa_jax.layouts import check_layout_buffer, check_row_scales
 
 
 def _addresses(s: int, g: int, ks: int, layout: ScaleLayout, gs: int) -> np.ndarray:
@@ -48,21 +47,6 @@ def _index(s: int, g: int, ks: int, layout: ScaleLayout, gs: int,
     return torch.from_numpy(addr).reshape(-1).to(device)
 
 
-def _check_row_scales(x_scale) -> tuple[int, int, int]:
-    s, g, ks = checks.check_rank(x_scale, 3, "x_scale", "[S, G, Ks]")
-    checks.check_dtype(x_scale, _SCALE_BYTES, "x_scale")
-    return s, g, ks
-
-
-def _check_layout_buffer(buffer, layout: ScaleLayout, s: int, g: int, ks: int, gs: int,
-                         name: str = "buffer") -> None:
-    shape = scale_shape(s, g, ks, layout, gs)
-    if tuple(buffer.shape) != shape:
-        raise ValueError(f"{name}: a {layout.value} scale buffer for S={s}, G={g}, Ks={ks} has "
-                         f"shape {shape}, got {tuple(buffer.shape)}")
-    checks.check_dtype(buffer, _SCALE_BYTES, name)
-
-
 def to_scale_layout(x_scale: torch.Tensor, scale_layout: ScaleLayout | str, *,
                     quant_group_size: int = 128, pad_value: int = 0x7F,
                     out: torch.Tensor | None = None) -> torch.Tensor:
@@ -79,12 +63,12 @@ def to_scale_layout(x_scale: torch.Tensor, scale_layout: ScaleLayout | str, *,
       The buffer, ``woa_jax.scale_shape(S, G, Ks, scale_layout, GS)``, in ``x_scale``'s dtype.
     """
     layout = as_enum(ScaleLayout, scale_layout, "scale_layout")
-    s, g, ks = _check_row_scales(x_scale)
+    s, g, ks = check_row_scales(x_scale)
     if out is None:
         out = torch.full(scale_shape(s, g, ks, layout, quant_group_size), pad_value,
                          dtype=torch.uint8, device=x_scale.device).view(x_scale.dtype)
     else:
-        _check_layout_buffer(out, layout, s, g, ks, quant_group_size, "out")
+        check_layout_buffer(out, layout, s, g, ks, quant_group_size, "out")
     flat = out.view(torch.uint8).view(-1)
     flat[_index(s, g, ks, layout, quant_group_size, out.device)] = (
         x_scale.view(torch.uint8).reshape(-1))
@@ -96,7 +80,7 @@ def from_scale_layout(buffer: torch.Tensor, scale_layout: ScaleLayout | str, s: 
                       quant_group_size: int = 128) -> torch.Tensor:
     """Read the logical ``[S, G, Ks]`` scale bytes out of a ``scale_layout`` buffer."""
     layout = as_enum(ScaleLayout, scale_layout, "scale_layout")
-    _check_layout_buffer(buffer, layout, s, num_groups, scale_groups, quant_group_size)
+    check_layout_buffer(buffer, layout, s, num_groups, scale_groups, quant_group_size)
     idx = _index(s, num_groups, scale_groups, layout, quant_group_size, buffer.device)
     raw = buffer.contiguous().view(torch.uint8).reshape(-1)[idx]
     return raw.reshape(s, num_groups, scale_groups).view(buffer.dtype)

@@ -64,7 +64,7 @@ def _addresses(s: int, g: int, ks: int, layout: ScaleLayout, gs: int) -> np.ndar
             + ((ki % 4) * 16 + si % 16) * 4 + (si // 16) % 2 + ((ki // 4) % 2) * 2)
 
 
-def _check_row_scales(x_scale) -> tuple[int, int, int]:
+def check_row_scales(x_scale) -> tuple[int, int, int]:
     """``(S, G, Ks)`` of row-layout scale bytes (any array with ``shape``/``dtype``, torch too)."""
     if len(x_scale.shape) != 3:
         raise ValueError(f"x_scale must be 3-D [S, G, Ks], got shape {tuple(x_scale.shape)}")
@@ -72,7 +72,7 @@ def _check_row_scales(x_scale) -> tuple[int, int, int]:
     return tuple(int(d) for d in x_scale.shape)
 
 
-def _check_layout_buffer(buffer, layout: ScaleLayout, s: int, g: int, ks: int, gs: int,
+def check_layout_buffer(buffer, layout: ScaleLayout, s: int, g: int, ks: int, gs: int,
                          name: str = "buffer") -> None:
     """A ``layout`` buffer for ``[S, G, Ks]`` scales: ``scale_shape``'s shape, E8M0 bytes."""
     shape = scale_shape(s, g, ks, layout, gs)
@@ -86,7 +86,7 @@ def to_scale_layout(x_scale, scale_layout: ScaleLayout | str, *, quant_group_siz
                     pad_value: int = 0x7F):
     """Row-layout ``[S, G, Ks]`` scales into ``scale_layout``'s buffer (padding = ``pad_value``)."""
     layout = as_enum(ScaleLayout, scale_layout, "scale_layout")
-    s, g, ks = _check_row_scales(x_scale)
+    s, g, ks = check_row_scales(x_scale)
     shape = scale_shape(s, g, ks, layout, quant_group_size)
     addr = _addresses(s, g, ks, layout, quant_group_size)
     dtype = x_scale.dtype
@@ -99,7 +99,7 @@ def from_scale_layout(buffer, scale_layout: ScaleLayout | str, s: int, num_group
                       scale_groups: int, *, quant_group_size: int = 128):
     """Read the logical ``[S, G, Ks]`` scales back out of a ``scale_layout`` buffer."""
     layout = as_enum(ScaleLayout, scale_layout, "scale_layout")
-    _check_layout_buffer(buffer, layout, s, num_groups, scale_groups, quant_group_size)
+    check_layout_buffer(buffer, layout, s, num_groups, scale_groups, quant_group_size)
     addr = _addresses(s, num_groups, scale_groups, layout, quant_group_size)
     dtype = buffer.dtype
     raw = jax.lax.bitcast_convert_type(jnp.asarray(buffer), jnp.uint8).ravel()
