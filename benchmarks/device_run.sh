@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Runs on a lent GPU machine, from the repository root; logs, plots and the results CSV go to
+# Runs on a GPU machine, from the repository root; logs, plots and the results CSV go to
 # $OUT (the CSV also to benchmarks/results/, from where it is committed).
-#   bash benchmarks/device_run.sh tests    # the GPU suite (~4 min on one H200)
+#   bash benchmarks/device_run.sh tests    # the GPU suite
 #   bash benchmarks/device_run.sh bench    # sweep G 16/8/2 with plot, host cost, prefill
 #   bash benchmarks/device_run.sh sustained  # the M >= 1024 sweep at the sustained clock
-#   bash benchmarks/device_run.sh tune     # launch-shape candidates at G = 16 (~2 min)
-#   bash benchmarks/device_run.sh tp       # 2 GPUs: NCCL TP check and TP2 vs TP1 (~1.5 min)
-# jax-triton and deep_gemm are not in the device image: put their wheels in .whl/ (git-ignored)
-# and carry `.whl`; they are installed here first. The device copy's git history may be
-# missing or stale: set WOA_COMMIT to the commit measured; rows also carry the source digest.
+#   bash benchmarks/device_run.sh tune     # launch-shape candidates at G = 16
+#   bash benchmarks/device_run.sh tp       # 2 GPUs: NCCL TP check and TP2 vs TP1
+# Wheels in .whl/ (git-ignored; e.g. jax-triton on a machine without an index) are installed
+# first. Where the copy has no git history, set WOA_COMMIT to the commit measured; rows also
+# carry the source digest.
 set -o pipefail
 mode=${1:-bench}
 export PYTHONPATH=$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1

@@ -47,6 +47,12 @@ def tensor_signature(t) -> tuple | None:
     return _NOT_A_TENSOR
 
 
+def _typed(*options) -> tuple:
+    """Options as signature parts: with their types, since ``2.0 == 2`` and ``True == 1`` would
+    otherwise let a value the checks reject reuse the plan of one they accepted."""
+    return tuple((type(v), v) for v in options)
+
+
 def backend_signature(backend) -> Any:
     """The backend request as a signature part (``WOA_BACKEND`` counts when it is ``auto``)."""
     if backend in (None, "auto"):
@@ -175,9 +181,9 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
       BackendUnavailableError: the requested backend cannot run the call.
     """
     sig = tensor_signature
-    key = ("quant", sig(o), sig(positions), sig(cos_cache), sig(sin_cache), num_groups,
-           quant_group_size, scale_layout, backend_signature(backend), sig(x_fp8), sig(x_scale),
-           fp8_dtype, amax_floor)
+    key = ("quant", sig(o), sig(positions), sig(cos_cache), sig(sin_cache),
+           *_typed(num_groups, quant_group_size, scale_layout, fp8_dtype, amax_floor),
+           backend_signature(backend), sig(x_fp8), sig(x_scale))
     plan = _lookup(key)
     if plan is None:
         plan = _plan_quant(o, positions, cos_cache, sin_cache, num_groups, quant_group_size,
@@ -308,8 +314,8 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype: torch.dtype = torch
       BackendUnavailableError: the requested backend cannot run the call.
     """
     sig = tensor_signature
-    key = ("gemm", sig(x), sig(w), sig(x_scale), sig(w_scale), dtype, backend_signature(backend),
-           sig(out))
+    key = ("gemm", sig(x), sig(w), sig(x_scale), sig(w_scale), *_typed(dtype),
+           backend_signature(backend), sig(out))
     plan = _lookup(key)
     if plan is None:
         plan = _plan_gemm(x, w, x_scale, w_scale, dtype, backend, out)

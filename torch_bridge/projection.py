@@ -146,6 +146,7 @@ class WoAProjection:
         self._last: tuple | None = None
         self._per_device: dict[tuple, torch.Tensor] = {}
         self._plans: dict[tuple, _Plan] = {}
+        _LAYERS.add(self)
 
     @classmethod
     def from_tensors(cls, weight, weight_scale, num_groups: int, cos_cache, sin_cache,
@@ -269,9 +270,14 @@ class WoAProjection:
 
     def _decision(self, key: tuple | None = None) -> tuple[str, str | None]:
         key = key or self._last or self._case_args(None)
-        if key not in self._paths:
-            self._paths[key] = self._decide(self._case(*key))
-        return self._paths[key]
+        cached = (key, ops.backend_signature(self._backend))
+        if cached not in self._paths:
+            self._paths[cached] = self._decide(self._case(*key))
+        return self._paths[cached]
+
+    def _forget_plans(self) -> None:
+        self._plans.clear()
+        self._paths.clear()
 
     def _decide(self, case: Case) -> tuple[str, str | None]:
         cand, reasons = _dispatch.resolve("wo_a", case, self._backend)
@@ -410,9 +416,19 @@ def wo_a_bf16(o, positions, cos_cache, sin_cache, weight, weight_scale, num_grou
     return proj(o, positions, overwrite_o=overwrite_o)
 
 
-#: Prepared layers of the functional forms, newest last: ``key -> (weak refs, WoAProjection)``.
-_PREPARED: collections.OrderedDict[tuple, tuple[tuple, WoAProjection]] = collections.OrderedDict()
+#: Prepared layers of the functional forms, newest last.
+_PREPARED: collections.OrderedDict[tuple, WoAProjection] = collections.OrderedDict()
 _PREPARED_LAYERS = 4
+
+
+def _forget_all_plans() -> None:
+    for proj in list(_LAYERS):
+        proj._forget_plans()
+
+
+#: Every live layer, so that ``_dispatch.reset_caches`` reaches their plans too.
+_LAYERS: weakref.WeakSet[WoAProjection] = weakref.WeakSet()
+_dispatch._on_reset.append(_forget_all_plans)
 
 
 def _prepared(weight, weight_scale, num_groups: int, cos_cache, sin_cache, **options):
@@ -421,7 +437,9 @@ def _prepared(weight, weight_scale, num_groups: int, cos_cache, sin_cache, **opt
     Building one checks every weight byte and converts the weight, which is far more host and
     device work than the call itself; a later call with the same tensor objects, unmodified
     (same data pointer and version counter), reuses it. The last ``_PREPARED_LAYERS`` distinct
-    weights are kept; a model with many layers should hold one ``WoAProjection`` per layer.
+    weights are kept, with their prepared copies, until newer ones push them out (each holds its
+    tensors, so a pointer cannot be reused for other data while cached); a model with many
+    layers should hold one ``WoAProjection`` per layer.
     """
     tensors = (weight, weight_scale, cos_cache, sin_cache)
     if not all(t is None or isinstance(t, torch.Tensor) for t in tensors):
@@ -431,12 +449,12 @@ def _prepared(weight, weight_scale, num_groups: int, cos_cache, sin_cache, **opt
            *(None if t is None else (t.data_ptr(), t._version, tuple(t.shape), t.stride(),
                                      t.dtype, t.device) for t in tensors))
     hit = _PREPARED.get(key)
-    if hit is not None and all(r is None or r() is t for r, t in zip(hit[0], tensors, strict=True)):
+    if hit is not None:
         _PREPARED.move_to_end(key)
-        return hit[1]
+        return hit
     proj = WoAProjection(weight, weight_scale, num_groups, cos_cache, sin_cache, rope_dim=None,
                          **options)
-    _PREPARED[key] = (tuple(None if t is None else weakref.ref(t) for t in tensors), proj)
+    _PREPARED[key] = proj
     while len(_PREPARED) > _PREPARED_LAYERS:
         _PREPARED.popitem(last=False)
     return proj

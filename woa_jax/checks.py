@@ -89,6 +89,10 @@ def check_rope_inputs(o, positions, cos_cache, sin_cache, *,
         )
     check_dtype(cos_cache, ("bfloat16", "float16", "float32"), "cos_cache")
     check_dtype(sin_cache, ("bfloat16", "float16", "float32"), "sin_cache")
+    if dtype_name(cos_cache) != dtype_name(sin_cache):
+        # One table dtype decides how the rotation rounds its products on every backend.
+        raise TypeError(f"cos_cache and sin_cache must have one dtype, got "
+                        f"{dtype_name(cos_cache)} and {dtype_name(sin_cache)}")
     rd = 2 * cshape[1]
     if cshape[0] < 1 or rd < 2 or rd > dh:
         raise ValueError(

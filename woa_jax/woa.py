@@ -143,13 +143,7 @@ def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_group
     are bf16 cos/sin and ``amax_floor=1e-8``.
 
     Args:
-      o: ``[S, H, Dh]`` bf16 attention output of the rank's H heads (rope tail rotated).
-      positions: ``[S]`` int32/int64 token positions, clamped to ``[0, P - 1]``.
-      cos_cache, sin_cache: ``[P, rd / 2]`` bf16 or fp32 rope tables (``rope_cos_sin``).
-      weight: ``[G * N, K]`` fp8 checkpoint weight, groups stacked along rows, as stored.
-      weight_scale: ``[ceil(G * N / B), K / B]`` scales of its ``B x B`` blocks (B = 128, or 32
-        for V4.1) as stored: ``float8_e8m0fnu`` or ``uint8`` bytes, or float values.
-      num_groups: G; ``H * Dh`` must equal ``G * K``.
+      o, positions, cos_cache, sin_cache, weight, weight_scale, num_groups: as ``wo_a_bf16``.
       amax_floor: the quantizer's floor: 1e-8 (AITER) or 1e-10 (vLLM CUDA); finite and > 0.
       semantics: ``"fused"`` (fp32 rotation straight into the quantizer) or ``"unfused"``.
       dtype: output dtype, bf16 or fp32.

@@ -73,3 +73,29 @@ def test_projection_plans_once_per_signature(counted, triton_off):
     assert counted["rope"] == 2
     with pytest.raises(ValueError, match="must be contiguous"):
         proj(o.transpose(0, 1).contiguous().transpose(0, 1), pos)
+
+
+def test_a_cached_plan_does_not_pass_an_option_its_checks_reject():
+    c = rope_case(np.random.default_rng(0), s=4, h=2, dh=128, rd=64, num_groups=2, gs=64)
+    args = c.torch()
+    tb.inverse_rope_group_quant(*args, 2, 64, backend="torch", amax_floor=1)
+    with pytest.raises(ValueError, match="num_groups"):
+        tb.inverse_rope_group_quant(*args, 2.0, 64, backend="torch", amax_floor=1)
+    with pytest.raises((TypeError, ValueError), match="amax_floor"):
+        tb.inverse_rope_group_quant(*args, 2, 64, backend="torch", amax_floor=True)
+
+
+def test_projection_follows_woa_backend_and_reset(triton_off, monkeypatch):
+    rng = np.random.default_rng(1)
+    c = rope_case(rng, s=5, h=4, dh=128, rd=64, num_groups=2, gs=128)
+    w, sc = wo_a_checkpoint(rng, g=2, n=256, k=256)
+    proj = tb.WoAProjection(np_to_torch(w), np_to_torch(sc), 2, *c.torch()[2:])
+    o, pos = c.torch()[:2]
+    proj(o, pos)
+    assert proj.path == "bf16"
+    monkeypatch.setenv("WOA_BACKEND", "torch")
+    proj(o, pos)
+    assert proj.path == "torch"
+    assert proj._plans
+    tb._dispatch.reset_caches()
+    assert not proj._plans and not proj._paths

@@ -49,7 +49,7 @@ def test_gemm_config_rules(wgmma):
     tile (no split-K) only from one wave of tiles."""
     for m, g, n, k, block in _problems():
         cfg = configs.gemm_config(m, g, n, k, block, wgmma=wgmma)
-        assert cfg == dataclasses.replace(cfg)  # __post_init__ accepts it
+        dataclasses.replace(cfg)  # __post_init__ accepts it (raises otherwise)
         kb = k // block
         configs.check_split(cfg, kb)
         if cfg.split_k > 1:

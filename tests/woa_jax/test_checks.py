@@ -97,3 +97,10 @@ def test_torch_tensors_are_read_through_their_bytes():
     w.view(torch.uint8)[1, 7] = 0x7F
     with pytest.raises(ValueError, match=r"weight: element \[1, 7\] is NaN"):
         checks.check_wo_a_weight_values(w, torch.full((1, 2), 127, dtype=torch.uint8))
+
+
+def test_rope_tables_of_two_dtypes_are_rejected():
+    o = np.zeros((2, 1, 512), ml_dtypes.bfloat16)
+    cos = np.zeros((4, 32), np.float32)
+    with pytest.raises(TypeError, match="cos_cache and sin_cache must have one dtype"):
+        checks.check_rope_inputs(o, np.zeros(2, np.int32), cos, cos.astype(ml_dtypes.bfloat16))

@@ -9,7 +9,6 @@ padding, output buffers, the layer object) stays outside the calls.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from collections.abc import Callable
 
 from .problem import Problem, Skip, check_close, check_quant_bytes
@@ -131,13 +130,6 @@ def projection(p: Problem, backend: str):
                          backend=backend)
 
 
-def takes_overwrite_o() -> bool:
-    """Whether ``WoAProjection.__call__`` offers the opt-in in-place BF16 chain."""
-    from torch_bridge import WoAProjection
-
-    return "overwrite_o" in inspect.signature(WoAProjection.__call__).parameters
-
-
 def chain_bf16(sets, on_gpu):
     layers = [projection(p, "bf16") for p in sets]
     msg = check_close(layers[0](sets[0].o, sets[0].pos), sets[0], "chain_bf16")
@@ -145,8 +137,6 @@ def chain_bf16(sets, on_gpu):
 
 
 def chain_bf16_inplace(sets, on_gpu):
-    if not takes_overwrite_o():
-        raise Skip("WoAProjection.__call__ has no overwrite_o here")
     layers = [projection(p, "bf16") for p in sets]
     p0 = sets[0]
     msg = check_close(layers[0](p0.o.clone(), p0.pos, overwrite_o=True), p0, "chain_bf16")

@@ -358,7 +358,7 @@ def main(argv=None) -> None:
         args.reps = min(args.reps, 3)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun
         if int(os.environ["WORLD_SIZE"]) != WORLD:
-            raise SystemExit(f"tp_bench needs exactly {WORLD} ranks, got "
+            raise SystemExit(f"torch_bridge.bench.tp needs exactly {WORLD} ranks, got "
                              f"WORLD_SIZE={os.environ['WORLD_SIZE']}")
         _run(int(os.environ["RANK"]), args)
         return

@@ -52,37 +52,36 @@ def load_target(spec: str) -> Callable:
     return fn
 
 
-def numpy_to_torch(a, device: str = "cpu"):
-    """numpy (ml_dtypes bf16/fp8 included) to a torch tensor on ``device``, bytes unchanged."""
-    import jax
-
-    from ..interop import to_torch
-
-    return to_torch(jax.device_put(a, jax.devices("cpu")[0])).to(device)
-
-
 def torch_adapter(fn: Callable, op: str, device: str) -> Callable:
     """Wrap a torch function with AITER's signature into the sweep's numpy-in callable.
 
     Outputs stay torch tensors; ``woa_jax.testing.to_numpy`` reads them (GPU ones included).
     """
+    import numpy as np
+
+    from ..interop import numpy_to_torch
+
+    def on_device(*arrays):
+        return [numpy_to_torch(np.asarray(a)).to(device) for a in arrays]
+
     if op == _QUANT:
         def quant(o, positions, cos_cache, sin_cache, num_groups, quant_group_size):
-            t = [numpy_to_torch(a, device) for a in (o, positions, cos_cache, sin_cache)]
-            return fn(*t, num_groups, quant_group_size)
+            return fn(*on_device(o, positions, cos_cache, sin_cache), num_groups,
+                      quant_group_size)
         return quant
 
     def gemm(x, w, x_scale, w_scale):
-        return fn(*(numpy_to_torch(a, device) for a in (x, w, x_scale, w_scale)))
+        return fn(*on_device(x, w, x_scale, w_scale))
     return gemm
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``woa conformance``: the report as text or JSON; returns the ``ExitCode``."""
     output.check_json_dest(args.json)
-    from woa_jax import conformance
+    from woa_jax import AITER_AMAX_FLOOR, CUDA_AMAX_FLOOR, conformance
 
-    floors = {"aiter": (1e-8,), "cuda": (1e-10,), "any": conformance.DEFAULT_FLOORS}[args.floor]
+    floors = {"aiter": (AITER_AMAX_FLOOR,), "cuda": (CUDA_AMAX_FLOOR,),
+              "any": conformance.DEFAULT_FLOORS}[args.floor]
     targets = [(spec, load_target(spec)) for spec in args.targets]
     device = args.device
     if device is None:

@@ -40,7 +40,7 @@ def embedded_checkpoint(directory: pathlib.Path, cfg, layer: int, seed: int, *,
     import woa_jax
 
     from ..checkpoint import save_wo_a_layer
-    from .conformance import numpy_to_torch
+    from ..interop import numpy_to_torch
 
     full = woa_jax.example_inputs(config=cfg, tokens=1, tp_size=1, seed=seed, max_position=1,
                                   keys=1)

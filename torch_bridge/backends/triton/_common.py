@@ -136,12 +136,8 @@ def target() -> str:
 
 
 def hw_fp8_cast(fp8_dtype: torch.dtype) -> bool:
-    """Whether the compiled fp32 -> fp8 cast is already RNE on the e4m3 grid (CUDA e4m3fn).
-
-    The interpreter rounds ties away from zero and AMD's e4m3fnuz cast is not checked here, so
-    those round on the fp32 side first (same bytes, more instructions).
-    """
-    return target() == "cuda" and fp8_dtype == torch.float8_e4m3fn
+    """``configs.hw_fp8_cast`` for ``fp8_dtype`` on this process's target."""
+    return configs.hw_fp8_cast(str(fp8_dtype).removeprefix("torch."), target())
 
 
 def round_products(o: torch.Tensor, cos_cache: torch.Tensor) -> int:

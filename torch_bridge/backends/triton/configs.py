@@ -346,6 +346,16 @@ def fused_config(m: int, g: int, n: int, k: int, block: int) -> GemmConfig:
     return dataclasses.replace(cfg, split_k=k_split(cfg, m, g, n, k // block), num_stages=4)
 
 
+def hw_fp8_cast(fp8_name: str, target: str) -> bool:
+    """Whether the compiled fp32 -> fp8 cast on ``target`` is already RNE on the e4m3 grid.
+
+    Only CUDA's e4m3fn cast is; the interpreter rounds ties away from zero and AMD's e4m3fnuz
+    cast is not checked here, so those round on the fp32 side first (same bytes, more
+    instructions).
+    """
+    return target == "cuda" and fp8_name == "float8_e4m3fn"
+
+
 def fused_blocker(dh: int, rd: int, block: int,
                   config: GemmConfig | None = None) -> str | None:
     """Why the fused kernel cannot run a chain of head dim ``dh``, rope dim ``rd`` and scale

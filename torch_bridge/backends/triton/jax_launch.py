@@ -128,8 +128,7 @@ def _quant_constants(fp8_dtype, amax_floor: float, o_dtype, rope_dtype) -> dict[
     this route's only target, CUDA, where the e4m3fn cast is already round-to-nearest-even."""
     name = np.dtype(fp8_dtype).name
     target = "interpreter" if interpreter_on() else "cuda"
-    hw_cast = name == "float8_e4m3fn" and target == "cuda"
-    return dict(configs.quant_constants(name, amax_floor, hw_cast),
+    return dict(configs.quant_constants(name, amax_floor, configs.hw_fp8_cast(name, target)),
                 ROUND_PRODUCTS=configs.round_products(np.dtype(o_dtype).name,
                                                       np.dtype(rope_dtype).name, target))
 

@@ -11,8 +11,6 @@ from .chain import inverse_rope, wo_a_bf16, wo_a_fp8
 from .configs import (
     GemmConfig,
     QuantConfig,
-    QuantLaunch,
-    fused_blocker,
     fused_chosen,
     fused_config,
     gemm_config,
@@ -26,9 +24,7 @@ from .quant import inverse_rope_group_quant
 __all__ = [
     "GemmConfig",
     "QuantConfig",
-    "QuantLaunch",
     "batched_gemm_a8w8_mxscale",
-    "fused_blocker",
     "fused_chosen",
     "fused_config",
     "gemm_config",

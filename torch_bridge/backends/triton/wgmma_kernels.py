@@ -21,7 +21,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-# Triton 3.6 (the H200 image) names the TMA copies async_copy_*; 3.7+ renamed them async_load /
+# Triton 3.6 names the TMA copies async_copy_*; 3.7+ renamed them async_load /
 # async_store and later removed the old names.
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
