@@ -77,11 +77,12 @@ def jax_io(*, outputs: tuple[str, ...] = ()):
 def numpy_to_torch(a: np.ndarray) -> torch.Tensor:
     """A CPU tensor with ``a``'s bytes, shape and dtype (ml_dtypes bf16, fp8 and E8M0 included).
 
-    Shares ``a``'s memory when ``a`` is C-contiguous, else copies once.
+    Shares ``a``'s memory when ``a`` is C-contiguous and writable (torch has no read-only
+    tensors), else copies once.
     """
     if not isinstance(a, np.ndarray):
         raise TypeError(f"numpy_to_torch expects a numpy array, got {type(a).__name__}")
-    a = np.ascontiguousarray(a)
+    a = np.ascontiguousarray(a) if a.flags.writeable else np.array(a, order="C")
     name = a.dtype.name
     if name in _VIEW_DTYPES:
         return torch.from_numpy(a.view(_CARRIER[a.dtype.itemsize][0])).view(getattr(torch, name))
