@@ -54,6 +54,7 @@ def _differ(actual, expected) -> int:
 def _inputs(s, g, table, rope_dtype, seed):
     """``o [S, G * 8, 512]`` bf16, positions, and the cos/sin table ``[P, 32]``."""
     import woa_jax
+    from torch_bridge import interop
 
     gen = torch.Generator(device="cuda").manual_seed(seed)
     o = (torch.randn((s, g * HPG, DH), generator=gen, device="cuda") / 10).to(torch.bfloat16)
@@ -62,7 +63,7 @@ def _inputs(s, g, table, rope_dtype, seed):
         ang = torch.rand((P, RD // 2), generator=gen, device="cuda") * 6.3
         cos, sin = torch.cos(ang), torch.sin(ang)
     else:
-        cos, sin = (torch.from_numpy(np.asarray(t)).cuda()
+        cos, sin = (interop.numpy_to_torch(np.asarray(t)).cuda()
                     for t in woa_jax.rope_cos_sin(table, "compress", max_positions=P))
     return o, pos, cos.to(rope_dtype), sin.to(rope_dtype)
 
