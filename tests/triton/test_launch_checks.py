@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from torch_bridge.backends.triton import gemm, launch  # noqa: E402
+from torch_bridge.backends.triton import _common, gemm, launch  # noqa: E402
 
 
 def _fp8(*shape):
@@ -72,11 +72,8 @@ def test_wgmma_relaunch_passes_every_argument_in_kernel_order(monkeypatch):
                 return Compiled()
             return launch_
 
-    class Stream:
-        cuda_stream = 1234
-
     monkeypatch.setattr(wgmma_kernels, "batched_gemm_a8w8_mxscale_wgmma_kernel", Kernel())
-    monkeypatch.setattr(gemm.torch.cuda, "current_stream", lambda device=None: Stream())
+    monkeypatch.setattr(_common, "current_stream", lambda: 1234)
     monkeypatch.setattr(gemm, "COMPILED_WGMMA", {})
     g, n, k = 2, 256, 512
     w, ws = _fp8(g, n, k), torch.full((g, n // 128, k // 128), 127, dtype=torch.uint8)
@@ -95,7 +92,7 @@ def test_wgmma_relaunch_passes_every_argument_in_kernel_order(monkeypatch):
     from triton import knobs
 
     assert args[:9] == (4, 1, 1, 1234, "function", "metadata",
-                        ("launch metadata", (4, 1, 1), 1234, len(real.arg_names)),
+                        ("launch metadata", (4,), 1234, len(real.arg_names)),
                         knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
     values = dict(zip(real.arg_names, args[9:], strict=True))
     assert isinstance(values["x_desc"], TensorDescriptor)
@@ -104,3 +101,55 @@ def test_wgmma_relaunch_passes_every_argument_in_kernel_order(monkeypatch):
     assert values["xs_ptr"].data_ptr() == xs_80.data_ptr() and values["M"] == 80
     assert values["STAGES"] == 4 and values["num_warps"] == 4 and values["G"] == g
     assert values["SWAP_AB"] is False
+
+
+def test_relaunch_goes_straight_to_the_compiled_kernel_per_specialization(monkeypatch):
+    """``_common.launch`` (no GPU here: the kernel and the stream are stand-ins) compiles through
+    Triton's path once per specialization (plan key, argument dtypes, 16-byte alignment, integer
+    value classes), then relaunches the compiled kernel with the runtime arguments followed by
+    every constexpr in parameter order (defaults included) and Triton's metadata and hooks."""
+    import inspect
+
+    from triton import knobs
+
+    first_launches, relaunches = [], []
+
+    class Compiled:
+        function, packed_metadata = "function", "metadata"
+
+        def launch_metadata(self, grid, stream, *args):
+            return ("launch metadata", grid, stream, len(args))
+
+        def run(self, *args):
+            relaunches.append(args)
+
+    def fake(x_ptr, n, y_ptr, BLOCK, FLAG=True):  # a kernel's signature, not run
+        raise AssertionError
+
+    class Kernel:
+        params = [type("P", (), {"name": p.name, "default": p.default})()
+                  for p in inspect.signature(fake).parameters.values()]
+
+        def __getitem__(self, grid):
+            def launch_(*args, **constexprs):
+                first_launches.append((grid, args, constexprs))
+                return Compiled()
+            return launch_
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(_common, "current_stream", lambda: 99)
+    monkeypatch.setattr(_common, "COMPILED", {})
+    kernel = Kernel()
+    x, y = torch.zeros(64), torch.zeros(64)
+    calls = [((x, 32, y), "k"), ((x, 48, y), "k"),  # 32 and 48: both multiples of 16
+             ((x, 1, y), "k"),  # == 1: a new specialization
+             ((x[1:], 32, y), "k"),  # misaligned pointer: new
+             ((x.double(), 32, y), "k"),  # dtype: new
+             ((x, 32, y), "other plan")]  # another plan key: new
+    for args, key in calls:
+        _common.launch(kernel, (3, 2), args, {"BLOCK": 16}, key)
+    assert len(first_launches) == 5 and len(relaunches) == 1
+    assert first_launches[0] == ((3, 2), (x, 32, y), {"BLOCK": 16})
+    assert relaunches[0] == (3, 2, 1, 99, "function", "metadata",
+                             ("launch metadata", (3, 2), 99, 5), knobs.runtime.launch_enter_hook,
+                             knobs.runtime.launch_exit_hook, x, 48, y, 16, True)

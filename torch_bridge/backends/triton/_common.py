@@ -92,10 +92,75 @@ def signature(t: torch.Tensor) -> tuple:
     return t.shape, t.stride(), t.dtype, t.device
 
 
+_SAME_DEVICE = contextlib.nullcontext()
+
+
 def on_device_of(t: torch.Tensor):
     """Triton launches on torch's current CUDA device: make it the operands' (a no-op when it
     already is, and for the interpreter's CPU tensors)."""
-    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+    if not t.is_cuda or t.device.index == torch.cuda.current_device():
+        return _SAME_DEVICE
+    return torch.cuda.device(t.device)
+
+
+#: Compiled kernels by launch specialization (``launch``).
+COMPILED: dict[tuple, tuple] = {}
+
+
+def _specialization(a) -> object:
+    """What Triton specializes a runtime argument on: a tensor's dtype and 16-byte alignment, an
+    integer's value class (1, a multiple of 16, 32 or 64 bits), anything else's type."""
+    if isinstance(a, torch.Tensor):
+        return a.dtype, a.data_ptr() % 16 == 0
+    if type(a) is int:
+        return a == 1, a % 16 == 0, -2**31 <= a < 2**31
+    return type(a)
+
+
+def launch(kernel, grid: tuple[int, ...], args: tuple, constexprs: dict, plan_key: tuple) -> None:
+    """``kernel[grid](*args, **constexprs)`` on the current device and stream.
+
+    Triton's own launch path re-derives the specialization from every argument on each call,
+    several times the launch's host cost; a repeat of a compiled specialization (``plan_key``,
+    which fixes the constexprs, plus ``_specialization`` of each runtime argument) launches the
+    compiled kernel directly. The interpreter always takes Triton's path.
+    """
+    from . import interpreter_on
+
+    if interpreter_on():
+        kernel[grid](*args, **constexprs)
+        return
+    key = (plan_key, *map(_specialization, args))
+    found = COMPILED.get(key)
+    if found is None:
+        compiled = kernel[grid](*args, **constexprs)
+        tail = tuple(constexprs[p.name] if p.name in constexprs else p.default
+                     for p in kernel.params[len(args):])
+        if len(COMPILED) >= _MAX_PLANS:
+            COMPILED.clear()
+        COMPILED[key] = (compiled, tail)
+        return
+    compiled, tail = found
+    _run_compiled(compiled, grid, (*args, *tail))
+
+
+def current_stream() -> int:
+    """The current device's current stream, as Triton's launcher takes it."""
+    from triton.runtime.driver import driver
+
+    return driver.active.get_current_stream(torch.cuda.current_device())
+
+
+def _run_compiled(compiled, grid: tuple[int, ...], ordered: tuple) -> None:
+    """The launch step of Triton's own path (3.6 to 3.9), profiler hooks included."""
+    from triton import knobs
+
+    stream = current_stream()
+    g1 = grid[1] if len(grid) > 1 else 1
+    g2 = grid[2] if len(grid) > 2 else 1
+    compiled.run(grid[0], g1, g2, stream, compiled.function, compiled.packed_metadata,
+                 compiled.launch_metadata(grid, stream, *ordered),
+                 knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *ordered)
 
 
 def as_bytes(scale: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,7 @@ from . import configs, kernels
 from ._common import (
     as_bytes,
     last_dims_contiguous,
+    launch,
     launcher_op,
     on_device_of,
     output,
@@ -52,9 +53,10 @@ def _wo_a_fp8_op(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tens
         num_stages))
     with on_device_of(o):
         split, parts, counters = split_scratch(out, split_k, grid[0] * grid[1])
-        kernels.wo_a_fp8_kernel[(*grid, split)](
-            o, positions, cos_cache, sin_cache, w, w_scale, o.shape[0], cos_cache.shape[0], x_fp8,
-            x_scale, out, parts, counters, SPLIT_K=split, **constexprs)
+        launch(kernels.wo_a_fp8_kernel, (*grid, split),
+               (o, positions, cos_cache, sin_cache, w, w_scale, o.shape[0], cos_cache.shape[0],
+                x_fp8, x_scale, out, parts, counters), dict(constexprs, SPLIT_K=split),
+               (key, split))
 
 
 def _wo_a_fp8_plan(o, cos_cache, sin_cache, w, w_scale, out, amax_floor, block_m, block_n,
@@ -158,10 +160,10 @@ def _launch_inverse_rope(o: torch.Tensor, positions: torch.Tensor, cos_cache: to
     key = ("inverse_rope", *signature(o), *signature(cos_cache), copy)
     grid, constexprs = plan(key, lambda: _inverse_rope_plan(o, cos_cache, copy))
     with on_device_of(o):
-        kernels.inverse_rope_kernel[grid](
-            o, positions, cos_cache, sin_cache, o.shape[0] * o.shape[1], cos_cache.shape[0],
-            o.stride(0), o.stride(1), cos_cache.stride(0), sin_cache.stride(0), y, y.stride(0),
-            y.stride(1), **constexprs)
+        launch(kernels.inverse_rope_kernel, grid,
+               (o, positions, cos_cache, sin_cache, o.shape[0] * o.shape[1], cos_cache.shape[0],
+                o.stride(0), o.stride(1), cos_cache.stride(0), sin_cache.stride(0), y,
+                y.stride(0), y.stride(1)), constexprs, key)
 
 
 def _inverse_rope_plan(o, cos_cache, copy: bool):
@@ -239,4 +241,6 @@ def wo_a_bf16(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
       ``[S, G, N]`` bf16.
     """
     x = inverse_rope(o, positions, cos_cache, sin_cache, inplace=inplace)
-    return torch.einsum("sgk,gnk->sgn", x.view(x.shape[0], num_groups, -1), w_bf16)
+    x = x.view(x.shape[0], num_groups, -1).transpose(0, 1)  # [G, S, K]
+    # bmm rather than einsum: the same cuBLAS call without einsum's host-side parsing.
+    return torch.bmm(x, w_bf16.transpose(1, 2)).transpose(0, 1)

@@ -12,7 +12,9 @@ import torch
 
 from . import configs, kernels
 from ._common import (
+    _run_compiled,
     as_bytes,
+    launch,
     launcher_op,
     on_device_of,
     output,
@@ -116,9 +118,9 @@ def _batched_gemm_a8w8_mxscale_op(x: torch.Tensor, w: torch.Tensor, x_scale: tor
         else:
             g = x.shape[1]
             split, parts, counters = split_scratch(out, split, grid[0])
-            kernels.batched_gemm_a8w8_mxscale_kernel[(grid[0] // g, g, split)](
-                x, w, x_scale, w_scale, x.shape[0], out, parts, counters, SPLIT_K=split,
-                **constexprs)
+            launch(kernels.batched_gemm_a8w8_mxscale_kernel, (grid[0] // g, g, split),
+                   (x, w, x_scale, w_scale, x.shape[0], out, parts, counters),
+                   dict(constexprs, SPLIT_K=split), (key, split))
 
 
 def _gemm_plan(x, w, x_scale, w_scale, out, cfg: GemmConfig):
@@ -171,7 +173,6 @@ COMPILED_WGMMA: dict[tuple, object] = {}
 
 def _launch_wgmma(x, w, x_scale, w_scale, out, block_m, block_n, block, num_warps,
                   num_stages, programs_per_sm, swap_ab) -> None:
-    from triton import knobs
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from . import wgmma_kernels
@@ -206,13 +207,8 @@ def _launch_wgmma(x, w, x_scale, w_scale, out, block_m, block_n, block, num_warp
         COMPILED_WGMMA[key] = kernel[(programs,)](
             **descs, xs_ptr=x_scale, ws_ptr=w_scale, M=m, num_programs=programs, **args)
         return
-    # The launch step of Triton's own path (3.6 to 3.9), profiler hooks included.
     values = dict(descs, xs_ptr=x_scale, ws_ptr=w_scale, M=m, num_programs=programs, **args)
-    ordered = [values[name] for name in kernel.arg_names]
-    stream = torch.cuda.current_stream(x.device).cuda_stream
-    compiled.run(programs, 1, 1, stream, compiled.function, compiled.packed_metadata,
-                 compiled.launch_metadata((programs, 1, 1), stream, *ordered),
-                 knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *ordered)
+    _run_compiled(compiled, (programs,), tuple(values[name] for name in kernel.arg_names))
 
 
 def _check_explicit_wgmma(config: GemmConfig, x, w, out, block: int) -> None:

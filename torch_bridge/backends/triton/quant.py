@@ -11,6 +11,7 @@ from . import configs, kernels
 from ._common import (
     as_bytes,
     last_dims_contiguous,
+    launch,
     launcher_op,
     on_device_of,
     plan,
@@ -37,9 +38,9 @@ def _inverse_rope_group_quant_op(o: torch.Tensor, positions: torch.Tensor,
         o, cos_cache, x_fp8.dtype, quant_group_size, amax_floor,
         QuantConfig(block_r, num_warps, block_h)))
     with on_device_of(o):
-        getattr(kernels, kernel)[grid](
-            o, positions, cos_cache, sin_cache, n_work, cos_cache.shape[0], o.stride(0),
-            cos_cache.stride(0), sin_cache.stride(0), x_fp8, x_scale, **constexprs)
+        launch(kernel, grid, (o, positions, cos_cache, sin_cache, n_work, cos_cache.shape[0],
+                              o.stride(0), cos_cache.stride(0), sin_cache.stride(0), x_fp8,
+                              x_scale), constexprs, key)
 
 
 def _quant_plan(o, cos_cache, fp8_dtype, quant_group_size, amax_floor, cfg: QuantConfig):
@@ -52,7 +53,7 @@ def _quant_plan(o, cos_cache, fp8_dtype, quant_group_size, amax_floor, cfg: Quan
                       num_warps=cfg.num_warps, **launch.shape,
                       ROUND_PRODUCTS=round_products(o, cos_cache),
                       **quant_constants(fp8_dtype, amax_floor))
-    return kernel, launch.grid, launch.n_work, constexprs
+    return getattr(kernels, kernel), launch.grid, launch.n_work, constexprs
 
 
 def inverse_rope_group_quant(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
