@@ -456,17 +456,18 @@ def bf16_gemm_config(s: int, g: int, n: int, k: int, block_k: int = 64,
     Above 64 tokens the largest tile of the ladder that still makes two waves of programs
     (``ONE_WAVE_TILES`` each; the last tile whatever it makes). Up to 64 tokens the problem
     streams the weight: the token tile is the tokens rounded up to a power of two (16 to 64),
-    64 weight rows per program, halved down to 16 until the programs fill one wave (G = 2),
-    5 stages.
+    64 weight rows per program, halved down to 16 until the programs fill one wave (G = 2);
+    5 stages, 8 for the narrower tiles, which keep fewer bytes in flight per stage.
     """
     if s <= 64:
-        stages = 2 if target == "hip" else 5
         cfg = Bf16GemmConfig(min(64, max(16, 1 << max(0, s - 1).bit_length())), 64,
                              min(block_k, 32 if target == "hip" else 64), num_warps=4,
-                             num_stages=stages)
+                             num_stages=5)
         while cfg.block_n > 16 and _bf16_programs(cfg, s, g, n) < ONE_WAVE_TILES:
             cfg = dataclasses.replace(cfg, block_n=cfg.block_n // 2)
-        return cfg
+        if target == "hip":
+            return dataclasses.replace(cfg, num_stages=2)
+        return cfg if cfg.block_n == 64 else dataclasses.replace(cfg, num_stages=8)
     ladder = _bf16_tile_ladder(target)
     for cfg in ladder:
         if _bf16_programs(cfg, s, g, n) >= 2 * ONE_WAVE_TILES:
