@@ -149,6 +149,26 @@ def test_the_rule_picks_the_path_and_both_agree(rng, monkeypatch):
     assert_close(y_inplace, y_copy, tolerance="gemm_bf16")
 
 
+def test_plan_is_reused_and_keyed_on_layout(rng, monkeypatch):
+    """A repeated call reuses its launch plan; a padded ``o`` or another config gets its own."""
+    h, dh, rd, g, n = 4, 128, 64, 2, 32
+    o, pos, cos, sin = rope_case(rng, s=3, h=h, dh=dh, rd=rd)
+    _, _, w = _checkpoint(rng, g, n, h * dh // g)
+    made = []
+    real = chain._wo_a_bf16_plan
+    monkeypatch.setattr(_common, "PLANS", {})
+    monkeypatch.setattr(chain, "_wo_a_bf16_plan", lambda *a: made.append(a[-1]) or real(*a))
+    y = launch.wo_a_bf16(o, pos, cos, sin, w, g)
+    assert_bitwise_equal(launch.wo_a_bf16(o, pos, cos, sin, w, g), y)
+    assert len(made) == 1
+    padded = torch.zeros((3, h, dh + 64), dtype=torch.bfloat16, device=DEVICE)[:, :, :dh]
+    padded.copy_(o)
+    assert_bitwise_equal(launch.wo_a_bf16(padded, pos, cos, sin, w, g), y)
+    cfg = Bf16GemmConfig(16, 32, 32, num_warps=2, num_stages=2)
+    assert_close(launch.wo_a_bf16(o, pos, cos, sin, w, g, config=cfg), y, tolerance="gemm_bf16")
+    assert len(made) == 3 and made[-1] == cfg
+
+
 def test_zero_tokens_and_heads_the_gemm_cannot_tile(rng):
     h, dh, rd, g, n = 4, 128, 64, 2, 32
     o, pos, cos, sin = rope_case(rng, s=3, h=h, dh=dh, rd=rd)

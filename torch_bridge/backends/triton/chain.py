@@ -252,10 +252,11 @@ def _wo_a_bf16_op(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Ten
     if o.shape[0] == 0:
         return
     _launch_inverse_rope(o, positions, cos_cache, sin_cache, tails)
-    cfg = Bf16GemmConfig(block_m, block_n, block_k, num_warps, num_stages, tma)
-    key = ("wo_a_bf16", *signature(o), *signature(tails), *signature(w), *signature(out), cfg,
+    shape = (block_m, block_n, block_k, num_warps, num_stages, tma)
+    key = ("wo_a_bf16", *signature(o), *signature(tails), *signature(w), *signature(out), shape,
            tma and bf16_tma_ok(o, w, block_n))
-    path, grid, constexprs = plan(key, lambda: _wo_a_bf16_plan(o, tails, w, out, cfg))
+    path, grid, constexprs = plan(key, lambda: _wo_a_bf16_plan(o, tails, w, out,
+                                                               Bf16GemmConfig(*shape)))
     s = o.shape[0]
     with on_device_of(o):
         if path == "tma":
