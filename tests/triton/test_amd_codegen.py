@@ -62,9 +62,9 @@ _SCRIPT = textwrap.dedent("""
         rotate = {**rope, "n_rows": "i32", "n_pos_rows": "i32", "stride_os": "i32",
                   "stride_oh": "i32", "stride_cp": "i32", "stride_sp": "i32", "y_ptr": "*bf16",
                   "stride_ys": "i32", "stride_yh": "i32"}
-        for copy in (False, True):
+        for copy, tails in ((False, False), (True, False), (False, True)):
             amdgcn(arch, kernels.inverse_rope_kernel, rotate,
-                   dict(H=8 * g, DH=512, RD=64, BLOCK_R=32, COPY_NOPE=copy,
+                   dict(H=8 * g, DH=512, RD=64, BLOCK_R=32, COPY_NOPE=copy, TAIL_ONLY=tails,
                         ROUND_PRODUCTS=consts["ROUND_PRODUCTS"]))
         print(arch, "quant and rope")
 

@@ -1,9 +1,10 @@
 """The Triton backend (``WOA_BACKEND=triton``): NVIDIA sm_89+ (Hopper tuned) and AMD gfx942/gfx950.
 
-Kernel bodies live in ``kernels.py`` and ``wgmma_kernels.py`` (the Hopper GEMM, written in
-Triton's Gluon dialect), with no torch import so that ``torch_bridge.jax_ops`` launches the same
-kernels (``jax_launch.py``). ``configs.py`` holds the launch rules both launchers share;
-``launch.py`` is the torch face, one function per op, each a ``torch.library`` custom op.
+Kernel bodies live in ``kernels.py``, ``bf16_kernels.py`` (the BF16 chain's GEMM) and
+``wgmma_kernels.py`` (the Hopper GEMM, written in Triton's Gluon dialect), with no torch import
+so that ``torch_bridge.jax_ops`` launches the same kernels (``jax_launch.py``). ``configs.py``
+holds the launch rules both launchers share; ``launch.py`` is the torch face, one function per
+op, each a ``torch.library`` custom op.
 With ``TRITON_INTERPRET=1`` the kernels run on CPU tensors through Triton's interpreter (CI).
 Importing this package touches no GPU and does not import Triton.
 """

@@ -2,8 +2,10 @@
 
 * ``wo_a_fp8``: one fused kernel at decode sizes (``woa_triton::wo_a_fp8``), else
   ``inverse_rope_group_quant`` then ``batched_gemm_a8w8_mxscale``.
-* ``wo_a_bf16``: the rope tail rotated by ``inverse_rope`` (``woa_triton::inverse_rope``, or
-  ``woa_triton::inverse_rope_`` in place), then a cuBLAS bf16 batched GEMM.
+* ``wo_a_bf16``: by default the rotated rope tails alone, then the BF16 GEMM reading A from ``o``
+  and those tails (``woa_triton::wo_a_bf16``, ``o`` never written); else the rope tail rotated
+  by ``inverse_rope`` into a copy (``woa_triton::inverse_rope``) or in place
+  (``woa_triton::inverse_rope_``), then a cuBLAS bf16 batched GEMM.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import torch
 
 from woa_jax import AITER_AMAX_FLOOR
 
-from . import configs, kernels
+from . import bf16_kernels, configs, kernels
 from ._common import (
     as_bytes,
     last_dims_contiguous,
@@ -26,8 +28,9 @@ from ._common import (
     rows_contiguous,
     run_mutating,
     signature,
+    target,
 )
-from .configs import GemmConfig
+from .configs import Bf16GemmConfig, GemmConfig
 from .gemm import batched_gemm_a8w8_mxscale
 from .quant import inverse_rope_group_quant
 from .split_k import split_scratch
@@ -154,11 +157,13 @@ ROPE_BLOCK_R = 32
 
 def _launch_inverse_rope(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
                          sin_cache: torch.Tensor, y: torch.Tensor) -> None:
+    """Rotate ``o``'s rope tails into ``y``: ``o`` itself (in place), a ``[S, H, Dh]`` copy, or
+    a ``[S, H, rd]`` buffer of the tails alone."""
     if o.shape[0] == 0:
         return
-    copy = y is not o
-    key = ("inverse_rope", *signature(o), *signature(cos_cache), copy)
-    grid, constexprs = plan(key, lambda: _inverse_rope_plan(o, cos_cache, copy))
+    mode = "in place" if y is o else ("tails" if y.shape[2] != o.shape[2] else "copy")
+    key = ("inverse_rope", *signature(o), *signature(cos_cache), mode)
+    grid, constexprs = plan(key, lambda: _inverse_rope_plan(o, cos_cache, mode))
     with on_device_of(o):
         launch(kernels.inverse_rope_kernel, grid,
                (o, positions, cos_cache, sin_cache, o.shape[0] * o.shape[1], cos_cache.shape[0],
@@ -166,12 +171,12 @@ def _launch_inverse_rope(o: torch.Tensor, positions: torch.Tensor, cos_cache: to
                 y.stride(0), y.stride(1)), constexprs, key)
 
 
-def _inverse_rope_plan(o, cos_cache, copy: bool):
+def _inverse_rope_plan(o, cos_cache, mode: str):
     """``(grid, constexprs)`` of one rotation launch signature."""
     s, h, dh = o.shape
     return (configs.cdiv(s * h, ROPE_BLOCK_R),), dict(
-        H=h, DH=dh, RD=2 * cos_cache.shape[1], BLOCK_R=ROPE_BLOCK_R, COPY_NOPE=copy,
-        ROUND_PRODUCTS=round_products(o, cos_cache), num_warps=4)
+        H=h, DH=dh, RD=2 * cos_cache.shape[1], BLOCK_R=ROPE_BLOCK_R, COPY_NOPE=mode == "copy",
+        TAIL_ONLY=mode == "tails", ROUND_PRODUCTS=round_products(o, cos_cache), num_warps=4)
 
 
 @launcher_op("inverse_rope", mutates_args=("y",))
@@ -184,6 +189,19 @@ def _inverse_rope_op(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.
 def _inverse_rope_inplace_op(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
                              sin_cache: torch.Tensor) -> None:
     _launch_inverse_rope(o, positions, cos_cache, sin_cache, o)
+
+
+def _check_rotation(o: torch.Tensor, cos_cache: torch.Tensor, inplace: bool) -> None:
+    """``inverse_rope``'s requirements on ``o`` and the tables (see there)."""
+    rd = 2 * cos_cache.shape[1]
+    if rd & (rd - 1) or rd > o.shape[2]:
+        raise ValueError(f"inverse_rope: rd = 2 * cos_cache.shape[1] = {rd} must be a power of "
+                         f"two (a Triton tile) no larger than head_dim {o.shape[2]}")
+    if o.dtype != torch.bfloat16:
+        raise TypeError(f"inverse_rope is the BF16 chain's: o must be bfloat16, got {o.dtype}")
+    if o.stride(2) != 1 or (inplace and o.stride(1) != o.shape[2]):
+        raise ValueError(f"inverse_rope needs o with a contiguous Dh dim (and packed [H, Dh] "
+                         f"dims in place), got strides {list(o.stride())}")
 
 
 def inverse_rope(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
@@ -207,15 +225,7 @@ def inverse_rope(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tens
       ValueError: a bad ``rd`` or strides of ``o``.
       TypeError: ``o`` is not bf16.
     """
-    rd = 2 * cos_cache.shape[1]
-    if rd & (rd - 1) or rd > o.shape[2]:
-        raise ValueError(f"inverse_rope: rd = 2 * cos_cache.shape[1] = {rd} must be a power of "
-                         f"two (a Triton tile) no larger than head_dim {o.shape[2]}")
-    if o.dtype != torch.bfloat16:
-        raise TypeError(f"inverse_rope is the BF16 chain's: o must be bfloat16, got {o.dtype}")
-    if o.stride(2) != 1 or (inplace and o.stride(1) != o.shape[2]):
-        raise ValueError(f"inverse_rope needs o with a contiguous Dh dim (and packed [H, Dh] "
-                         f"dims in place), got strides {list(o.stride())}")
+    _check_rotation(o, cos_cache, inplace)
     tables = rows_contiguous(positions), rows_contiguous(cos_cache), rows_contiguous(sin_cache)
     if inplace:
         run_mutating(_inverse_rope_inplace_op, (o,), o, *tables)
@@ -225,22 +235,128 @@ def inverse_rope(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tens
     return y
 
 
+def bf16_tma_ok(o: torch.Tensor, w: torch.Tensor, block_n: int) -> bool:
+    """Whether the TMA kernel can view ``o`` as ``[S, H * Dh]`` and ``w`` as ``[G * N, K]``:
+    packed (H, Dh) dims, contiguous ``w``, 16-byte aligned bases and rows, groups of whole
+    heads and N a multiple of ``block_n``."""
+    s, h, dh = o.shape
+    g, n, k = w.shape
+    return (k % dh == 0 and n % block_n == 0 and o.stride(2) == 1 and o.stride(1) == dh
+            and o.stride(0) % 8 == 0 and w.is_contiguous() and k % 8 == 0
+            and o.data_ptr() % 16 == 0 and w.data_ptr() % 16 == 0)
+
+
+@launcher_op("wo_a_bf16", mutates_args=("tails", "out"))
+def _wo_a_bf16_op(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
+                  sin_cache: torch.Tensor, w: torch.Tensor, tails: torch.Tensor, out: torch.Tensor,
+                  block_m: int, block_n: int, block_k: int, num_warps: int, num_stages: int,
+                  tma: bool) -> None:
+    if o.shape[0] == 0:
+        return
+    _launch_inverse_rope(o, positions, cos_cache, sin_cache, tails)
+    shape = (block_m, block_n, block_k, num_warps, num_stages, tma)
+    key = ("wo_a_bf16", *signature(o), *signature(tails), *signature(w), *signature(out), shape,
+           tma and bf16_tma_ok(o, w, block_n))
+    path, grid, constexprs = plan(key, lambda: _wo_a_bf16_plan(o, tails, w, out,
+                                                               Bf16GemmConfig(*shape)))
+    s = o.shape[0]
+    with on_device_of(o):
+        if path == "tma":
+            from triton.tools.tensor_descriptor import TensorDescriptor
+
+            g, n, k = w.shape
+            bm, bn, bk = block_m, block_n, block_k
+            o_desc = TensorDescriptor(o, [s, o.shape[1] * o.shape[2]], [o.stride(0), 1], [bm, bk])
+            r_desc = TensorDescriptor(tails, [s, tails.shape[1] * tails.shape[2]],
+                                      [tails.stride(0), 1], [bm, bk])
+            w_desc = TensorDescriptor(w, [g * n, k], [k, 1], [bn, bk])
+            bf16_kernels.bf16_rope_gemm_tma_kernel[grid](o_desc, r_desc, w_desc, s, out,
+                                                         **constexprs)
+        else:
+            launch(bf16_kernels.bf16_rope_gemm_kernel, grid, (o, tails, w, s, out), constexprs,
+                   key)
+
+
+def _wo_a_bf16_plan(o, tails, w, out, cfg: Bf16GemmConfig):
+    """``(kernel path, grid, constexprs)`` of one BF16 GEMM launch signature."""
+    s, h, dh = o.shape
+    g, n, k = w.shape
+    rd = tails.shape[2]
+    grid = (configs.cdiv(s, cfg.block_m) * configs.cdiv(n, cfg.block_n), g)
+    common = dict(SYM=out.stride(0), SYG=out.stride(1), DH=dh, RD=rd, N=n,
+                  BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                  DOT_IN_FP32=target() == "interpreter", num_warps=cfg.num_warps,
+                  num_stages=cfg.num_stages)
+    if cfg.tma and bf16_tma_ok(o, w, cfg.block_n):
+        return "tma", grid, dict(HPG=k // dh, **common)
+    return "pointer", grid, dict(SOM=o.stride(0), SOH=o.stride(1), SWG=w.stride(0),
+                                 SWN=w.stride(1), H=h, K=k, **common)
+
+
 def wo_a_bf16(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
               sin_cache: torch.Tensor, w_bf16: torch.Tensor, num_groups: int, *,
-              inplace: bool = False) -> torch.Tensor:
-    """The BF16 chain: ``inverse_rope`` of the rope tail, then a cuBLAS bf16 batched GEMM.
+              inplace: bool = False, fused: bool | None = None,
+              config: Bf16GemmConfig | None = None) -> torch.Tensor:
+    """The BF16 chain ``y = inv_rope(o) @ w^T`` per group, fp32 accumulation, bf16 out.
+
+    Not in place, ``o`` is never written. Where ``configs.bf16_gemm_chosen`` says so, the
+    rotated rope tails go to a ``[S, H, rd]`` buffer and the BF16 GEMM
+    (``bf16_kernels``) reads A's NoPE tiles straight from ``o`` and its rope tiles from that
+    buffer; else ``inverse_rope`` writes a rotated copy of ``o`` and cuBLAS multiplies it. In
+    place, ``inverse_rope`` rotates ``o``'s tails and cuBLAS multiplies ``o``.
 
     Args:
-      o: ``[S, H, Dh]`` bf16; left unchanged unless ``inplace``.
+      o: ``[S, H, Dh]`` bf16 with Dh contiguous; left unchanged unless ``inplace``.
       positions, cos_cache, sin_cache: as for ``inverse_rope``.
       w_bf16: ``[G, N, K]`` exact bf16 dequantized weight, ``H * Dh = G * K``.
       num_groups: G.
-      inplace: rotate ``o`` in place instead of writing a rotated copy.
+      inplace: rotate ``o`` in place, then cuBLAS (``o`` needs packed (H, Dh) dims).
+      fused: ``None`` runs the BF16 GEMM from ``o`` where ``configs.bf16_gemm_chosen`` says
+        so; ``True`` requires it, ``False`` runs the rotated copy and cuBLAS.
+      config: the BF16 GEMM's launch shape (implies ``fused``); ``None`` picks
+        ``configs.bf16_gemm_config`` by S and G.
 
     Returns:
       ``[S, G, N]`` bf16.
+
+    Raises:
+      ValueError: ``o`` and ``w_bf16`` do not make ``num_groups`` groups of K, a bad ``rd``
+        or strides of ``o``, ``fused``/``config`` with ``inplace``, or ``fused=True`` (or a
+        ``config``) on a chain the BF16 GEMM cannot run.
+      TypeError: ``o`` or ``w_bf16`` is not bf16.
     """
-    x = inverse_rope(o, positions, cos_cache, sin_cache, inplace=inplace)
-    x = x.view(x.shape[0], num_groups, -1).transpose(0, 1)  # [G, S, K]
-    # bmm rather than einsum: the same cuBLAS call without einsum's host-side parsing.
-    return torch.bmm(x, w_bf16.transpose(1, 2)).transpose(0, 1)
+    s, h, dh = o.shape
+    g, n, k = w_bf16.shape
+    if g != num_groups or h * dh != g * k:
+        raise ValueError(f"o [S, H, Dh] = {list(o.shape)} and w_bf16 [G, N, K] = "
+                         f"{list(w_bf16.shape)} do not make num_groups = {num_groups} groups "
+                         f"of K (need H * Dh = G * K)")
+    if inplace and (fused or config is not None):
+        raise ValueError("wo_a_bf16(inplace=True) rotates o and runs cuBLAS; fused=True and "
+                         "config are for the BF16 GEMM that leaves o unchanged")
+    _check_rotation(o, cos_cache, inplace)
+    if w_bf16.dtype != torch.bfloat16:
+        raise TypeError(f"wo_a_bf16: w_bf16 must be bfloat16, got {w_bf16.dtype}")
+    rd = 2 * cos_cache.shape[1]
+    if fused is None:
+        fused = config is not None or (not inplace and configs.bf16_gemm_chosen(s, g, n, k)
+                                       and configs.bf16_gemm_blocker(dh, rd, k) is None)
+    elif not fused and config is not None:
+        raise ValueError("wo_a_bf16: config is the BF16 GEMM's; it needs fused=True or None")
+    if not fused:
+        x = inverse_rope(o, positions, cos_cache, sin_cache, inplace=inplace)
+        # bmm rather than einsum: the same cuBLAS call without einsum's host-side parsing.
+        x = x.view(s, g, k).transpose(0, 1)  # [G, S, K]
+        return torch.bmm(x, w_bf16.transpose(1, 2)).transpose(0, 1)
+    blocker = configs.bf16_gemm_blocker(dh, rd, k, config)
+    if blocker:
+        raise ValueError(f"wo_a_bf16 cannot run the BF16 GEMM from o here: {blocker}")
+    cfg = config or configs.bf16_gemm_config(s, g, n, k, configs.bf16_block_k_limit(dh, rd, k),
+                                             target())
+    out = torch.empty((s, g, n), dtype=torch.bfloat16, device=o.device)
+    tails = torch.empty((s, h, rd), dtype=torch.bfloat16, device=o.device)
+    run_mutating(_wo_a_bf16_op, (tails, out), o, rows_contiguous(positions),
+                 rows_contiguous(cos_cache), rows_contiguous(sin_cache),
+                 rows_contiguous(w_bf16), tails, out, cfg.block_m, cfg.block_n, cfg.block_k,
+                 cfg.num_warps, cfg.num_stages, cfg.tma)
+    return out

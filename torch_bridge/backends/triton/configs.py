@@ -368,3 +368,112 @@ def fused_blocker(dh: int, rd: int, block: int,
         return (f"the fused kernel has pointer-loaded, swapped tiles only (swap_ab=True, "
                 f"tma=False, wgmma=False), got {config}")
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The BF16 chain's GEMM (bf16_kernels)
+# ---------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Bf16GemmConfig:
+    """Launch shape of the BF16 chain's GEMM: the pointer kernel (``bf16_rope_gemm_kernel``) or,
+    with ``tma``, the tensor-descriptor one where the operands allow it (groups of whole heads,
+    N a multiple of ``block_n``, 16-byte aligned rows; else the pointer kernel at this shape)."""
+
+    block_m: int
+    block_n: int
+    #: K lanes per tile; must divide the head dim and the rope dim (``bf16_gemm_blocker``).
+    block_k: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+    tma: bool = False
+
+    def __post_init__(self):
+        for field in ("block_m", "block_n", "block_k"):  # tl.dot needs every tile dim >= 16
+            _check_power_of_two(self, field, getattr(self, field), 16)
+        _check_power_of_two(self, "num_warps", self.num_warps, 1)
+        if self.num_stages < 1:
+            raise ValueError(f"Bf16GemmConfig.num_stages must be >= 1, got {self.num_stages}")
+
+    def label(self) -> str:
+        return (f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.num_warps}"
+                f"st{self.num_stages}{'T' if self.tma else ''}")
+
+
+def bf16_block_k_limit(dh: int, rd: int, k: int) -> int:
+    """The widest power-of-two K tile that lies in one head and is all NoPE or all rope: the
+    largest power of two dividing Dh, rd and K, at most 64."""
+    common = math.gcd(math.gcd(dh, rd), k)
+    return min(64, common & -common) if common else 0
+
+
+def bf16_gemm_blocker(dh: int, rd: int, k: int,
+                      config: Bf16GemmConfig | None = None) -> str | None:
+    """Why the BF16 GEMM cannot read A from ``o`` and the rotated tails for head dim ``dh``,
+    rope dim ``rd`` and group width ``k`` at ``config`` (``None`` when it can)."""
+    if not 0 < rd <= dh:
+        return f"rope dim {rd} is not in (0, head_dim {dh}]"
+    limit = bf16_block_k_limit(dh, rd, k)
+    if limit < 16:
+        return (f"no K tile of >= 16 lanes lies in one head and on one side of the rope "
+                f"boundary (head_dim {dh}, rope dim {rd}, K {k})")
+    if config is not None and limit % config.block_k:
+        return (f"block_k {config.block_k} must divide head_dim {dh}, rope dim {rd} and K {k} "
+                f"(at most {limit} here)")
+    return None
+
+
+#: ``wo_a_bf16`` copies ``o`` and calls cuBLAS below this many (token, group) rows of A, and
+#: runs the BF16 GEMM from ``o`` at and above it (``bf16_gemm_chosen``).
+BF16_GEMM_MIN_ROWS = 1
+
+
+def bf16_gemm_chosen(s: int, g: int, n: int, k: int) -> bool:
+    """Whether ``wo_a_bf16`` (not in place) runs the BF16 GEMM from ``o`` rather than a rotated
+    copy of ``o`` and cuBLAS: one rule, by the rows ``S * G`` of A."""
+    return s * g >= BF16_GEMM_MIN_ROWS
+
+
+def _bf16_tile_ladder(target: str) -> tuple[Bf16GemmConfig, ...]:
+    """Tiles from the largest down: Hopper's 128 x 256 x 64 wgmma tile first. ROCm keeps two
+    stages of 128 x 128 x 32 tiles (32 KiB of LDS, half of gfx942's 64 KiB)."""
+    if target == "hip":
+        return (Bf16GemmConfig(128, 128, 32, num_warps=4, num_stages=2),
+                Bf16GemmConfig(64, 128, 32, num_warps=4, num_stages=2),
+                Bf16GemmConfig(64, 64, 32, num_warps=4, num_stages=2))
+    return (Bf16GemmConfig(128, 256, 64, num_warps=8, num_stages=3),
+            Bf16GemmConfig(128, 128, 64, num_warps=8, num_stages=4),
+            Bf16GemmConfig(64, 128, 64, num_warps=4, num_stages=4),
+            Bf16GemmConfig(64, 64, 64, num_warps=4, num_stages=4))
+
+
+@_memoized
+def bf16_gemm_config(s: int, g: int, n: int, k: int, block_k: int = 64,
+                     target: str = "cuda") -> Bf16GemmConfig:
+    """The BF16 GEMM's launch shape for ``[S, G, N]`` outputs (``target``: ``"cuda"``,
+    ``"hip"`` or ``"interpreter"``); ``block_k`` caps the K tile (``bf16_block_k_limit``).
+
+    Above 64 tokens the largest tile of the ladder that still makes two waves of programs
+    (``ONE_WAVE_TILES`` each; the last tile whatever it makes). Up to 64 tokens the problem
+    streams the weight: the token tile is the tokens rounded up to a power of two (16 to 64),
+    64 weight rows per program, halved down to 16 until the programs fill one wave (G = 2);
+    5 stages, 8 for the narrower tiles, which keep fewer bytes in flight per stage.
+    """
+    if s <= 64:
+        cfg = Bf16GemmConfig(min(64, max(16, 1 << max(0, s - 1).bit_length())), 64,
+                             min(block_k, 32 if target == "hip" else 64), num_warps=4,
+                             num_stages=5)
+        while cfg.block_n > 16 and _bf16_programs(cfg, s, g, n) < ONE_WAVE_TILES:
+            cfg = dataclasses.replace(cfg, block_n=cfg.block_n // 2)
+        if target == "hip":
+            return dataclasses.replace(cfg, num_stages=2)
+        return cfg if cfg.block_n == 64 else dataclasses.replace(cfg, num_stages=8)
+    ladder = _bf16_tile_ladder(target)
+    for cfg in ladder:
+        if _bf16_programs(cfg, s, g, n) >= 2 * ONE_WAVE_TILES:
+            break
+    return dataclasses.replace(cfg, block_k=min(cfg.block_k, block_k))
+
+
+def _bf16_programs(cfg: Bf16GemmConfig, s: int, g: int, n: int) -> int:
+    return cdiv(s, cfg.block_m) * cdiv(n, cfg.block_n) * g

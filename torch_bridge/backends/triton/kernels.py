@@ -14,8 +14,9 @@ Kernels, named after the op they run:
   ``wgmma_kernels``.
 * ``wo_a_fp8_kernel``: the FP8 chain in one launch, each program quantizing the activations of
   its tile before the GEMM's swapped product (decode sizes).
-* ``inverse_rope_kernel``: the BF16 chain's inverse RoPE of the rope tail, in place or into a
-  rotated copy.
+* ``inverse_rope_kernel``: the BF16 chain's inverse RoPE of the rope tail, in place, into a
+  rotated copy, or into a buffer of the rotated tails alone (the A operand's rope tiles of
+  ``bf16_kernels.bf16_rope_gemm_kernel``).
 
 The GEMM and chain kernels take array inputs, runtime scalars, outputs (then split-K's
 scratch), then constexprs: the order ``jax_triton.triton_call`` passes them in. JAX reaches
@@ -516,14 +517,15 @@ def inverse_rope_kernel(
     o_ptr, pos_ptr, cos_ptr, sin_ptr, n_rows, n_pos_rows, stride_os, stride_oh, stride_cp,
     stride_sp, y_ptr, stride_ys, stride_yh,
     H: tl.constexpr, DH: tl.constexpr, RD: tl.constexpr, BLOCK_R: tl.constexpr,
-    COPY_NOPE: tl.constexpr, ROUND_PRODUCTS: tl.constexpr,
+    COPY_NOPE: tl.constexpr, ROUND_PRODUCTS: tl.constexpr, TAIL_ONLY: tl.constexpr,
 ):
     """Rotate the last RD lanes of each of ``BLOCK_R`` (token, head) rows of ``o`` by -theta
     into ``y``; with ``COPY_NOPE`` the other lanes are copied too (``y`` a rotated copy of
-    ``o``), else ``y`` is ``o`` and they are not touched (in place).
+    ``o``), else ``y`` is ``o`` and they are not touched (in place). With ``TAIL_ONLY`` ``y``
+    is ``[S, H, RD]``: the rotated tails alone, nothing else written.
 
     fp32 math, result rounded (RNE) to bf16 (the BF16 chain). The tail's code is the same in
-    both modes, so they give the same bits.
+    every mode, so they give the same bits.
     """
     HALF: tl.constexpr = RD // 2
     ROPE_FROM: tl.constexpr = DH - RD
@@ -549,4 +551,6 @@ def inverse_rope_kernel(
     s = tl.load(sin_ptr + pos[:, None] * stride_sp + cols[None, :], mask=row_ok[:, None],
                 other=0.0).to(tl.float32)
     v = tl.reshape(tl.join(*_rotate(a, b, c, s, ROUND_PRODUCTS)), (BLOCK_R, RD))
-    tl.store(out_row + ROPE_FROM, _round_bf16_rne(v).to(x.dtype), mask=row_ok[:, None])
+    if not TAIL_ONLY:
+        out_row += ROPE_FROM
+    tl.store(out_row, _round_bf16_rne(v).to(x.dtype), mask=row_ok[:, None])

@@ -1,16 +1,19 @@
 """The Triton backend's torch entry points, one per op (each a ``woa_triton::`` custom op).
 
-The launchers live in ``quant``, ``gemm`` (split-K scratch in ``split_k``) and ``chain``; the
-launch rules they share with the JAX launcher in ``configs``. Importing this module imports
-torch and Triton but touches no GPU.
+The launchers live in ``quant``, ``gemm`` (split-K scratch in ``split_k``) and ``chain`` (both
+chains); the launch rules they share with the JAX launcher in ``configs``. Importing this module
+imports torch and Triton but touches no GPU.
 """
 
 from __future__ import annotations
 
 from .chain import inverse_rope, wo_a_bf16, wo_a_fp8
 from .configs import (
+    Bf16GemmConfig,
     GemmConfig,
     QuantConfig,
+    bf16_gemm_chosen,
+    bf16_gemm_config,
     fused_chosen,
     fused_config,
     gemm_config,
@@ -22,9 +25,12 @@ from .gemm import batched_gemm_a8w8_mxscale, wgmma_available, wgmma_chosen
 from .quant import inverse_rope_group_quant
 
 __all__ = [
+    "Bf16GemmConfig",
     "GemmConfig",
     "QuantConfig",
     "batched_gemm_a8w8_mxscale",
+    "bf16_gemm_chosen",
+    "bf16_gemm_config",
     "fused_chosen",
     "fused_config",
     "gemm_config",

@@ -1,0 +1,359 @@
+"""The BF16 chain's GEMM from ``o`` (``bf16_kernels``): A's NoPE tiles read from ``o``, its rope
+tiles from a buffer of the rotated tails, ``o`` never written.
+
+Tiny shapes under ``TRITON_INTERPRET=1`` on CPU (tests/conftest.py) against ``woa_jax.wo_a_bf16``
+within ``gemm_bf16``; the tails bit for bit against the rotation of ``inverse_rope``; the kernels
+compiled for sm_90 and AMD Instinct in a subprocess; GPU-marked tests at DeepSeek V4 sizes
+against the cuBLAS path.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import itertools
+import textwrap
+
+import numpy as np
+import pytest
+
+import woa_jax
+from woa_jax.testing import assert_bitwise_equal, assert_close, to_numpy
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from _cases import DEVICE, jx, rope_case  # noqa: E402
+from _sm90 import run_compile_script  # noqa: E402
+
+from torch_bridge.backends.triton import (  # noqa: E402
+    _common,
+    bf16_kernels,
+    chain,
+    configs,
+    launch,
+)
+from torch_bridge.backends.triton.configs import Bf16GemmConfig  # noqa: E402
+
+
+def _checkpoint(rng, g, n, k):
+    """``(weight [G*N, K] fp8, scale bytes, w_bf16 [G, N, K])``: the oracle's inputs and the
+    exact bf16 weight the launcher takes."""
+    weight = torch.from_numpy(rng.standard_normal((g * n, k)).astype(np.float32)).to(
+        torch.float8_e4m3fn).to(DEVICE)
+    scale = torch.from_numpy(rng.integers(118, 124, (-(-g * n // 128), k // 128)).astype(
+        np.uint8)).to(DEVICE)
+    w_bf16 = woa_jax.dequant_wo_a_weight(*jx(weight, scale), g).astype(np.float32)
+    return weight, scale, torch.from_numpy(np.array(w_bf16)).to(torch.bfloat16).to(DEVICE)
+
+
+def _run(o, pos, cos, sin, w, cfg: Bf16GemmConfig):
+    """The fused launch with its tails buffer exposed: ``(y [S, G, N], tails [S, H, rd])``."""
+    s, h, _ = o.shape
+    g, n, _ = w.shape
+    tails = torch.empty((s, h, 2 * cos.shape[1]), dtype=torch.bfloat16, device=o.device)
+    out = torch.empty((s, g, n), dtype=torch.bfloat16, device=o.device)
+    _common.run_mutating(chain._wo_a_bf16_op, (tails, out), o, pos, cos, sin, w, tails, out,
+                         cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages,
+                         cfg.tma)
+    return out, tails
+
+
+def _unchanged(o, before, name="o"):
+    assert torch.equal(o.view(torch.int16), before.view(torch.int16)), f"{name} was written"
+
+
+# (H, Dh, rd, G): the real head (512 / 64), a small head, a rope dim of two K tiles, the
+# backend test's 64 / 32 head, and groups that start inside a head (G > H).
+HEADS = [(2, 512, 64, 2), (4, 128, 64, 1), (4, 128, 64, 2), (2, 256, 128, 2), (4, 64, 32, 2),
+         (1, 256, 64, 2)]
+
+
+@pytest.mark.parametrize("s", [1, 3, 17])
+@pytest.mark.parametrize("h,dh,rd,g", HEADS, ids=lambda v: str(v))
+def test_matches_the_oracle_and_keeps_o(rng, s, h, dh, rd, g):
+    o, pos, cos, sin = rope_case(rng, s=s, h=h, dh=dh, rd=rd, rope_dtype=torch.float32)
+    n = 48  # not a multiple of the decode tiles' 32 or 64 weight rows
+    weight, scale, w = _checkpoint(rng, g, n, h * dh // g)
+    before = o.clone()
+    y = launch.wo_a_bf16(o, pos, cos, sin, w, g)
+    _unchanged(o, before)
+    assert y.shape == (s, g, n) and y.dtype == torch.bfloat16
+    assert_close(y, woa_jax.wo_a_bf16(*jx(o, pos, cos, sin, weight, scale), g),
+                 tolerance="gemm_bf16")
+
+
+CONFIGS = [Bf16GemmConfig(16, 16, 64), Bf16GemmConfig(32, 32, 32, num_stages=2),
+           Bf16GemmConfig(16, 64, 16, num_warps=2), Bf16GemmConfig(16, 16, 64, tma=True),
+           Bf16GemmConfig(32, 16, 32, tma=True), Bf16GemmConfig(16, 32, 64, tma=True)]
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: c.label())
+@pytest.mark.parametrize("rope_dtype,pos_dtype", [(torch.float32, torch.int64),
+                                                  (torch.bfloat16, torch.int32)])
+def test_tails_are_the_rotation_bits_at_every_tile(rng, cfg, rope_dtype, pos_dtype):
+    """The tails buffer holds exactly the rope lanes ``inverse_rope`` writes, whatever the GEMM
+    tile (pointer or TMA; TMA with N = 48 and 32 weight rows falls back to pointer loads)."""
+    h, dh, rd, g, n = 4, 128, 64, 2, 48
+    o, pos, cos, sin = rope_case(rng, s=17, h=h, dh=dh, rd=rd, rope_dtype=rope_dtype,
+                                 pos_dtype=pos_dtype)
+    weight, scale, w = _checkpoint(rng, g, n, h * dh // g)
+    before = o.clone()
+    y, tails = _run(o, pos, cos, sin, w, cfg)
+    _unchanged(o, before)
+    rotated = launch.inverse_rope(o, pos, cos, sin)
+    assert_bitwise_equal(to_numpy(tails).view(np.uint16),
+                         to_numpy(rotated[:, :, dh - rd:]).view(np.uint16), name="tails")
+    assert_close(y, woa_jax.wo_a_bf16(*jx(o, pos, cos, sin, weight, scale), g),
+                 tolerance="gemm_bf16")
+
+
+def test_strided_o_is_read_in_place(rng):
+    """Padded token and head strides: the GEMM reads ``o`` where it lies (no copy of ``o``),
+    and the TMA config, which needs packed heads, falls back to pointer loads."""
+    s, h, dh, rd, g, n = 5, 4, 128, 64, 2, 32
+    o, pos, cos, sin = rope_case(rng, s=s, h=h, dh=dh, rd=rd)
+    weight, scale, w = _checkpoint(rng, g, n, h * dh // g)
+    ref = woa_jax.wo_a_bf16(*jx(o, pos, cos, sin, weight, scale), g)
+    big = torch.zeros((s, h + 1, dh + 64), dtype=torch.bfloat16, device=DEVICE)
+    strided = big[:, :h, :dh]
+    strided.copy_(o)
+    before = big.clone()
+    for cfg in (None, Bf16GemmConfig(16, 32, 64, tma=True)):
+        y = launch.wo_a_bf16(strided, pos, cos, sin, w, g, config=cfg)
+        assert_close(y, ref, tolerance="gemm_bf16")
+        _unchanged(big, before, "the padded o")
+    assert not chain.bf16_tma_ok(strided, w, 32)
+
+
+def test_the_rule_picks_the_path_and_both_agree(rng, monkeypatch):
+    """``configs.bf16_gemm_chosen`` alone decides between the GEMM from ``o`` and the rotated copy
+    with cuBLAS (torch's GEMM here); in place is always the rotation of ``o`` itself."""
+    h, dh, rd, g, n = 4, 128, 64, 2, 32
+    o, pos, cos, sin = rope_case(rng, s=3, h=h, dh=dh, rd=rd)
+    _, _, w = _checkpoint(rng, g, n, h * dh // g)
+    runs = []
+    real = chain._wo_a_bf16_plan
+    monkeypatch.setattr(_common, "PLANS", {})
+    monkeypatch.setattr(chain, "_wo_a_bf16_plan", lambda *a: runs.append(1) or real(*a))
+    assert configs.bf16_gemm_chosen(3, g, n, h * dh // g)
+    y = launch.wo_a_bf16(o, pos, cos, sin, w, g)
+    assert runs == [1]
+    monkeypatch.setattr(configs, "bf16_gemm_chosen", lambda *a: False)
+    y_copy = launch.wo_a_bf16(o, pos, cos, sin, w, g)
+    assert runs == [1]
+    assert_close(y, y_copy, tolerance="gemm_bf16")
+    x = o.clone()
+    y_inplace = launch.wo_a_bf16(x, pos, cos, sin, w, g, inplace=True)
+    assert runs == [1] and not torch.equal(x, o)
+    assert_close(y_inplace, y_copy, tolerance="gemm_bf16")
+
+
+def test_plan_is_reused_and_keyed_on_layout(rng, monkeypatch):
+    """A repeated call reuses its launch plan; a padded ``o`` or another config gets its own."""
+    h, dh, rd, g, n = 4, 128, 64, 2, 32
+    o, pos, cos, sin = rope_case(rng, s=3, h=h, dh=dh, rd=rd)
+    _, _, w = _checkpoint(rng, g, n, h * dh // g)
+    made = []
+    real = chain._wo_a_bf16_plan
+    monkeypatch.setattr(_common, "PLANS", {})
+    monkeypatch.setattr(chain, "_wo_a_bf16_plan", lambda *a: made.append(a[-1]) or real(*a))
+    y = launch.wo_a_bf16(o, pos, cos, sin, w, g)
+    assert_bitwise_equal(launch.wo_a_bf16(o, pos, cos, sin, w, g), y)
+    assert len(made) == 1
+    padded = torch.zeros((3, h, dh + 64), dtype=torch.bfloat16, device=DEVICE)[:, :, :dh]
+    padded.copy_(o)
+    assert_bitwise_equal(launch.wo_a_bf16(padded, pos, cos, sin, w, g), y)
+    cfg = Bf16GemmConfig(16, 32, 32, num_warps=2, num_stages=2)
+    assert_close(launch.wo_a_bf16(o, pos, cos, sin, w, g, config=cfg), y, tolerance="gemm_bf16")
+    assert len(made) == 3 and made[-1] == cfg
+
+
+def test_zero_tokens_and_heads_the_gemm_cannot_tile(rng):
+    h, dh, rd, g, n = 4, 128, 64, 2, 32
+    o, pos, cos, sin = rope_case(rng, s=3, h=h, dh=dh, rd=rd)
+    _, _, w = _checkpoint(rng, g, n, h * dh // g)
+    assert launch.wo_a_bf16(o[:0], pos[:0], cos, sin, w, g, fused=True).shape == (0, g, n)
+    # Head dim 24, rope dim 8: no K tile of 16 lanes lies on one side of the rope boundary.
+    o, pos, cos, sin = rope_case(rng, s=3, h=4, dh=24, rd=8)
+    w = torch.ones((2, 16, 48), dtype=torch.bfloat16, device=DEVICE)
+    assert configs.bf16_gemm_blocker(24, 8, 48) is not None
+    before = o.clone()
+    y = launch.wo_a_bf16(o, pos, cos, sin, w, 2)  # the default takes the rotated copy
+    _unchanged(o, before)
+    assert_close(y, torch.einsum("sgk,gnk->sgn", launch.inverse_rope(o, pos, cos, sin).view(
+        3, 2, 48).float(), w.float()), tolerance="gemm_bf16")
+    with pytest.raises(ValueError, match="no K tile"):
+        launch.wo_a_bf16(o, pos, cos, sin, w, 2, fused=True)
+
+
+def test_bad_inputs_give_clear_errors(rng):
+    h, dh, rd, g, n = 4, 128, 64, 2, 32
+    o, pos, cos, sin = rope_case(rng, s=3, h=h, dh=dh, rd=rd)
+    _, _, w = _checkpoint(rng, g, n, h * dh // g)
+    with pytest.raises(ValueError, match="num_groups = 4 groups of K"):
+        launch.wo_a_bf16(o, pos, cos, sin, w, 4)
+    with pytest.raises(ValueError, match="inplace=True"):
+        launch.wo_a_bf16(o, pos, cos, sin, w, g, inplace=True, fused=True)
+    with pytest.raises(ValueError, match="inplace=True"):
+        launch.wo_a_bf16(o, pos, cos, sin, w, g, inplace=True, config=Bf16GemmConfig(16, 16))
+    with pytest.raises(ValueError, match="needs fused=True or None"):
+        launch.wo_a_bf16(o, pos, cos, sin, w, g, fused=False, config=Bf16GemmConfig(16, 16))
+    with pytest.raises(ValueError, match="block_k 128 must divide"):
+        launch.wo_a_bf16(o, pos, cos, sin, w, g, config=Bf16GemmConfig(16, 16, 128))
+    with pytest.raises(TypeError, match="w_bf16 must be bfloat16"):
+        launch.wo_a_bf16(o, pos, cos, sin, w.float(), g)
+    with pytest.raises(TypeError, match="o must be bfloat16"):
+        launch.wo_a_bf16(o.float(), pos, cos, sin, w, g)
+    with pytest.raises(ValueError, match="contiguous Dh"):
+        launch.wo_a_bf16(o.transpose(1, 2).contiguous().transpose(1, 2), pos, cos, sin, w, g)
+    with pytest.raises(ValueError, match="power of two >= 16"):
+        Bf16GemmConfig(24, 64)
+    with pytest.raises(ValueError, match="num_stages"):
+        Bf16GemmConfig(16, 64, num_stages=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch rules (torch-free)
+# ---------------------------------------------------------------------------------------------
+
+SS = (1, 2, 15, 16, 17, 33, 64, 65, 128, 256, 1000, 1024, 4096, 8192)
+
+
+@pytest.mark.parametrize("target", ["cuda", "hip", "interpreter"])
+def test_every_chosen_shape_is_a_valid_tile(target):
+    for s, g, block_k in itertools.product(SS, (1, 2, 8, 16), (16, 32, 64)):
+        cfg = configs.bf16_gemm_config(s, g, 1024, 4096, block_k, target)
+        assert cfg.block_k <= block_k and block_k % cfg.block_k == 0, (s, g, cfg)
+        assert cfg.block_m <= max(16, 1 << (s - 1).bit_length()), (s, g, cfg)
+        if target == "hip":
+            # Two stages of A and B tiles within half of gfx942's 64 KiB of LDS.
+            assert cfg.num_stages * (cfg.block_m + cfg.block_n) * cfg.block_k * 2 <= 32768
+
+
+def test_hopper_shapes_fill_the_gpu():
+    """Large problems take the 128 x 256 x 64 wgmma tile; the others keep a wave of programs."""
+    assert configs.bf16_gemm_config(8192, 16, 1024, 4096) == Bf16GemmConfig(128, 256, 64, 8, 3)
+    for s, g in itertools.product(SS, (2, 8, 16)):
+        cfg = configs.bf16_gemm_config(s, g, 1024, 4096)
+        progs = configs.cdiv(s, cfg.block_m) * configs.cdiv(1024, cfg.block_n) * g
+        assert progs >= configs.ONE_WAVE_TILES or cfg.block_n == 16 or cfg.block_m == 64, cfg
+
+
+def test_blocker_and_block_k_limit():
+    assert configs.bf16_block_k_limit(512, 64, 4096) == 64
+    assert configs.bf16_block_k_limit(192, 128, 384) == 64
+    assert configs.bf16_block_k_limit(64, 32, 128) == 32
+    assert configs.bf16_gemm_blocker(512, 64, 4096) is None
+    assert configs.bf16_gemm_blocker(512, 64, 4096, Bf16GemmConfig(128, 256, 64)) is None
+    assert "block_k 64" in configs.bf16_gemm_blocker(64, 32, 128, Bf16GemmConfig(16, 16, 64))
+    assert "no K tile" in configs.bf16_gemm_blocker(24, 8, 48)
+    assert "rope dim" in configs.bf16_gemm_blocker(64, 128, 128)
+    cfg = Bf16GemmConfig(128, 256, 64, 8, 3, tma=True)
+    assert cfg.label() == "m128n256k64w8st3T" and dataclasses.replace(cfg, tma=False) != cfg
+
+
+def test_kernel_file_imports_no_framework():
+    """``bf16_kernels`` and the kernels it reuses import Triton only (any launcher may use them)."""
+    for module in (bf16_kernels, chain.kernels):
+        tree = ast.parse(open(module.__file__).read())
+        names = {a.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                 for a in node.names}
+        names |= {node.module.split(".")[0] for node in ast.walk(tree)
+                  if isinstance(node, ast.ImportFrom) and node.level == 0}
+        assert names <= {"__future__", "triton"}, (module.__name__, names)
+
+
+# ---------------------------------------------------------------------------------------------
+# Code generation for GPU targets (compiled on CPU in a subprocess)
+# ---------------------------------------------------------------------------------------------
+
+_SCRIPT = textwrap.dedent("""
+    import re
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from torch_bridge.backends.triton import bf16_kernels, configs
+
+    def build(target, kernel, sig, cx, aligned, cfg):
+        names = list(sig)
+        attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+        src = ASTSource(kernel, signature={**sig, **{k: "constexpr" for k in cx}},
+                        constexprs=cx, attrs=attrs)
+        return triton.compile(src, target=target, options=dict(
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+
+    g, n, k, h, dh, rd = 16, 1024, 4096, 128, 512, 64
+    ptr_sig = {"o_ptr": "*bf16", "r_ptr": "*bf16", "w_ptr": "*bf16", "M": "i32",
+               "y_ptr": "*bf16"}
+
+    def ptr_cx(cfg):
+        return dict(SOM=h * dh, SOH=dh, SWG=n * k, SWN=k, SYM=g * n, SYG=n, H=h, DH=dh, RD=rd,
+                    N=n, K=k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                    DOT_IN_FP32=False)
+
+    sm90 = GPUTarget("cuda", 90, 32)
+    for s in (8192, 1):
+        cfg = configs.bf16_gemm_config(s, g, n, k)
+        ptx = build(sm90, bf16_kernels.bf16_rope_gemm_kernel, ptr_sig, ptr_cx(cfg),
+                    tuple(ptr_sig), cfg).asm["ptx"]
+        print("sm90 pointer", s, "wgmma.mma_async" in ptx or "mma.sync" in ptx,
+              "cp.async.cg.shared.global" in ptx and ", 0x10," in ptx)
+    cfg = configs.Bf16GemmConfig(128, 256, 64, 8, 3, tma=True)
+    sig = {"o_desc": "tensordesc<bf16[128, 64]>", "r_desc": "tensordesc<bf16[128, 64]>",
+           "w_desc": "tensordesc<bf16[256, 64]>", "M": "i32", "y_ptr": "*bf16"}
+    cx = dict(SYM=g * n, SYG=n, HPG=8, DH=dh, RD=rd, N=n, BLOCK_M=128, BLOCK_N=256,
+              BLOCK_K=64, DOT_IN_FP32=False)
+    ptx = build(sm90, bf16_kernels.bf16_rope_gemm_tma_kernel, sig, cx, ("y_ptr",),
+                cfg).asm["ptx"]
+    print("sm90 tma", "wgmma.mma_async" in ptx, "cp.async.bulk.tensor" in ptx)
+    for arch in ("gfx942", "gfx950"):
+        for s in (8192, 64, 1):
+            cfg = configs.bf16_gemm_config(s, g, n, k, 64, "hip")
+            c = build(GPUTarget("hip", arch, 64), bf16_kernels.bf16_rope_gemm_kernel, ptr_sig,
+                      ptr_cx(cfg), tuple(ptr_sig), cfg)
+            mfma = re.findall(r"v_mfma\\w*bf16\\w*", c.asm["amdgcn"])
+            print(arch, s, bool(c.asm["hsaco"]), bool(mfma), c.metadata.shared <= 65536)
+""")
+
+
+def test_kernels_compile_for_hopper_and_amd(tmp_path):
+    """The pointer kernel at the chosen Hopper shapes runs tensor-core MMAs fed by 16-byte
+    cp.async copies (the pipelined K loop), the TMA kernel wgmma fed by bulk tensor copies, and
+    the ROCm shapes build for gfx942 / gfx950 with bf16 MFMA within 64 KiB of LDS."""
+    lines = run_compile_script(_SCRIPT, tmp_path)
+    assert lines == ["sm90 pointer 8192 True True", "sm90 pointer 1 True True",
+                     "sm90 tma True True"] + [f"{arch} {s} True True True"
+                                              for arch in ("gfx942", "gfx950")
+                                              for s in (8192, 64, 1)], lines
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: DeepSeek V4 sizes against the cuBLAS path
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rope_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("g", [16, 2])
+@pytest.mark.parametrize("s", [1, 64, 1000, 4096])
+def test_gpu_matches_cublas_and_keeps_o(s, g, rope_dtype):
+    hpg, dh, rd, n, p = 8, 512, 64, 1024, 65536
+    gen = torch.Generator(device="cuda").manual_seed(s * 31 + g)
+    o = (torch.randn((s, g * hpg, dh), generator=gen, device="cuda") / 10).to(torch.bfloat16)
+    pos = torch.randint(0, p, (s,), generator=gen, device="cuda")
+    ang = torch.rand((p, rd // 2), generator=gen, device="cuda") * 6.3
+    cos, sin = torch.cos(ang).to(rope_dtype), torch.sin(ang).to(rope_dtype)
+    w = (torch.randn((g, n, hpg * dh), generator=gen, device="cuda") / 30).to(torch.bfloat16)
+    before = o.clone()
+    ref = launch.wo_a_bf16(o, pos, cos, sin, w, g, fused=False)
+    for cfg in (configs.bf16_gemm_config(s, g, n, hpg * dh),
+                Bf16GemmConfig(128, 256, 64, 8, 3, tma=True),
+                Bf16GemmConfig(64, 128, 64, 4, 4)):
+        y, tails = _run(o, pos, cos, sin, w, cfg)
+        torch.cuda.synchronize()
+        assert torch.equal(o, before), "o was written"
+        assert_bitwise_equal(tails, launch.inverse_rope(o, pos, cos, sin)[:, :, dh - rd:],
+                             name="tails")
+        assert_close(y, ref, tolerance="gemm_bf16", name=cfg.label())
+    assert_close(launch.wo_a_bf16(o, pos, cos, sin, w, g), ref, tolerance="gemm_bf16")

@@ -1,0 +1,121 @@
+"""Triton kernels of the BF16 chain's GEMM (no torch import: any launcher may use them).
+
+``y[s, g, n] = sum_k A[s, g, k] * W[g, n, k]`` with A the inverse-rotated ``o`` viewed as
+``[S, G, K]``, fp32 accumulation, bf16 out (docs/NUMERICS.md, the BF16 path). A is never
+materialized: its NoPE K tiles are read straight from ``o [S, H, Dh]`` and its rope K tiles from
+``R [S, H, RD]``, the rotated tails (``kernels.inverse_rope_kernel`` with ``TAIL_ONLY``). A K
+tile of BLOCK_K lanes, with BLOCK_K dividing both Dh and RD, lies in one head and is either all
+NoPE or all rope, so choosing its source is scalar arithmetic outside the tile load.
+
+* ``bf16_rope_gemm_kernel``: pointer loads, one K loop whose body is a load and a dot (the
+  software pipeliner's form); each tile picks its base pointer and row stride.
+* ``bf16_rope_gemm_tma_kernel``: tensor-descriptor (TMA) tiles; a descriptor cannot be picked
+  per tile inside a pipelined loop, so the K loop is split in two, the group's NoPE tiles from
+  ``o`` and then its rope tiles from ``R`` (the sum's order is free: the tolerance is
+  ``gemm_bf16``).
+
+Array inputs, runtime scalars, the output, then constexprs (``jax_triton.triton_call``'s order).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .kernels import _round_bf16_rne
+
+
+@triton.jit
+def _dot(acc, a, b, DOT_IN_FP32: tl.constexpr):
+    """``acc + a @ b^T`` for bf16 ``a [BM, BK]``, ``b [BN, BK]``, fp32 ``acc``.
+
+    ``DOT_IN_FP32``: the operands are widened first (exact) for Triton's CPU interpreter, whose
+    ``tl.dot`` multiplies the bit patterns of bf16 operands (triton-lang/triton#11584).
+    """
+    if DOT_IN_FP32:
+        return tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), acc, input_precision="ieee")
+    return tl.dot(a, tl.trans(b), acc)
+
+
+@triton.jit
+def bf16_rope_gemm_kernel(
+    o_ptr, r_ptr, w_ptr, M,
+    y_ptr,
+    SOM: tl.constexpr, SOH: tl.constexpr,  # o [S, H, Dh] token and head strides (Dh contiguous)
+    SWG: tl.constexpr, SWN: tl.constexpr,  # w [G, N, K] strides (K contiguous)
+    SYM: tl.constexpr, SYG: tl.constexpr,  # y [S, G, N] strides (N contiguous)
+    H: tl.constexpr, DH: tl.constexpr, RD: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+):
+    """One ``[BLOCK_M, BLOCK_N]`` tile of group ``program_id(1)``'s ``y``.
+
+    Grid ``(cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N), G)``, N tiles fastest: the programs that run
+    together share their A rows, and a group's weight stays in L2 while its tiles run. ``R`` is
+    ``[S, H, RD]`` contiguous. Group ``g`` holds ``o``'s flat lanes ``[g K, (g + 1) K)`` of each
+    token (a group may start inside a head when G > H).
+    """
+    ROPE_FROM: tl.constexpr = DH - RD
+    NUM_N: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
+    pid = tl.program_id(0)
+    g = tl.program_id(1).to(tl.int64)
+    offs_m = (pid // NUM_N).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = (pid % NUM_N) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    w_rows = w_ptr + g * SWG + offs_n[:, None].to(tl.int64) * SWN + offs_k[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kt in range(K // BLOCK_K):
+        lane = g * K + kt * BLOCK_K  # the tile's first lane in the token's H * Dh lanes
+        head = lane // DH
+        d = lane % DH
+        rope = d >= ROPE_FROM
+        a_base = tl.where(rope, r_ptr + head * RD + (d - ROPE_FROM), o_ptr + head * SOH + d)
+        a_stride = tl.where(rope, H * RD, SOM)
+        a = tl.load(a_base + offs_m[:, None] * a_stride + offs_k[None, :], mask=m_ok[:, None],
+                    other=0.0)
+        b = tl.load(w_rows + kt * BLOCK_K, mask=n_ok[:, None], other=0.0)
+        acc = _dot(acc, a, b, DOT_IN_FP32)
+    tl.store(y_ptr + offs_m[:, None] * SYM + g * SYG + offs_n[None, :],
+             _round_bf16_rne(acc).to(tl.bfloat16), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def bf16_rope_gemm_tma_kernel(
+    o_desc, r_desc, w_desc, M,
+    y_ptr,
+    SYM: tl.constexpr, SYG: tl.constexpr,  # y [S, G, N] strides (N contiguous)
+    HPG: tl.constexpr, DH: tl.constexpr, RD: tl.constexpr, N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+):
+    """``bf16_rope_gemm_kernel``'s tile with tensor-descriptor loads, for groups of whole heads.
+
+    ``o_desc`` views ``o`` as ``[S, H * Dh]``, ``r_desc`` ``R`` as ``[S, H * RD]`` and
+    ``w_desc`` ``w`` as ``[G * N, K]``, with ``HPG`` heads per group (``K = HPG * Dh``); rows
+    past M read as zeros. ``N % BLOCK_N == 0``, so a weight tile never straddles two groups.
+    """
+    K: tl.constexpr = HPG * DH
+    NOPE_TILES: tl.constexpr = (DH - RD) // BLOCK_K  # per head
+    ROPE_TILES: tl.constexpr = RD // BLOCK_K
+    NUM_N: tl.constexpr = N // BLOCK_N
+    pid = tl.program_id(0)
+    g = tl.program_id(1)
+    m0 = (pid // NUM_N) * BLOCK_M
+    n0 = (pid % NUM_N) * BLOCK_N
+    w_row = g * N + n0
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for t in range(HPG * NOPE_TILES):
+        k = (t // NOPE_TILES) * DH + (t % NOPE_TILES) * BLOCK_K
+        a = o_desc.load([m0, g * K + k])
+        b = w_desc.load([w_row, k])
+        acc = _dot(acc, a, b, DOT_IN_FP32)
+    for t in range(HPG * ROPE_TILES):
+        a = r_desc.load([m0, g * (HPG * RD) + t * BLOCK_K])
+        b = w_desc.load([w_row, (t // ROPE_TILES) * DH + (DH - RD) + (t % ROPE_TILES) * BLOCK_K])
+        acc = _dot(acc, a, b, DOT_IN_FP32)
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    tl.store(y_ptr + offs_m[:, None].to(tl.int64) * SYM + g * SYG + offs_n[None, :],
+             _round_bf16_rne(acc).to(tl.bfloat16), mask=(offs_m < M)[:, None])
