@@ -357,3 +357,17 @@ def test_gpu_matches_cublas_and_keeps_o(s, g, rope_dtype):
                              name="tails")
         assert_close(y, ref, tolerance="gemm_bf16", name=cfg.label())
     assert_close(launch.wo_a_bf16(o, pos, cos, sin, w, g), ref, tolerance="gemm_bf16")
+
+
+@pytest.mark.parametrize("dh,rd", [(128, 64), (96, 32)], ids=["dh-tile", "dh-chunks"])
+def test_rotated_copy_is_the_in_place_rotation(rng, dh, rd):
+    """``inverse_rope`` into a copy (NoPE lanes in one load when Dh is a tile, else in rd-wide
+    chunks) gives the in-place rotation's bits and leaves ``o`` untouched."""
+    o, pos, cos, sin = rope_case(rng, s=5, h=3, dh=dh, rd=rd, rope_dtype=torch.float32,
+                                 pos_dtype=torch.int64)
+    before = o.clone()
+    copy = launch.inverse_rope(o, pos, cos, sin)
+    _unchanged(o, before)
+    in_place = launch.inverse_rope(o.clone(), pos, cos, sin, inplace=True)
+    assert_bitwise_equal(to_numpy(copy).view(np.uint16), to_numpy(in_place).view(np.uint16),
+                         name="copy vs in place")

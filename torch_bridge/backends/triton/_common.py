@@ -9,10 +9,11 @@ never synchronise, and read int32 or int64 positions directly (no ``.to(int64)``
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 
-from . import configs
+from . import configs, interpreter_on
 
 LIB = "woa_triton"
 
@@ -125,8 +126,6 @@ def launch(kernel, grid: tuple[int, ...], args: tuple, constexprs: dict, plan_ke
     which fixes the constexprs, plus ``_specialization`` of each runtime argument) launches the
     compiled kernel directly. The interpreter always takes Triton's path.
     """
-    from . import interpreter_on
-
     if interpreter_on():
         kernel[grid](*args, **constexprs)
         return
@@ -151,16 +150,23 @@ def current_stream() -> int:
     return driver.active.get_current_stream(torch.cuda.current_device())
 
 
-def _run_compiled(compiled, grid: tuple[int, ...], ordered: tuple) -> None:
-    """The launch step of Triton's own path (3.6 to 3.9), profiler hooks included."""
+@functools.cache
+def _runtime_knobs():
+    """Triton's runtime knobs (the profiler hooks are read from them on every launch)."""
     from triton import knobs
 
+    return knobs.runtime
+
+
+def _run_compiled(compiled, grid: tuple[int, ...], ordered: tuple) -> None:
+    """The launch step of Triton's own path (3.6 to 3.9), profiler hooks included."""
+    knobs = _runtime_knobs()
     stream = current_stream()
     g1 = grid[1] if len(grid) > 1 else 1
     g2 = grid[2] if len(grid) > 2 else 1
     compiled.run(grid[0], g1, g2, stream, compiled.function, compiled.packed_metadata,
                  compiled.launch_metadata(grid, stream, *ordered),
-                 knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *ordered)
+                 knobs.launch_enter_hook, knobs.launch_exit_hook, *ordered)
 
 
 def as_bytes(scale: torch.Tensor) -> torch.Tensor:
@@ -193,8 +199,6 @@ def output(out: torch.Tensor | None, shape: tuple[int, int, int], dtype: torch.d
 def target() -> str:
     """What compiles the kernels: ``"interpreter"`` (``TRITON_INTERPRET=1``), ``"hip"`` or
     ``"cuda"``."""
-    from . import interpreter_on
-
     if interpreter_on():
         return "interpreter"
     return "hip" if torch.version.hip is not None else "cuda"

@@ -537,10 +537,6 @@ def inverse_rope_kernel(
     lanes = tl.arange(0, RD)
     in_row = o_ptr + tok[:, None] * stride_os + head[:, None] * stride_oh + lanes[None, :]
     out_row = y_ptr + tok[:, None] * stride_ys + head[:, None] * stride_yh + lanes[None, :]
-    if COPY_NOPE:  # the NoPE lanes in RD-wide chunks (the tail's tile)
-        for c0 in tl.static_range(0, ROPE_FROM, RD):
-            ok = row_ok[:, None] & (c0 + lanes[None, :] < ROPE_FROM)
-            tl.store(out_row + c0, tl.load(in_row + c0, mask=ok), mask=ok)
     x = tl.load(in_row + ROPE_FROM, mask=row_ok[:, None], other=0.0)
     a, b = tl.split(tl.reshape(x.to(tl.float32), (BLOCK_R, HALF, 2)))
     pos = tl.load(pos_ptr + tok, mask=row_ok, other=0).to(tl.int64)
@@ -550,6 +546,19 @@ def inverse_rope_kernel(
                 other=1.0).to(tl.float32)
     s = tl.load(sin_ptr + pos[:, None] * stride_sp + cols[None, :], mask=row_ok[:, None],
                 other=0.0).to(tl.float32)
+    if COPY_NOPE:
+        # After the tail's loads, and in one load where Dh is a tile: chunked load/store pairs
+        # may alias, so they would run one after another (latency-bound at decode sizes).
+        if (DH & (DH - 1)) == 0:
+            row = tl.arange(0, DH)
+            ok = row_ok[:, None] & (row[None, :] < ROPE_FROM)
+            src = o_ptr + tok[:, None] * stride_os + head[:, None] * stride_oh + row[None, :]
+            dst = y_ptr + tok[:, None] * stride_ys + head[:, None] * stride_yh + row[None, :]
+            tl.store(dst, tl.load(src, mask=ok), mask=ok)
+        else:
+            for c0 in tl.static_range(0, ROPE_FROM, RD):
+                ok = row_ok[:, None] & (c0 + lanes[None, :] < ROPE_FROM)
+                tl.store(out_row + c0, tl.load(in_row + c0, mask=ok), mask=ok)
     v = tl.reshape(tl.join(*_rotate(a, b, c, s, ROUND_PRODUCTS)), (BLOCK_R, RD))
     if not TAIL_ONLY:
         out_row += ROPE_FROM
