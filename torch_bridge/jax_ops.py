@@ -53,8 +53,8 @@ __all__ = ["batched_gemm_a8w8_mxscale", "inverse_rope_group_quant", "wo_a_fp8"]
 log = logging.getLogger("woa")
 
 #: GEMM rows (``M * G``) from which a GEMM that the torch launcher runs on the wgmma kernel takes
-#: the callback route (see the module docstring): M >= 2048 at G = 16, never at G = 2.
-_CALLBACK_MIN_ROWS = 32768
+#: the callback route (see the module docstring): M >= 4096 at G = 16, never at G = 2.
+_CALLBACK_MIN_ROWS = 65536
 
 #: The routes already logged: ``(route, reason)``.
 _route_logged: set[tuple[str, str]] = set()

@@ -136,10 +136,10 @@ def test_the_rule_picks_the_path_and_both_agree(rng, monkeypatch):
     real = chain._wo_a_bf16_plan
     monkeypatch.setattr(_common, "PLANS", {})
     monkeypatch.setattr(chain, "_wo_a_bf16_plan", lambda *a: runs.append(1) or real(*a))
-    assert configs.bf16_gemm_chosen(3, g, n, h * dh // g)
+    monkeypatch.setattr(configs, "bf16_gemm_chosen", lambda *a, **k: True)
     y = launch.wo_a_bf16(o, pos, cos, sin, w, g)
     assert runs == [1]
-    monkeypatch.setattr(configs, "bf16_gemm_chosen", lambda *a: False)
+    monkeypatch.setattr(configs, "bf16_gemm_chosen", lambda *a, **k: False)
     y_copy = launch.wo_a_bf16(o, pos, cos, sin, w, g)
     assert runs == [1]
     assert_close(y, y_copy, tolerance="gemm_bf16")
@@ -158,12 +158,12 @@ def test_plan_is_reused_and_keyed_on_layout(rng, monkeypatch):
     real = chain._wo_a_bf16_plan
     monkeypatch.setattr(_common, "PLANS", {})
     monkeypatch.setattr(chain, "_wo_a_bf16_plan", lambda *a: made.append(a[-1]) or real(*a))
-    y = launch.wo_a_bf16(o, pos, cos, sin, w, g)
-    assert_bitwise_equal(launch.wo_a_bf16(o, pos, cos, sin, w, g), y)
+    y = launch.wo_a_bf16(o, pos, cos, sin, w, g, fused=True)
+    assert_bitwise_equal(launch.wo_a_bf16(o, pos, cos, sin, w, g, fused=True), y)
     assert len(made) == 1
     padded = torch.zeros((3, h, dh + 64), dtype=torch.bfloat16, device=DEVICE)[:, :, :dh]
     padded.copy_(o)
-    assert_bitwise_equal(launch.wo_a_bf16(padded, pos, cos, sin, w, g), y)
+    assert_bitwise_equal(launch.wo_a_bf16(padded, pos, cos, sin, w, g, fused=True), y)
     cfg = Bf16GemmConfig(16, 32, 32, num_warps=2, num_stages=2)
     assert_close(launch.wo_a_bf16(o, pos, cos, sin, w, g, config=cfg), y, tolerance="gemm_bf16")
     assert len(made) == 3 and made[-1] == cfg
@@ -229,6 +229,25 @@ def test_every_chosen_shape_is_a_valid_tile(target):
         if target == "hip":
             # Two stages of A and B tiles within half of gfx942's 64 KiB of LDS.
             assert cfg.num_stages * (cfg.block_m + cfg.block_n) * cfg.block_k * 2 <= 32768
+
+
+def test_the_gemm_from_o_runs_from_256_tokens_with_tma_loads():
+    """The TMA kernel from 256 tokens (level with in-place rope + cuBLAS there); below, and
+    without TMA loads (the pointer kernel trails cuBLAS), the rotated copy and cuBLAS."""
+    for g in (2, 8, 16):
+        assert not configs.bf16_gemm_chosen(255, g, 1024, 4096, tma=True)
+        assert configs.bf16_gemm_chosen(256, g, 1024, 4096, tma=True)
+        assert not configs.bf16_gemm_chosen(8192, g, 1024, 4096, tma=False)
+
+
+def test_hopper_tma_tiles():
+    """128 x 256 tiles where they make a wave of programs, else 128 x 128, else 64 x 128."""
+    big, mid, small = (Bf16GemmConfig(128, 256, 64, 8, 3, True),
+                       Bf16GemmConfig(128, 128, 64, 4, 4, True),
+                       Bf16GemmConfig(64, 128, 64, 4, 4, True))
+    for (s, g), want in {(8192, 16): big, (1024, 16): big, (4096, 2): big, (1024, 2): mid,
+                         (256, 16): big, (256, 8): mid, (256, 2): small}.items():
+        assert configs.bf16_gemm_config(s, g, 1024, 4096, tma=True) == want, (s, g)
 
 
 def test_hopper_shapes_fill_the_gpu():
@@ -348,6 +367,7 @@ def test_gpu_matches_cublas_and_keeps_o(s, g, rope_dtype):
     before = o.clone()
     ref = launch.wo_a_bf16(o, pos, cos, sin, w, g, fused=False)
     for cfg in (configs.bf16_gemm_config(s, g, n, hpg * dh),
+                configs.bf16_gemm_config(s, g, n, hpg * dh, tma=True),
                 Bf16GemmConfig(128, 256, 64, 8, 3, tma=True),
                 Bf16GemmConfig(64, 128, 64, 4, 4)):
         y, tails = _run(o, pos, cos, sin, w, cfg)

@@ -81,11 +81,11 @@ def test_import_failure_is_the_reason(native_ok, monkeypatch):
 def test_gemms_of_the_wgmma_kernel_keep_buffer_callback(native_ok, monkeypatch):
     monkeypatch.setattr(launch, "wgmma_chosen", lambda m, g, n, k, b: m > 16)
     assert jax_ops.native_route_reason("triton", (16, 16, 1024, 4096, 128)) is None
-    # below M * G = 32768 the GEMM stays native even where torch takes the wgmma kernel
-    assert jax_ops.native_route_reason("triton", (1024, 16, 1024, 4096, 128)) is None
+    # below M * G = 65536 the GEMM stays native even where torch takes the wgmma kernel
+    assert jax_ops.native_route_reason("triton", (2048, 16, 1024, 4096, 128)) is None
     assert jax_ops.native_route_reason("triton", (8192, 2, 1024, 4096, 128)) is None
-    reason = jax_ops.native_route_reason("triton", (2048, 16, 1024, 4096, 128))
-    assert "wgmma kernel (Hopper, M * G >= 32768)" in reason
+    reason = jax_ops.native_route_reason("triton", (4096, 16, 1024, 4096, 128))
+    assert "wgmma kernel (Hopper, M * G >= 65536)" in reason
     assert "wgmma kernel" in jax_ops.native_route_reason("triton", (8192, 16, 1024, 4096, 128))
     assert jax_ops.native_route_reason("triton") is None  # the quant op passes no GEMM
 
@@ -472,13 +472,13 @@ def test_gpu_quant_bit_exact(on_gpu, monkeypatch, s, g, quant_config):
 
 @gpu
 @pytest.mark.parametrize("s,g", [(1, 2), (7, 2), (128, 2), (1000, 2), (1, 16), (7, 16),
-                                 (128, 16), (1000, 16), (2048, 16)])
+                                 (128, 16), (1000, 16), (4096, 16)])
 def test_gpu_gemm_and_chain(on_gpu, s, g):
-    """Native at small sizes, the callback route to the wgmma kernel from M * G = 32768 on
+    """Native at small sizes, the callback route to the wgmma kernel from M * G = 65536 on
     Hopper; both within the oracle's tolerance."""
     import torch
 
-    if (s, g) == (2048, 16) and torch.cuda.get_device_capability()[0] == 9:
+    if (s, g) == (4096, 16) and torch.cuda.get_device_capability()[0] == 9:
         assert _gemm_route(s, g) == {"callback"}
     seed = _seed()
     args, w, ws = _inputs(s, g, seed)

@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from woa_jax import AITER_AMAX_FLOOR
@@ -235,6 +237,16 @@ def inverse_rope(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tens
     return y
 
 
+@functools.cache
+def _tma_capable(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def _tma_loads(o: torch.Tensor) -> bool:
+    """Whether ``o``'s device has tensor-memory loads (an NVIDIA GPU from Hopper on)."""
+    return o.is_cuda and target() == "cuda" and _tma_capable(o.device.index)
+
+
 def bf16_tma_ok(o: torch.Tensor, w: torch.Tensor, block_n: int) -> bool:
     """Whether the TMA kernel can view ``o`` as ``[S, H * Dh]`` and ``w`` as ``[G * N, K]``:
     packed (H, Dh) dims, contiguous ``w``, 16-byte aligned bases and rows, groups of whole
@@ -338,8 +350,10 @@ def wo_a_bf16(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
     if w_bf16.dtype != torch.bfloat16:
         raise TypeError(f"wo_a_bf16: w_bf16 must be bfloat16, got {w_bf16.dtype}")
     rd = 2 * cos_cache.shape[1]
+    tma = _tma_loads(o)
     if fused is None:
-        fused = config is not None or (not inplace and configs.bf16_gemm_chosen(s, g, n, k)
+        fused = config is not None or (not inplace
+                                       and configs.bf16_gemm_chosen(s, g, n, k, tma=tma)
                                        and configs.bf16_gemm_blocker(dh, rd, k) is None)
     elif not fused and config is not None:
         raise ValueError("wo_a_bf16: config is the BF16 GEMM's; it needs fused=True or None")
@@ -352,7 +366,7 @@ def wo_a_bf16(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
     if blocker:
         raise ValueError(f"wo_a_bf16 cannot run the BF16 GEMM from o here: {blocker}")
     cfg = config or configs.bf16_gemm_config(s, g, n, k, configs.bf16_block_k_limit(dh, rd, k),
-                                             target())
+                                             target(), tma)
     out = torch.empty((s, g, n), dtype=torch.bfloat16, device=o.device)
     tails = torch.empty((s, h, rd), dtype=torch.bfloat16, device=o.device)
     run_mutating(_wo_a_bf16_op, (tails, out), o, rows_contiguous(positions),

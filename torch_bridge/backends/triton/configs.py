@@ -423,15 +423,17 @@ def bf16_gemm_blocker(dh: int, rd: int, k: int,
     return None
 
 
-#: ``wo_a_bf16`` copies ``o`` and calls cuBLAS below this many (token, group) rows of A, and
-#: runs the BF16 GEMM from ``o`` at and above it (``bf16_gemm_chosen``).
-BF16_GEMM_MIN_ROWS = 1
+#: ``wo_a_bf16`` copies ``o`` and calls cuBLAS below this many tokens, and runs the BF16 GEMM
+#: from ``o`` at and above it where its TMA kernel runs (``bf16_gemm_chosen``).
+BF16_GEMM_MIN_TOKENS = 256
 
 
-def bf16_gemm_chosen(s: int, g: int, n: int, k: int) -> bool:
+def bf16_gemm_chosen(s: int, g: int, n: int, k: int, *, tma: bool) -> bool:
     """Whether ``wo_a_bf16`` (not in place) runs the BF16 GEMM from ``o`` rather than a rotated
-    copy of ``o`` and cuBLAS: one rule, by the rows ``S * G`` of A."""
-    return s * g >= BF16_GEMM_MIN_ROWS
+    copy of ``o`` and cuBLAS: from ``BF16_GEMM_MIN_TOKENS`` tokens, with the TMA kernel (``tma``:
+    the device has tensor-memory loads). Below that the copy is small and cuBLAS's decode
+    kernels are faster; the pointer kernel does not keep up with cuBLAS at any size."""
+    return tma and s >= BF16_GEMM_MIN_TOKENS
 
 
 def _bf16_tile_ladder(target: str) -> tuple[Bf16GemmConfig, ...]:
@@ -447,11 +449,20 @@ def _bf16_tile_ladder(target: str) -> tuple[Bf16GemmConfig, ...]:
             Bf16GemmConfig(64, 64, 64, num_warps=4, num_stages=4))
 
 
+#: The TMA kernel's tiles from the largest down (Hopper).
+_BF16_TMA_LADDER = (Bf16GemmConfig(128, 256, 64, num_warps=8, num_stages=3, tma=True),
+                    Bf16GemmConfig(128, 128, 64, num_warps=4, num_stages=4, tma=True),
+                    Bf16GemmConfig(64, 128, 64, num_warps=4, num_stages=4, tma=True))
+
+
 @_memoized
 def bf16_gemm_config(s: int, g: int, n: int, k: int, block_k: int = 64,
-                     target: str = "cuda") -> Bf16GemmConfig:
+                     target: str = "cuda", tma: bool = False) -> Bf16GemmConfig:
     """The BF16 GEMM's launch shape for ``[S, G, N]`` outputs (``target``: ``"cuda"``,
     ``"hip"`` or ``"interpreter"``); ``block_k`` caps the K tile (``bf16_block_k_limit``).
+
+    With ``tma`` (Hopper) above 64 tokens: the TMA kernel's largest tile that still makes one
+    wave of programs (``ONE_WAVE_TILES``), 64-lane K tiles.
 
     Above 64 tokens the largest tile of the ladder that still makes two waves of programs
     (``ONE_WAVE_TILES`` each; the last tile whatever it makes). Up to 64 tokens the problem
@@ -468,6 +479,11 @@ def bf16_gemm_config(s: int, g: int, n: int, k: int, block_k: int = 64,
         if target == "hip":
             return dataclasses.replace(cfg, num_stages=2)
         return cfg if cfg.block_n == 64 else dataclasses.replace(cfg, num_stages=8)
+    if tma and block_k == 64:
+        for cfg in _BF16_TMA_LADDER:
+            if _bf16_programs(cfg, s, g, n) >= ONE_WAVE_TILES:
+                break
+        return cfg
     ladder = _bf16_tile_ladder(target)
     for cfg in ladder:
         if _bf16_programs(cfg, s, g, n) >= 2 * ONE_WAVE_TILES:
