@@ -54,13 +54,6 @@ def gemm_triton(sets, on_gpu):
             for p, y in zip(sets, outs, strict=True)], msg
 
 
-def _fp32_scale(e8m0):
-    """E8M0 bytes (uint8 or float8_e8m0fnu) as the fp32 powers of two they encode."""
-    import torch
-
-    return (e8m0.view(torch.uint8).to(torch.int32) << 23).view(torch.float32)
-
-
 def gemm_deepgemm(sets, on_gpu):
     if not on_gpu:
         raise Skip("DeepGEMM runs on NVIDIA GPUs only")
@@ -71,8 +64,10 @@ def gemm_deepgemm(sets, on_gpu):
     einsum = getattr(deep_gemm, "fp8_einsum", None)
     if einsum is None:
         raise Skip(f"deep_gemm {getattr(deep_gemm, '__version__', '?')} has no fp8_einsum")
-    prepared = [(p.x.contiguous(), _fp32_scale(p.xs).contiguous(), p.w,
-                 _fp32_scale(p.ws).contiguous(), _out(p)) for p in sets]
+    from torch_bridge.backends.torch_ref import e8m0_decode
+
+    prepared = [(p.x.contiguous(), e8m0_decode(p.xs).contiguous(), p.w,
+                 e8m0_decode(p.ws).contiguous(), _out(p)) for p in sets]
 
     def run(x, xs, w, ws, y):
         einsum("bhr,hdr->bhd", (x, xs), (w, ws), y)
@@ -85,6 +80,8 @@ def gemm_deepgemm(sets, on_gpu):
 def gemm_scaled_mm(sets, on_gpu):
     import torch
 
+    from torch_bridge.backends.torch_ref import e8m0_decode
+
     if not on_gpu or torch.cuda.get_device_capability() != (9, 0):
         raise Skip("blockwise torch._scaled_mm runs on sm_90 only")
     prepared = []
@@ -93,8 +90,8 @@ def gemm_scaled_mm(sets, on_gpu):
         xg = torch.zeros((p.g, mp, p.x.shape[2]), dtype=p.x.dtype, device=p.x.device)
         xg[:, :p.m] = p.x.transpose(0, 1)
         xs = torch.ones((p.g, mp, p.x.shape[2] // 128), dtype=torch.float32, device=p.x.device)
-        xs[:, :p.m] = _fp32_scale(p.xs).transpose(0, 1)
-        ws = _fp32_scale(p.ws)
+        xs[:, :p.m] = e8m0_decode(p.xs).transpose(0, 1)
+        ws = e8m0_decode(p.ws)
         sa = [xs[i].t().contiguous().t() for i in range(p.g)]
         sb = [ws[i].contiguous().t() for i in range(p.g)]
         prepared.append((xg, sa, sb, p))
@@ -111,8 +108,10 @@ def gemm_scaled_mm(sets, on_gpu):
 def gemm_bf16(sets, on_gpu):
     import torch
 
+    from torch_bridge.backends.torch_ref import e8m0_decode
+
     # The activations dequantized to bf16 (exact: fp8 times a power of two).
-    xb = [(p.x.float() * _fp32_scale(p.xs).repeat_interleave(128, 2)).to(torch.bfloat16)
+    xb = [(p.x.float() * e8m0_decode(p.xs).repeat_interleave(128, 2)).to(torch.bfloat16)
           for p in sets]
 
     def run(x, p):
