@@ -9,6 +9,7 @@ padding, output buffers, the layer object) stays outside the calls.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 from .problem import Problem, Skip, check_close, check_quant_bytes
@@ -34,23 +35,29 @@ def _out(p: Problem):
     return torch.empty((p.m, p.g, p.w.shape[1]), dtype=torch.bfloat16, device=p.x.device)
 
 
-def quant_triton(sets, on_gpu):
+def quant_triton(sets, on_gpu, *, config=None):
+    """``config``: a ``QuantConfig`` instead of the built-in choice (``--tune``)."""
     from torch_bridge.backends.triton import launch
 
     p0 = sets[0]
-    q, s = launch.inverse_rope_group_quant(p0.o, p0.pos, p0.cos_bf16, p0.sin_bf16, p0.g, 128)
+    q, s = launch.inverse_rope_group_quant(p0.o, p0.pos, p0.cos_bf16, p0.sin_bf16, p0.g, 128,
+                                           config=config)
     msg = check_quant_bytes(q, s, p0)
     return [(lambda p=p: launch.inverse_rope_group_quant(
-        p.o, p.pos, p.cos_bf16, p.sin_bf16, p.g, 128, x_fp8=p.x, x_scale=p.xs)) for p in sets], msg
+        p.o, p.pos, p.cos_bf16, p.sin_bf16, p.g, 128, x_fp8=p.x, x_scale=p.xs, config=config))
+        for p in sets], msg
 
 
-def gemm_triton(sets, on_gpu):
+def gemm_triton(sets, on_gpu, *, config=None):
+    """``config``: a ``GemmConfig`` instead of the built-in choice (``--tune``)."""
     from torch_bridge.backends.triton import launch
 
     p0 = sets[0]
-    msg = check_close(launch.batched_gemm_a8w8_mxscale(p0.x, p0.w, p0.xs, p0.ws), p0, "gemm")
+    msg = check_close(launch.batched_gemm_a8w8_mxscale(p0.x, p0.w, p0.xs, p0.ws, config=config),
+                      p0, "gemm")
     outs = [_out(p) for p in sets]
-    return [(lambda p=p, y=y: launch.batched_gemm_a8w8_mxscale(p.x, p.w, p.xs, p.ws, out=y))
+    return [(lambda p=p, y=y: launch.batched_gemm_a8w8_mxscale(p.x, p.w, p.xs, p.ws, out=y,
+                                                               config=config))
             for p, y in zip(sets, outs, strict=True)], msg
 
 
@@ -165,8 +172,7 @@ def chain_fp8_triton(sets, on_gpu, *, fused=None, config=None):
     return [(lambda p=p, y=y: chain(p, y)) for p, y in zip(sets, outs, strict=True)], msg
 
 
-def chain_fp8_triton_2k(sets, on_gpu):
-    return chain_fp8_triton(sets, on_gpu, fused=False)
+chain_fp8_triton_2k = functools.partial(chain_fp8_triton, fused=False)
 
 
 def _jax_providers() -> list[Provider]:
