@@ -27,7 +27,15 @@ from .config import (
     rope_cos_sin,
     rope_inv_freq,
 )
-from .examples import WoAInputs, attention_output, example_inputs
+from .examples import (
+    Draw,
+    Draws,
+    WoAInputs,
+    attention_output,
+    draw_rules,
+    example_inputs,
+    inputs_from_draws,
+)
 from .gemm import batched_gemm_a8w8_mxscale, batched_gemm_float64, dequant_weight
 from .layouts import from_scale_layout, scale_shape, to_scale_layout
 from .quant import (
@@ -77,6 +85,9 @@ __all__ = [
     "dequant_weight",
     "dequant_wo_a_weight",
     "dequant_wo_b_weight",
+    "Draw",
+    "draw_rules",
+    "Draws",
     "DSV4_CONFIGS",
     "DSV4Config",
     "e8m0_decode",
@@ -90,6 +101,7 @@ __all__ = [
     "get_config",
     "group_dequant_e8m0",
     "group_quant_e8m0",
+    "inputs_from_draws",
     "inverse_rope",
     "inverse_rope_float64",
     "inverse_rope_group_quant",

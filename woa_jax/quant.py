@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -228,21 +230,31 @@ def quantize_weight_blocks(w, *, block: int = 128, fp8_dtype=ml_dtypes.float8_e4
     fp8 = check_fp8_dtype(fp8_dtype)
     if block not in (32, 64, 128):
         raise ValueError(f"block must be 32, 64 or 128, got {block!r}")
-    rows, k = checks.check_rank(w, 2, "w", "[R, K]")
+    checks.check_rank(w, 2, "w", "[R, K]")
     checks.check_dtype(w, ("bfloat16", "float16", "float32", "float64"), "w")
     wf = np.asarray(w).astype(np.float32)
     bad = ~np.isfinite(wf)
     if bad.any():
         idx = [int(i) for i in np.argwhere(bad)[0]]
         raise ValueError(f"w: element {idx} = {float(wf[tuple(idx)])!r}; expected finite values")
+    q, byte = quantize_blocks(wf, block, fp8)
+    return np.asarray(q), np.asarray(byte).view(ml_dtypes.float8_e8m0fnu)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def quantize_blocks(w, block: int, fp8_dtype):
+    """``quantize_weight_blocks`` without its checks, under ``jax.jit`` on ``w``'s device.
+
+    For weights built where they are used (``examples.inputs_from_draws``): ``w`` is a finite
+    fp32 ``[R, K]`` array, ``block`` and ``fp8_dtype`` valid. Returns ``(q fp8, byte uint8)``.
+    """
+    rows, k = w.shape
     rb, kb = -(-rows // block), -(-k // block)
-    tiles = np.zeros((rb * block, kb * block), np.float32)
-    tiles[:rows, :k] = np.abs(wf)
+    tiles = jnp.pad(jnp.abs(w), ((0, rb * block - rows), (0, kb * block - k)))
     amax = tiles.reshape(rb, block, kb, block).max(axis=(1, 3))
-    byte = np.asarray(e8m0_scale(amax, fp8_dtype=fp8)[1])
+    byte = e8m0_scale(amax, fp8_dtype=fp8_dtype)[1]
     # Finite tiles get bytes in [92, 248], so 2**(127 - byte) is a normal fp32 number: exact.
-    inv = np.ldexp(np.float32(1), 127 - byte.astype(np.int32)).astype(np.float32)
-    inv = inv.repeat(block, 0).repeat(block, 1)[:rows, :k]
-    m = np.float32(fp8_max(fp8))
-    q = np.clip(wf * inv, -m, m).astype(fp8)
-    return q, byte.view(ml_dtypes.float8_e8m0fnu)
+    inv = jax.lax.bitcast_convert_type((254 - byte.astype(jnp.int32)) << 23, jnp.float32)
+    inv = jnp.repeat(jnp.repeat(inv, block, 0), block, 1)[:rows, :k]
+    m = jnp.float32(fp8_max(fp8_dtype))
+    return jnp.clip(w * inv, -m, m).astype(fp8_dtype), byte

@@ -1,9 +1,10 @@
-"""The launch rules of ``configs`` (torch-free), checked as rules over a sweep of problems.
+"""The launch rules of ``configs`` (torch-free): the choice pinned at representative DeepSeek V4
+shapes, and the properties every choice must satisfy over a sweep of problems.
 
-The tuned numbers (tiles, stages) may change with a new tuning; what these tests pin is what
-every choice must satisfy for the kernels to run and give the right bits: valid tiles, split-K
-only for grids of few programs and dividing the K blocks, the wgmma kernel only where it has
-its tiles, the fused kernel only where its prologue is one step.
+The pinned tables hold the tuned choice (tiles, stages); a new tuning updates them. The
+properties are what the kernels need to run and give the right bits: valid tiles that cover the
+work, split-K only for grids of few programs and dividing the K blocks, the wgmma kernel only
+where it has its tiles, the fused kernel only where its prologue is one step.
 """
 
 from __future__ import annotations
@@ -40,32 +41,81 @@ def test_configs_imports_neither_torch_nor_triton():
     assert out.stdout.strip() == "[]", out.stdout
 
 
+C = configs.GemmConfig
+
+#: (M, G, block, wgmma) -> the GEMM's launch shape at N = 1024, K = 4096.
+GEMM_CHOICES = {
+    (1, 16, 128, False): C(16, 64, swap_ab=True, num_stages=5),
+    (17, 16, 128, False): C(64, 64, num_stages=6),
+    (8192, 16, 128, False): C(64, 128, tma=True),
+    (1, 2, 128, False): C(16, 64, split_k=8, swap_ab=True),
+    (64, 2, 128, False): C(64, 64, split_k=4, swap_ab=True),
+    (128, 2, 128, False): C(64, 64, split_k=4),
+    (1024, 2, 128, False): C(64, 128, tma=True),
+    (1, 8, 32, False): C(16, 64, swap_ab=True, num_stages=5),
+    (1, 16, 128, True): C(8, 64, swap_ab=True, num_stages=6, wgmma=True),
+    (1, 8, 128, True): C(8, 64, swap_ab=True, num_stages=8, wgmma=True),
+    (16, 16, 128, True): C(16, 64, swap_ab=True, num_stages=6, wgmma=True),
+    (64, 16, 128, True): C(64, 128, num_stages=6, wgmma=True),
+    (17, 8, 128, True): C(64, 64, num_stages=6),
+    (128, 8, 128, True): C(64, 128, num_stages=6, wgmma=True),
+    (8192, 16, 128, True): C(128, 128, num_warps=8, wgmma=True, programs_per_sm=1),
+    (1, 2, 128, True): C(16, 64, split_k=8, swap_ab=True),
+    (8192, 16, 32, True): C(64, 128, tma=True),
+}
+
+#: (M, G, block) -> (the fused chain's launch shape, whether it runs by default).
+FUSED_CHOICES = {
+    (1, 16, 128): (C(16, 128, swap_ab=True, num_warps=8, num_stages=5), True),
+    (2, 16, 128): (C(16, 128, swap_ab=True, num_warps=8, num_stages=5), False),
+    (17, 16, 128): (C(32, 128, swap_ab=True, num_warps=8, num_stages=5), False),
+    (2, 8, 128): (C(16, 128, split_k=4, swap_ab=True, num_warps=8), True),
+    (8, 8, 128): (C(16, 128, split_k=4, swap_ab=True, num_warps=8), False),
+    (65, 8, 128): (C(64, 128, swap_ab=True, num_warps=8, num_stages=5), False),
+    (8, 2, 128): (C(16, 128, split_k=8, swap_ab=True, num_warps=8), True),
+    (9, 2, 128): (C(16, 128, split_k=8, swap_ab=True, num_warps=8), False),
+    (33, 2, 128): (C(64, 128, split_k=4, swap_ab=True, num_warps=8), False),
+    (1, 16, 32): (C(16, 128, swap_ab=True, num_warps=8, num_stages=5), True),
+}
+
+
+def _tiles(cfg, m, g, n) -> int:
+    return -(-m // cfg.block_m) * -(-n // cfg.block_n) * g
+
+
+@pytest.mark.parametrize("key", GEMM_CHOICES, ids=lambda k: "m{}g{}b{}{}".format(
+    *k[:3], "wgmma" if k[3] else ""))
+def test_gemm_config_choices(key):
+    m, g, block, wgmma = key
+    assert configs.gemm_config(m, g, N, K, block, wgmma=wgmma) == GEMM_CHOICES[key]
+
+
 @pytest.mark.parametrize("wgmma", [False, True])
 def test_gemm_config_rules(wgmma):
-    """Every default shape is a valid config; K is split (``k_split``: a divisor of the K blocks,
-    about 256 programs in all) exactly for the Triton kernels' grids of ``FEW_PROGRAMS`` or
-    fewer; up to 16 tokens the
-    tokens are the MMA's N side; the wgmma kernel takes only 128-blocks, and its swapped decode
-    tile (no split-K) only from one wave of tiles."""
+    """Every default shape is a valid config whose tiles cover N exactly (the tile-walking
+    kernels count N / block_n tiles); K is split, into a divisor of the K blocks and at most 256
+    programs in all, where the Triton kernels' grids would have ``FEW_PROGRAMS`` or fewer; up to
+    16 tokens are the MMA's N side, in one tile; the wgmma kernel takes only 128-blocks, its
+    swapped decode tile (no split-K) only from one wave of tiles, and every grid of more than
+    ``FEW_PROGRAMS`` tiles above 64 tokens where it can run."""
     for m, g, n, k, block in _problems():
         cfg = configs.gemm_config(m, g, n, k, block, wgmma=wgmma)
         dataclasses.replace(cfg)  # __post_init__ accepts it (raises otherwise)
-        kb = k // block
-        configs.check_split(cfg, kb)
+        kb, tiles = k // block, _tiles(cfg, m, g, n)
+        assert n % cfg.block_n == 0 and kb % cfg.split_k == 0, (m, g, cfg)
         if cfg.split_k > 1:
-            unsplit = dataclasses.replace(cfg, split_k=1)
-            assert cfg.split_k == configs.k_split(unsplit, m, g, n, kb), (m, g, cfg)
-            assert configs.programs(unsplit, m, g, n) * cfg.split_k <= 256
-            assert not (cfg.tma or cfg.wgmma)
-        elif not cfg.wgmma and m > 0:
-            assert configs.programs(cfg, m, g, n) > configs.FEW_PROGRAMS or kb == 1 \
-                or configs.k_split(cfg, m, g, n, kb) == 1, (m, g, cfg)
+            assert not (cfg.tma or cfg.wgmma) and cfg.split_k <= 8, (m, g, cfg)
+            assert tiles * cfg.split_k <= 256, (m, g, cfg)
+        elif not cfg.wgmma:
+            assert tiles > configs.FEW_PROGRAMS or kb == 1, (m, g, cfg)
         if 0 < m <= 16:
-            assert cfg.swap_ab, (m, g, cfg)
+            assert cfg.swap_ab and m <= cfg.block_m, (m, g, cfg)
         if cfg.wgmma:
             assert wgmma and block == 128 and n % 128 == 0 and block % cfg.block_n == 0
             if cfg.swap_ab:
-                assert configs.programs(cfg, m, g, n) >= configs.ONE_WAVE_TILES, (m, g, cfg)
+                assert tiles >= configs.ONE_WAVE_TILES, (m, g, cfg)
+        elif wgmma and block == 128 and m > 64:
+            assert cfg.split_k > 1, (m, g, cfg)
 
 
 def test_k_split_is_a_divisor_capped_by_programs():
@@ -76,23 +126,35 @@ def test_k_split_is_a_divisor_capped_by_programs():
         assert split == 1 or split * tiles_g <= 256
 
 
+@pytest.mark.parametrize("key", FUSED_CHOICES, ids=lambda k: "m{}g{}b{}".format(*k))
+def test_fused_choices(key):
+    m, g, block = key
+    cfg, chosen = FUSED_CHOICES[key]
+    assert configs.fused_config(m, g, N, K, block) == cfg
+    assert configs.fused_chosen(m, g, N, K, block) == chosen
+
+
 def test_fused_rules():
-    """The fused kernel: swapped pointer tiles of 128 weight rows and 16-64 tokens, 8 warps;
-    K split exactly as ``k_split`` splits the GEMM's few-program grids; chosen by default only
-    where each program's prologue quantizes at most ``FUSED_QUANT_LANES`` activations."""
-    for m, g, n, k, block in _problems():
-        cfg = configs.fused_config(m, g, n, k, block)
-        assert configs.fused_blocker(512, 64, block, cfg) is None
-        assert (cfg.block_n, cfg.num_warps, cfg.swap_ab) == (128, 8, True)
-        assert cfg.block_m == min(64, max(16, 1 << max(0, m - 1).bit_length()))
-        unsplit = dataclasses.replace(cfg, split_k=1)
-        if configs.programs(unsplit, m, g, n) > configs.FEW_PROGRAMS:
-            assert cfg.split_k == 1
-        else:
-            assert cfg.split_k == configs.k_split(unsplit, m, g, n, k // block)
-        lanes = m * (k // block) // cfg.split_k * block
-        assert configs.fused_chosen(m, g, n, k, block) == (lanes <= configs.FUSED_QUANT_LANES)
-    assert configs.fused_chosen(1, 16, N, K, 128)  # DeepSeek V4 decode at G = 16 fuses
+    """The fused kernel: swapped pointer tiles of 128 weight rows and the fewest of 16, 32 or 64
+    token columns that hold the tokens, 8 warps; K split into a divisor of the K blocks exactly
+    for grids of ``FEW_PROGRAMS`` or fewer; chosen by default only where each program's
+    prologue quantizes at most ``FUSED_QUANT_LANES`` activations, so for the fewest tokens."""
+    for g, block in itertools.product(GS, (128, 32)):
+        kb, chosen = K // block, []
+        for m in MS:
+            cfg = configs.fused_config(m, g, N, K, block)
+            assert configs.fused_blocker(512, 64, block, cfg) is None
+            assert (cfg.block_n, cfg.num_warps, cfg.swap_ab) == (128, 8, True)
+            assert cfg.block_m in (16, 32, 64) and min(m, 64) <= cfg.block_m, (m, g, cfg)
+            assert cfg.block_m == 16 or cfg.block_m // 2 < m, (m, g, cfg)
+            tiles = _tiles(cfg, m, g, N)
+            assert kb % cfg.split_k == 0 and cfg.split_k <= 8, (m, g, cfg)
+            assert (cfg.split_k > 1) == (tiles <= configs.FEW_PROGRAMS), (m, g, cfg)
+            assert cfg.split_k == 1 or max(tiles, 1) * cfg.split_k <= 256, (m, g, cfg)
+            chosen.append(configs.fused_chosen(m, g, N, K, block))
+            if chosen[-1]:
+                assert m * kb // cfg.split_k * block <= configs.FUSED_QUANT_LANES, (m, g, cfg)
+        assert chosen == sorted(chosen, reverse=True), (g, block, chosen)  # a prefix of MS
 
 
 def test_fused_blocker_names_the_obstacle():

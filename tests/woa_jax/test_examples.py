@@ -56,6 +56,21 @@ def test_seeded_and_the_same_weight_whatever_the_split(inputs):
     assert_bitwise_equal(rank1_of_4.o[:, :8], rank2_of_8.o)
 
 
+def test_inputs_from_any_draws_of_the_rules(inputs):
+    """What another generator draws by ``draw_rules`` makes inputs of ``example_inputs``' layout
+    (the benchmark harness draws them with torch)."""
+    rules = woa_jax.draw_rules(tokens=3)
+    assert rules.logits.shape == (3, 8, 64) and rules.spread.high == 3
+    rng = np.random.default_rng(1)
+    cos, sin = woa_jax.rope_cos_sin("v4-flash", "compress", 4096)
+    x = woa_jax.inputs_from_draws(woa_jax.Draws(*(r.sample(rng) for r in rules)), cos, sin, 1)
+    for got, want in zip(x[:-1], inputs[:-1], strict=True):
+        assert got.shape == want.shape and got.dtype == want.dtype
+    assert np.all(np.diff(np.asarray(x.positions)) >= 0)
+    ref = woa_jax.wo_a_bf16(*x)
+    assert relative_error(woa_jax.wo_a_fp8(*x), ref) < TOLERANCES["fp8_chain_vs_bf16"].rel
+
+
 def test_options(inputs):
     x = woa_jax.example_inputs(config="v4.1-flash", tokens=1, rope_dtype=jnp.float32,
                                layer_kind="window", max_position=16, keys=4)

@@ -1,9 +1,10 @@
 """Benchmark problems: shapes, input sets, and the ``woa_jax`` oracle every provider is checked by.
 
-``o [M, H, Dh]`` bf16 with H = G * heads_per_group heads, positions below ``cache_rows``, fp32
-and bf16 RoPE tables, an fp8 ``[G, N, K]`` weight with ``[G, N / 128, K / 128]`` E8M0 scales
-and its exact bf16 dequantization; the quantized activations are built once per set so that the
-GEMM rows time the GEMM alone.
+Input sets follow ``woa_jax.example_inputs``' rules (``woa_jax.draw_rules``: an attention output
+``o [M, H, Dh]``, sorted positions below ``cache_rows``, the model's rope table, a real weight
+quantized into 128 x 128 E8M0 blocks), drawn on the device with a torch generator and made into
+inputs there by ``woa_jax.inputs_from_draws``. The quantized activations are built once per set
+so that the GEMM rows time the GEMM alone.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class Sweep:
     head_dim: int = 512
     rope_dim: int = 64
     cache_rows: int = 65536  # rows of the cos/sin table (positions drawn below it)
+    config: str = "v4-pro"  # the model whose rope table and input rules the sets use
 
     @property
     def k(self) -> int:
@@ -87,30 +89,42 @@ class Problem:
         return int(self.o.shape[0])
 
 
+def _config(sweep: Sweep, g: int):
+    """The sweep's shapes as a one-rank model config with ``g`` groups."""
+    import woa_jax
+
+    return dataclasses.replace(woa_jax.get_config(sweep.config), o_groups=g,
+                               num_heads=g * sweep.heads_per_group, o_lora_rank=sweep.n,
+                               head_dim=sweep.head_dim, rope_dim=sweep.rope_dim)
+
+
 def make_problem(sweep: Sweep, g: int, m: int, device: str, seed: int) -> Problem:
-    """Draw one input set (weights with E8M0 scales 2**-9 .. 2**-3, ``o`` ~ N(0, 0.01))."""
+    """Draw one input set on ``device`` by ``woa_jax.draw_rules`` (see the module docstring)."""
     import torch
 
+    import woa_jax
+    from torch_bridge import interop
+    from torch_bridge.backends import torch_ref
     from torch_bridge.backends.triton import launch
 
+    cfg = _config(sweep, g)
     gen = torch.Generator(device=device).manual_seed(seed)
-    h = g * sweep.heads_per_group
-    o = (torch.randn((m, h, sweep.head_dim), generator=gen, device=device) / 10).to(torch.bfloat16)
-    pos = torch.randint(0, sweep.cache_rows, (m,), generator=gen, device=device)
-    ang = torch.rand((sweep.cache_rows, sweep.rope_dim // 2), generator=gen, device=device) * 6.3
-    cos32, sin32 = torch.cos(ang), torch.sin(ang)
-    k, n = sweep.k, sweep.n
-    w = torch.randn((g, n, k), generator=gen, device=device).clamp(-448, 448)
-    w = w.to(torch.float8_e4m3fn)
-    ws = torch.randint(118, 125, (g, n // 128, k // 128), generator=gen, device=device,
-                       dtype=torch.int32).to(torch.uint8)
-    scale = (ws.to(torch.int32) << 23).view(torch.float32)
-    w_bf16 = (w.float() * scale.repeat_interleave(128, 1).repeat_interleave(128, 2)).to(
-        torch.bfloat16)
-    p = Problem(g=g, o=o, pos=pos, cos_bf16=cos32.to(torch.bfloat16),
-                sin_bf16=sin32.to(torch.bfloat16), cos32=cos32, sin32=sin32, w=w, ws=ws,
-                w_bf16=w_bf16)
-    p.x, p.xs = launch.inverse_rope_group_quant(o, pos, p.cos_bf16, p.sin_bf16, g, 128)
+    draws = [torch.randn(r.shape, generator=gen, device=device) if r.high is None else
+             torch.randint(r.low, r.high, r.shape, generator=gen, device=device,
+                           dtype=torch.int32)
+             for r in woa_jax.draw_rules(cfg, tokens=m, tp_size=1, max_position=sweep.cache_rows)]
+    cos32, sin32 = (interop.to_torch(t).to(device)
+                    for t in woa_jax.rope_cos_sin(cfg, "compress", sweep.cache_rows))
+    inp = woa_jax.inputs_from_draws(woa_jax.Draws(*map(interop.to_jax, draws)),
+                                    interop.to_jax(cos32), interop.to_jax(sin32), g,
+                                    block=cfg.block_size)
+    o, pos, cos_bf16, sin_bf16, w2d, ws2d = (interop.to_torch(a) for a in inp[:6])
+    ws2d = ws2d.view(torch.uint8)
+    k, n, b = sweep.k, sweep.n, cfg.block_size
+    p = Problem(g=g, o=o, pos=pos.to(torch.int64), cos_bf16=cos_bf16, sin_bf16=sin_bf16,
+                cos32=cos32, sin32=sin32, w=w2d.view(g, n, k), ws=ws2d.view(g, n // b, k // b),
+                w_bf16=torch_ref.dequant_wo_a_weight(w2d, ws2d, g))
+    p.x, p.xs = launch.inverse_rope_group_quant(o, p.pos, cos_bf16, sin_bf16, g, 128)
     p.o_work = o.clone()
     return p
 

@@ -9,6 +9,7 @@ padding, output buffers, the layer object) stays outside the calls.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 from .problem import Problem, Skip, check_close, check_quant_bytes
@@ -34,31 +35,30 @@ def _out(p: Problem):
     return torch.empty((p.m, p.g, p.w.shape[1]), dtype=torch.bfloat16, device=p.x.device)
 
 
-def quant_triton(sets, on_gpu):
+def quant_triton(sets, on_gpu, *, config=None):
+    """``config``: a ``QuantConfig`` instead of the built-in choice (``--tune``)."""
     from torch_bridge.backends.triton import launch
 
     p0 = sets[0]
-    q, s = launch.inverse_rope_group_quant(p0.o, p0.pos, p0.cos_bf16, p0.sin_bf16, p0.g, 128)
+    q, s = launch.inverse_rope_group_quant(p0.o, p0.pos, p0.cos_bf16, p0.sin_bf16, p0.g, 128,
+                                           config=config)
     msg = check_quant_bytes(q, s, p0)
     return [(lambda p=p: launch.inverse_rope_group_quant(
-        p.o, p.pos, p.cos_bf16, p.sin_bf16, p.g, 128, x_fp8=p.x, x_scale=p.xs)) for p in sets], msg
+        p.o, p.pos, p.cos_bf16, p.sin_bf16, p.g, 128, x_fp8=p.x, x_scale=p.xs, config=config))
+        for p in sets], msg
 
 
-def gemm_triton(sets, on_gpu):
+def gemm_triton(sets, on_gpu, *, config=None):
+    """``config``: a ``GemmConfig`` instead of the built-in choice (``--tune``)."""
     from torch_bridge.backends.triton import launch
 
     p0 = sets[0]
-    msg = check_close(launch.batched_gemm_a8w8_mxscale(p0.x, p0.w, p0.xs, p0.ws), p0, "gemm")
+    msg = check_close(launch.batched_gemm_a8w8_mxscale(p0.x, p0.w, p0.xs, p0.ws, config=config),
+                      p0, "gemm")
     outs = [_out(p) for p in sets]
-    return [(lambda p=p, y=y: launch.batched_gemm_a8w8_mxscale(p.x, p.w, p.xs, p.ws, out=y))
+    return [(lambda p=p, y=y: launch.batched_gemm_a8w8_mxscale(p.x, p.w, p.xs, p.ws, out=y,
+                                                               config=config))
             for p, y in zip(sets, outs, strict=True)], msg
-
-
-def _fp32_scale(e8m0):
-    """E8M0 bytes (uint8 or float8_e8m0fnu) as the fp32 powers of two they encode."""
-    import torch
-
-    return (e8m0.view(torch.uint8).to(torch.int32) << 23).view(torch.float32)
 
 
 def gemm_deepgemm(sets, on_gpu):
@@ -71,8 +71,10 @@ def gemm_deepgemm(sets, on_gpu):
     einsum = getattr(deep_gemm, "fp8_einsum", None)
     if einsum is None:
         raise Skip(f"deep_gemm {getattr(deep_gemm, '__version__', '?')} has no fp8_einsum")
-    prepared = [(p.x.contiguous(), _fp32_scale(p.xs).contiguous(), p.w,
-                 _fp32_scale(p.ws).contiguous(), _out(p)) for p in sets]
+    from torch_bridge.backends.torch_ref import e8m0_decode
+
+    prepared = [(p.x.contiguous(), e8m0_decode(p.xs).contiguous(), p.w,
+                 e8m0_decode(p.ws).contiguous(), _out(p)) for p in sets]
 
     def run(x, xs, w, ws, y):
         einsum("bhr,hdr->bhd", (x, xs), (w, ws), y)
@@ -85,6 +87,8 @@ def gemm_deepgemm(sets, on_gpu):
 def gemm_scaled_mm(sets, on_gpu):
     import torch
 
+    from torch_bridge.backends.torch_ref import e8m0_decode
+
     if not on_gpu or torch.cuda.get_device_capability() != (9, 0):
         raise Skip("blockwise torch._scaled_mm runs on sm_90 only")
     prepared = []
@@ -93,8 +97,8 @@ def gemm_scaled_mm(sets, on_gpu):
         xg = torch.zeros((p.g, mp, p.x.shape[2]), dtype=p.x.dtype, device=p.x.device)
         xg[:, :p.m] = p.x.transpose(0, 1)
         xs = torch.ones((p.g, mp, p.x.shape[2] // 128), dtype=torch.float32, device=p.x.device)
-        xs[:, :p.m] = _fp32_scale(p.xs).transpose(0, 1)
-        ws = _fp32_scale(p.ws)
+        xs[:, :p.m] = e8m0_decode(p.xs).transpose(0, 1)
+        ws = e8m0_decode(p.ws)
         sa = [xs[i].t().contiguous().t() for i in range(p.g)]
         sb = [ws[i].contiguous().t() for i in range(p.g)]
         prepared.append((xg, sa, sb, p))
@@ -111,8 +115,10 @@ def gemm_scaled_mm(sets, on_gpu):
 def gemm_bf16(sets, on_gpu):
     import torch
 
+    from torch_bridge.backends.torch_ref import e8m0_decode
+
     # The activations dequantized to bf16 (exact: fp8 times a power of two).
-    xb = [(p.x.float() * _fp32_scale(p.xs).repeat_interleave(128, 2)).to(torch.bfloat16)
+    xb = [(p.x.float() * e8m0_decode(p.xs).repeat_interleave(128, 2)).to(torch.bfloat16)
           for p in sets]
 
     def run(x, p):
@@ -166,8 +172,7 @@ def chain_fp8_triton(sets, on_gpu, *, fused=None, config=None):
     return [(lambda p=p, y=y: chain(p, y)) for p, y in zip(sets, outs, strict=True)], msg
 
 
-def chain_fp8_triton_2k(sets, on_gpu):
-    return chain_fp8_triton(sets, on_gpu, fused=False)
+chain_fp8_triton_2k = functools.partial(chain_fp8_triton, fused=False)
 
 
 def _jax_providers() -> list[Provider]:

@@ -6,11 +6,12 @@ launchers look up on every plan they build)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 
 from . import problem
-from .providers import chain_fp8_triton
+from .providers import chain_fp8_triton, chain_fp8_triton_2k, gemm_triton, quant_triton
 from .sweep import time_calls
 
 KINDS = ("gemm", "quant", "chain")
@@ -61,41 +62,6 @@ def quant_candidates() -> list:
             Q(4, 4, 1), Q(16, 4, 1), Q(8, 4, 4), Q(2, 4, 8), Q(4, 1, 2), Q(4, 2, 2), Q(2, 1, 1)]
 
 
-def _gemm_calls(sets, cfg):
-    import torch
-
-    from torch_bridge.backends.triton import launch
-
-    p0 = sets[0]
-    msg = problem.check_close(launch.batched_gemm_a8w8_mxscale(p0.x, p0.w, p0.xs, p0.ws,
-                                                               config=cfg), p0, "gemm")
-    outs = [torch.empty((p.m, p.g, p.w.shape[1]), dtype=torch.bfloat16, device=p.x.device)
-            for p in sets]
-    return [(lambda p=p, y=y: launch.batched_gemm_a8w8_mxscale(p.x, p.w, p.xs, p.ws, out=y,
-                                                               config=cfg))
-            for p, y in zip(sets, outs, strict=True)], msg
-
-
-def _quant_calls(sets, qc):
-    from torch_bridge.backends.triton import launch
-
-    p0 = sets[0]
-    q, sc = launch.inverse_rope_group_quant(p0.o, p0.pos, p0.cos_bf16, p0.sin_bf16, p0.g, 128,
-                                            config=qc)
-    msg = problem.check_quant_bytes(q, sc, p0)
-    return [(lambda p=p: launch.inverse_rope_group_quant(
-        p.o, p.pos, p.cos_bf16, p.sin_bf16, p.g, 128, x_fp8=p.x, x_scale=p.xs, config=qc))
-        for p in sets], msg
-
-
-def _fused_calls(sets, cfg):
-    return chain_fp8_triton(sets, True, fused=True, config=cfg)
-
-
-def _two_kernel_calls(sets, cfg):
-    return chain_fp8_triton(sets, True, fused=False)
-
-
 def run_tune(sweep: problem.Sweep, *, on_gpu: bool, reps: int, progress, seed: int,
              kinds: tuple[str, ...] = KINDS, clock="burst") -> list[dict]:
     """One row per candidate of ``kinds`` at every (G, M) (the fused chain up to M = 64); a
@@ -106,21 +72,22 @@ def run_tune(sweep: problem.Sweep, *, on_gpu: bool, reps: int, progress, seed: i
     for g, m in todo:
         progress.update(task, description=f"tune G={g} M={m}")
         sets = problem.make_sets(sweep, g, m, on_gpu, seed)
-        jobs = []  # (kind, label, config, build(sets) -> (calls, check))
+        jobs = []  # (kind, label, config, provider(sets, on_gpu, config=))
         if "gemm" in kinds:
-            jobs += [("gemm", c.label(), c, _gemm_calls) for c in gemm_candidates(m)]
+            jobs += [("gemm", c.label(), c, gemm_triton) for c in gemm_candidates(m)]
         if "quant" in kinds:
-            jobs += [("quant", c.label(), c, _quant_calls) for c in quant_candidates()]
+            jobs += [("quant", c.label(), c, quant_triton) for c in quant_candidates()]
         if "chain" in kinds and m <= 64:
-            jobs += [("chain", f"fused {c.label()}", c, _fused_calls)
+            fused = functools.partial(chain_fp8_triton, fused=True)
+            jobs += [("chain", f"fused {c.label()}", c, fused)
                      for c in fused_candidates(m, g, sweep.n)]
-            jobs.append(("chain", "quant+gemm", None, _two_kernel_calls))
-        for kind, label, cfg, build in jobs:
+            jobs.append(("chain", "quant+gemm", None, chain_fp8_triton_2k))
+        for kind, label, cfg, provider in jobs:
             row = {"mode": "tune", "kind": kind, "provider": label, "G": g, "M": m,
                    "N": sweep.n, "K": sweep.k,
                    "config": json.dumps(dataclasses.asdict(cfg)) if cfg else None}
             try:
-                calls, msg = build(sets, cfg)
+                calls, msg = provider(sets, on_gpu, config=cfg)
                 row.update(time_calls(calls, on_gpu=on_gpu, reps=reps, clock=clock), check=msg)
             except Exception as e:  # a shape that fails to compile (shared memory) is data too
                 row.update(us=None, check=f"FAILED: {type(e).__name__}: {str(e)[:200]}")
