@@ -231,13 +231,13 @@ def test_every_chosen_shape_is_a_valid_tile(target):
             assert cfg.num_stages * (cfg.block_m + cfg.block_n) * cfg.block_k * 2 <= 32768
 
 
-def test_the_gemm_from_o_runs_from_256_tokens_with_tma_loads():
-    """The TMA kernel from 256 tokens (level with in-place rope + cuBLAS there); below, and
-    without TMA loads (the pointer kernel trails cuBLAS), the rotated copy and cuBLAS."""
-    for g in (2, 8, 16):
-        assert not configs.bf16_gemm_chosen(255, g, 1024, 4096, tma=True)
-        assert configs.bf16_gemm_chosen(256, g, 1024, 4096, tma=True)
-        assert not configs.bf16_gemm_chosen(8192, g, 1024, 4096, tma=False)
+def test_the_gemm_from_o_runs_from_256_tokens_and_2048_rows_with_tma_loads():
+    """The TMA kernel from 256 tokens and 2048 (token, group) rows; below, and without TMA
+    loads (the pointer kernel trails cuBLAS), the rotated copy and cuBLAS."""
+    for (s, g), want in {(255, 16): False, (256, 16): True, (256, 8): True, (255, 8): False,
+                         (512, 2): False, (1024, 2): True, (8192, 2): True}.items():
+        assert configs.bf16_gemm_chosen(s, g, 1024, 4096, tma=True) == want, (s, g)
+        assert not configs.bf16_gemm_chosen(s, g, 1024, 4096, tma=False)
 
 
 def test_hopper_tma_tiles():

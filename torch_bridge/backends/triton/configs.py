@@ -423,17 +423,19 @@ def bf16_gemm_blocker(dh: int, rd: int, k: int,
     return None
 
 
-#: ``wo_a_bf16`` copies ``o`` and calls cuBLAS below this many tokens, and runs the BF16 GEMM
-#: from ``o`` at and above it where its TMA kernel runs (``bf16_gemm_chosen``).
+#: ``wo_a_bf16`` runs the BF16 GEMM from ``o`` (its TMA kernel) from this many tokens and
+#: (token, group) rows of A, and copies ``o`` for cuBLAS below (``bf16_gemm_chosen``).
 BF16_GEMM_MIN_TOKENS = 256
+BF16_GEMM_MIN_ROWS = 2048
 
 
 def bf16_gemm_chosen(s: int, g: int, n: int, k: int, *, tma: bool) -> bool:
     """Whether ``wo_a_bf16`` (not in place) runs the BF16 GEMM from ``o`` rather than a rotated
-    copy of ``o`` and cuBLAS: from ``BF16_GEMM_MIN_TOKENS`` tokens, with the TMA kernel (``tma``:
-    the device has tensor-memory loads). Below that the copy is small and cuBLAS's decode
-    kernels are faster; the pointer kernel does not keep up with cuBLAS at any size."""
-    return tma and s >= BF16_GEMM_MIN_TOKENS
+    copy of ``o`` and cuBLAS: with the TMA kernel (``tma``: the device has tensor-memory loads)
+    from ``BF16_GEMM_MIN_TOKENS`` tokens and ``BF16_GEMM_MIN_ROWS`` rows. Smaller problems make
+    too few programs for its tiles, and copying their ``o`` is cheap; the pointer kernel does
+    not keep up with cuBLAS at any size."""
+    return tma and s >= BF16_GEMM_MIN_TOKENS and s * g >= BF16_GEMM_MIN_ROWS
 
 
 def _bf16_tile_ladder(target: str) -> tuple[Bf16GemmConfig, ...]:
