@@ -87,12 +87,15 @@ class Backend(Protocol):
         arguments of ``torch_bridge.backends.torch_ref.TorchBackend``'s methods.
       rope_in_activation_dtype: whether its quant wants cos/sin in ``o``'s dtype (callers that
         keep the tables convert them once instead of on every call).
+      eager_ops: the ops for which ``eager_launcher(op, *call arguments)`` may return a direct
+        launcher that callers keep per call signature (eager host time near a bare launch).
 
     A backend that caches probes may also define ``cache_clear()``; ``reset_caches`` calls it.
     """
 
     name: str
     ops: frozenset[str]
+    eager_ops: frozenset[str]
     rope_in_activation_dtype: bool
 
     def is_available(self) -> tuple[bool, str]:

@@ -80,6 +80,24 @@ def _remember(key: tuple, plan) -> None:
     _PLANS[key] = plan
 
 
+#: Plan key -> a direct launcher of the backend for plain eager calls of that signature
+#: (``Backend.eager_launcher``), or ``None`` where the backend binds none.
+_EAGER: dict[tuple, Any] = {}
+_dispatch._on_reset.append(_EAGER.clear)
+
+
+def _bind_eager(key: tuple, plan, op: str, *args) -> None:
+    """Ask ``plan.backend`` once per signature for a direct eager launcher of ``op``."""
+    try:
+        hash(key)
+    except TypeError:
+        return
+    if len(_EAGER) >= _PLAN_LIMIT:
+        del _EAGER[next(iter(_EAGER))]
+    be = plan.backend
+    _EAGER[key] = be.eager_launcher(op, *args) if op in be.eager_ops else None
+
+
 def require_torch(*, optional: tuple[str, ...] = (), **tensors) -> None:
     """Raise a ``TypeError`` naming the first argument that is not a tensor (``None`` is allowed
     only for the names in ``optional``)."""
@@ -184,11 +202,18 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
     key = ("quant", sig(o), sig(positions), sig(cos_cache), sig(sin_cache),
            *_typed(num_groups, quant_group_size, scale_layout, fp8_dtype, amax_floor),
            backend_signature(backend), sig(x_fp8), sig(x_scale))
+    fresh = x_fp8 is None and x_scale is None
     plan = _lookup(key)
     if plan is None:
         plan = _plan_quant(o, positions, cos_cache, sin_cache, num_groups, quant_group_size,
                            scale_layout, backend, x_fp8, x_scale, fp8_dtype, amax_floor)
         _remember(key, plan)
+    else:
+        eager = _EAGER.get(key)
+        if eager:
+            got = eager(o, positions, cos_cache, sin_cache)
+            if got is not None:
+                return got[0], got[1].view(plan.scale_dtype)
     s, g, d = plan.shape
     if x_fp8 is None:
         x_fp8 = torch.empty(plan.shape, dtype=plan.fp8, device=o.device)
@@ -203,6 +228,9 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
         o, positions, cos_cache, sin_cache, num_groups, quant_group_size, amax_floor=amax_floor,
         x_fp8=x_fp8, x_scale=row_buf)
     byte = byte.view(torch.uint8)
+    if row and fresh and key not in _EAGER:
+        _bind_eager(key, plan, "inverse_rope_group_quant", o, positions, cos_cache, sin_cache,
+                    num_groups, quant_group_size, amax_floor, plan.fp8)
     if row:
         return q, (x_scale if x_scale is not None else byte.view(plan.scale_dtype))
     out = x_scale.view(torch.uint8) if x_scale is not None else None

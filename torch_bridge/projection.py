@@ -19,7 +19,7 @@ import collections
 import logging
 import pathlib
 import weakref
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -146,6 +146,8 @@ class WoAProjection:
         self._last: tuple | None = None
         self._per_device: dict[tuple, torch.Tensor] = {}
         self._plans: dict[tuple, _Plan] = {}
+        #: Call signature -> the backend's direct eager launcher of the fused chain (or None).
+        self._eager: dict[tuple, Any] = {}
         _LAYERS.add(self)
 
     @classmethod
@@ -277,6 +279,7 @@ class WoAProjection:
 
     def _forget_plans(self) -> None:
         self._plans.clear()
+        self._eager.clear()
         self._paths.clear()
 
     def _decide(self, case: Case) -> tuple[str, str | None]:
@@ -324,6 +327,12 @@ class WoAProjection:
         """
         key = (ops.tensor_signature(o), ops.tensor_signature(positions),
                ops.backend_signature(self._backend))
+        eager = self._eager.get(key)
+        if eager:
+            out = eager(o, positions)
+            if out is not None:
+                self._last = (o.device, o.dtype, int(o.shape[2]))
+                return out
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plan(o, positions)
@@ -338,9 +347,17 @@ class WoAProjection:
             return plan.backend.wo_a_bf16(o, positions, plan.cos, plan.sin, plan.w,
                                           self.num_groups, overwrite_o=overwrite_o)
         if plan.kind == "fused":  # the backend runs the chain itself (fused at decode)
-            return plan.backend.wo_a_fp8(o, positions, plan.cos, plan.sin, plan.w, plan.ws,
-                                         self.num_groups, amax_floor=self.amax_floor,
-                                         dtype=torch.bfloat16)
+            out = plan.backend.wo_a_fp8(o, positions, plan.cos, plan.sin, plan.w, plan.ws,
+                                        self.num_groups, amax_floor=self.amax_floor,
+                                        dtype=torch.bfloat16)
+            if key not in self._eager and "wo_a_fp8" in plan.backend.eager_ops:
+                if len(self._eager) >= _PLAN_LIMIT:
+                    del self._eager[next(iter(self._eager))]
+                # Later plain eager calls of this signature launch the compiled kernel directly.
+                self._eager[key] = plan.backend.eager_launcher(
+                    "wo_a_fp8", o, positions, plan.cos, plan.sin, plan.w, plan.ws,
+                    self.num_groups, self.amax_floor)
+            return out
         x_fp8 = torch.empty((o.shape[0], self.num_groups, self.k), dtype=plan.w.dtype,
                             device=o.device)
         x, xs = plan.backend.inverse_rope_group_quant(

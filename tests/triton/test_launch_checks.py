@@ -72,8 +72,12 @@ def test_wgmma_relaunch_passes_every_argument_in_kernel_order(monkeypatch):
                 return Compiled()
             return launch_
 
+    from triton import knobs
+
     monkeypatch.setattr(wgmma_kernels, "batched_gemm_a8w8_mxscale_wgmma_kernel", Kernel())
     monkeypatch.setattr(_common, "current_stream", lambda: 1234)
+    # A profiler's hook: the launch metadata is built for it, as on Triton's own path.
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda metadata: None)
     monkeypatch.setattr(gemm, "COMPILED_WGMMA", {})
     g, n, k = 2, 256, 512
     w, ws = _fp8(g, n, k), torch.full((g, n // 128, k // 128), 127, dtype=torch.uint8)
@@ -89,8 +93,6 @@ def test_wgmma_relaunch_passes_every_argument_in_kernel_order(monkeypatch):
     grid, kwargs = first_launches[0]
     assert grid == (4,) and list(kwargs) == list(real.arg_names)
     args = relaunches[-1]
-    from triton import knobs
-
     assert args[:9] == (4, 1, 1, 1234, "function", "metadata",
                         ("launch metadata", (4,), 1234, len(real.arg_names)),
                         knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
@@ -138,6 +140,7 @@ def test_relaunch_goes_straight_to_the_compiled_kernel_per_specialization(monkey
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setattr(_common, "current_stream", lambda: 99)
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda metadata: None)
     monkeypatch.setattr(_common, "COMPILED", {})
     kernel = Kernel()
     x, y = torch.zeros(64), torch.zeros(64)
@@ -153,3 +156,42 @@ def test_relaunch_goes_straight_to_the_compiled_kernel_per_specialization(monkey
     assert relaunches[0] == (3, 2, 1, 99, "function", "metadata",
                              ("launch metadata", (3, 2), 99, 5), knobs.runtime.launch_enter_hook,
                              knobs.runtime.launch_exit_hook, x, 48, y, 16, True)
+
+
+def test_bound_launch_fills_its_tensor_slots_and_refuses_other_specializations(monkeypatch):
+    """``_common.bind`` (stand-in compiled kernel, no GPU): the bound launch passes the new
+    tensors in their slots and the bound ints and constexprs; a misaligned tensor, another
+    current device or a dispatch mode make it refuse (the caller then takes the op's path)."""
+    from triton import knobs
+
+    runs = []
+
+    class Compiled:
+        function, packed_metadata = "function", "metadata"
+
+        def run(self, *args):
+            runs.append(args)
+
+    monkeypatch.setattr(_common, "current_stream", lambda: 7)
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", None)
+    monkeypatch.setattr(_common.torch.cuda, "current_device", lambda: None)  # CPU: index None
+    x, y = torch.zeros(64), torch.zeros(64)
+    args = (x, 5, y)
+    monkeypatch.setattr(_common, "COMPILED", {
+        ("plan", *map(_common._specialization, args)): (Compiled(), (16, True))})
+    monkeypatch.setattr(_common, "BOUND_GRIDS", {"plan": (4, 2)})
+    assert _common.bind("other plan", args, (0, 2)) is None
+    bound = _common.bind("plan", args, (0, 2))
+    x2, y2 = torch.ones(64), torch.ones(64)
+    assert bound((x2, y2)) is True
+    assert runs == [(4, 2, 1, 7, "function", "metadata", None, None,
+                     knobs.runtime.launch_exit_hook, x2, 5, y2, 16, True)]
+    assert bound((x2[1:], y2)) is False  # 4 bytes in: not 16-byte aligned
+    monkeypatch.setattr(_common.torch.cuda, "current_device", lambda: 1)
+    assert bound((x2, y2)) is False
+    monkeypatch.setattr(_common.torch.cuda, "current_device", lambda: None)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        assert bound((x2, y2)) is False
+    assert len(runs) == 1

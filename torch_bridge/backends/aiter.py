@@ -36,6 +36,7 @@ class AiterBackend:
 
     name = "aiter"
     ops = frozenset({"inverse_rope_group_quant", "batched_gemm_a8w8_mxscale"})
+    eager_ops: frozenset[str] = frozenset()
     #: AITER's quant op wants cos/sin in ``o``'s dtype; ``WoAProjection`` converts them once.
     rope_in_activation_dtype = True
 

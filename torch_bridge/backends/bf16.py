@@ -58,6 +58,7 @@ class Bf16Backend:
 
     name = "bf16"
     ops = frozenset({"wo_a_bf16"})
+    eager_ops: frozenset[str] = frozenset()
     rope_in_activation_dtype = False
 
     def is_available(self) -> tuple[bool, str]:

@@ -128,6 +128,7 @@ class TorchBackend:
 
     name = "torch"
     ops = frozenset({"inverse_rope_group_quant", "batched_gemm_a8w8_mxscale"})
+    eager_ops: frozenset[str] = frozenset()
     rope_in_activation_dtype = False
 
     def is_available(self) -> tuple[bool, str]:

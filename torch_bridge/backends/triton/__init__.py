@@ -43,6 +43,7 @@ def _fp8_arch_reason(arch: str | None) -> str | None:
 class _TritonBackend:
     name = "triton"
     ops = frozenset({"inverse_rope_group_quant", "batched_gemm_a8w8_mxscale", "wo_a_fp8"})
+    eager_ops = frozenset({"inverse_rope_group_quant", "wo_a_fp8"})
     #: The kernels read cos/sin in any float dtype; no conversion to ``o``'s dtype first.
     rope_in_activation_dtype = False
 
@@ -111,6 +112,17 @@ class _TritonBackend:
         from .launch import batched_gemm_a8w8_mxscale
 
         return batched_gemm_a8w8_mxscale(*args, **kwargs)
+
+    def eager_launcher(self, op: str, *args):
+        """A direct launcher of the compiled kernel for eager calls that repeat this signature
+        (``quant.eager_quant``, ``chain.eager_wo_a_fp8``), or ``None``."""
+        if op == "inverse_rope_group_quant":
+            from .quant import eager_quant
+
+            return eager_quant(*args)
+        from .chain import eager_wo_a_fp8
+
+        return eager_wo_a_fp8(*args)
 
     def wo_a_fp8(self, *args, **kwargs):
         """The whole FP8 chain (``launch.wo_a_fp8``): one fused kernel at decode sizes."""

@@ -132,6 +132,7 @@ def launch(kernel, grid: tuple[int, ...], args: tuple, constexprs: dict, plan_ke
     key = (plan_key, *map(_specialization, args))
     found = COMPILED.get(key)
     if found is None:
+        BOUND_GRIDS[plan_key] = grid
         compiled = kernel[grid](*args, **constexprs)
         tail = tuple(constexprs[p.name] if p.name in constexprs else p.default
                      for p in kernel.params[len(args):])
@@ -145,9 +146,62 @@ def launch(kernel, grid: tuple[int, ...], args: tuple, constexprs: dict, plan_ke
 
 def current_stream() -> int:
     """The current device's current stream, as Triton's launcher takes it."""
+    return _stream_getter()(torch.cuda.current_device())
+
+
+@functools.cache
+def _stream_getter():
     from triton.runtime.driver import driver
 
-    return driver.active.get_current_stream(torch.cuda.current_device())
+    return driver.active.get_current_stream
+
+
+class Bound:
+    """One launch signature's compiled kernel, bound to everything but its tensors.
+
+    ``__call__(tensors)`` launches it with ``tensors`` in the places they had when it was bound
+    (the other arguments fixed), or returns ``False`` without launching when the call needs
+    the op's own path: ``torch.compile`` or a dispatch mode is active, a tensor's 16-byte
+    alignment differs, or another device is current. Callers check the rest (shapes, strides,
+    dtypes, device) with their plan key. Only outputs made for the call may be passed: no
+    version counter is bumped.
+    """
+
+    __slots__ = ("_compiled", "_grid", "_template", "_slots", "_aligned", "_device")
+
+    def __init__(self, compiled, tail: tuple, grid: tuple[int, ...], args: tuple,
+                 slots: tuple[int, ...]):
+        self._compiled = compiled
+        self._grid = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
+        self._template = [*args, *tail]
+        self._slots = slots
+        self._aligned = tuple(args[i].data_ptr() % 16 == 0 for i in slots)
+        self._device = args[slots[0]].device.index
+
+    def __call__(self, tensors: tuple) -> bool:
+        if (torch.compiler.is_compiling() or not _plain_eager(tensors)
+                or tuple(t.data_ptr() % 16 == 0 for t in tensors) != self._aligned
+                or torch.cuda.current_device() != self._device):
+            return False
+        ordered = self._template.copy()
+        for i, t in zip(self._slots, tensors, strict=True):
+            ordered[i] = t
+        _run_compiled(self._compiled, self._grid, ordered)
+        return True
+
+
+def bind(plan_key: tuple, args: tuple, slots: tuple[int, ...]) -> Bound | None:
+    """The compiled kernel that ``launch(kernel, grid, args, constexprs, plan_key)`` ran, bound
+    with the tensors at ``slots`` left open; ``None`` before that launch or under the
+    interpreter. ``grid`` comes from the launch plan of ``plan_key``."""
+    found = COMPILED.get((plan_key, *map(_specialization, args)))
+    if found is None:
+        return None
+    return Bound(found[0], found[1], BOUND_GRIDS[plan_key], args, slots)
+
+
+#: The grid of each launched plan key (``bind``).
+BOUND_GRIDS: dict[tuple, tuple[int, ...]] = {}
 
 
 @functools.cache
@@ -164,9 +218,10 @@ def _run_compiled(compiled, grid: tuple[int, ...], ordered: tuple) -> None:
     stream = current_stream()
     g1 = grid[1] if len(grid) > 1 else 1
     g2 = grid[2] if len(grid) > 2 else 1
+    enter = knobs.launch_enter_hook  # Triton's launch metadata is None without one
     compiled.run(grid[0], g1, g2, stream, compiled.function, compiled.packed_metadata,
-                 compiled.launch_metadata(grid, stream, *ordered),
-                 knobs.launch_enter_hook, knobs.launch_exit_hook, *ordered)
+                 None if enter is None else compiled.launch_metadata(grid, stream, *ordered),
+                 enter, knobs.launch_exit_hook, *ordered)
 
 
 def as_bytes(scale: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,7 @@ from woa_jax import AITER_AMAX_FLOOR
 from . import bf16_kernels, configs, kernels
 from ._common import (
     as_bytes,
+    bind,
     last_dims_contiguous,
     launch,
     launcher_op,
@@ -50,18 +51,73 @@ def _wo_a_fp8_op(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tens
                  num_stages: int) -> None:
     if o.shape[0] == 0:
         return
+    with on_device_of(o):
+        key, grid, constexprs, args = _wo_a_fp8_launch(
+            o, positions, cos_cache, sin_cache, w, w_scale, x_fp8, x_scale, out, amax_floor,
+            block_m, block_n, split_k, num_warps, num_stages)
+        launch(kernels.wo_a_fp8_kernel, grid, args, constexprs, key)
+
+
+def _wo_a_fp8_launch(o, positions, cos_cache, sin_cache, w, w_scale, x_fp8, x_scale, out,
+                     amax_floor, block_m, block_n, split_k, num_warps, num_stages):
+    """``(plan key, grid, constexprs, runtime arguments)`` of one fused-chain launch (split-K's
+    scratch taken for it)."""
     key = ("wo_a_fp8", *signature(o), *signature(cos_cache), sin_cache.stride(), *signature(w),
            *signature(w_scale), *signature(out), amax_floor, block_m, block_n, split_k,
            num_warps, num_stages)
     grid, constexprs = plan(key, lambda: _wo_a_fp8_plan(
         o, cos_cache, sin_cache, w, w_scale, out, amax_floor, block_m, block_n, num_warps,
         num_stages))
-    with on_device_of(o):
-        split, parts, counters = split_scratch(out, split_k, grid[0] * grid[1])
-        launch(kernels.wo_a_fp8_kernel, (*grid, split),
-               (o, positions, cos_cache, sin_cache, w, w_scale, o.shape[0], cos_cache.shape[0],
-                x_fp8, x_scale, out, parts, counters), dict(constexprs, SPLIT_K=split),
-               (key, split))
+    split, parts, counters = split_scratch(out, split_k, grid[0] * grid[1])
+    return (key, split), (*grid, split), dict(constexprs, SPLIT_K=split), (
+        o, positions, cos_cache, sin_cache, w, w_scale, o.shape[0], cos_cache.shape[0], x_fp8,
+        x_scale, out, parts, counters)
+
+
+#: Where ``_wo_a_fp8_launch``'s runtime arguments hold the call's tensors.
+_FUSED_TENSORS = (0, 1, 2, 3, 4, 5, 8, 9, 10, 11, 12)
+
+
+def eager_wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: int,
+                   amax_floor: float):
+    """For plain eager calls of ``wo_a_fp8`` (bf16 out, default launch shape) that repeat this
+    signature with new outputs: ``run(o, positions) -> out | None`` with this call's tables and
+    weight, the fused kernel launched directly (``None``: this call needs the op's path).
+    ``None`` where the chain does not fuse, before its first launch, or for operands the
+    launcher would first repack."""
+    s, h, dh = o.shape
+    g, n, k = w.shape
+    block = k // w_scale.shape[2]
+    if (not o.is_cuda or s == 0 or last_dims_contiguous(o) is not o
+            or configs.fused_blocker(dh, 2 * cos_cache.shape[1], block, None)
+            or not configs.fused_chosen(s, g, n, k, block)
+            or any(t.stride(-1) != 1 for t in (positions, cos_cache, sin_cache))
+            or not w.is_contiguous() or not w_scale.is_contiguous()):
+        return None
+    cfg = configs.fused_config(s, g, n, k, block)
+    ws = as_bytes(w_scale)
+    device = o.device
+    shapes = ((s, g, k), (s, g, k // block), (s, g, n))
+
+    def launch_args(o, positions):
+        x_fp8 = torch.empty(shapes[0], dtype=w.dtype, device=device)
+        x_scale = torch.empty(shapes[1], dtype=torch.uint8, device=device)
+        out = torch.empty(shapes[2], dtype=torch.bfloat16, device=device)
+        return _wo_a_fp8_launch(o, positions, cos_cache, sin_cache, w, ws, x_fp8, x_scale, out,
+                                float(amax_floor), cfg.block_m, cfg.block_n, cfg.split_k,
+                                cfg.num_warps, cfg.num_stages)
+
+    key, _, _, args = launch_args(o, positions)
+    bound = bind(key, args, _FUSED_TENSORS)
+    if bound is None:
+        return None
+
+    def run(o, positions):
+        call_key, _, _, args = launch_args(o, positions)
+        if call_key != key or not bound(tuple(args[i] for i in _FUSED_TENSORS)):
+            return None
+        return args[10]
+    return run
 
 
 def _wo_a_fp8_plan(o, cos_cache, sin_cache, w, w_scale, out, amax_floor, block_m, block_n,

@@ -10,6 +10,7 @@ from woa_jax import AITER_AMAX_FLOOR
 from . import configs, kernels
 from ._common import (
     as_bytes,
+    bind,
     last_dims_contiguous,
     launch,
     launcher_op,
@@ -32,15 +33,59 @@ def _inverse_rope_group_quant_op(o: torch.Tensor, positions: torch.Tensor,
                                  num_warps: int, block_h: int) -> None:
     if o.shape[0] == 0:
         return
-    key = ("quant", *signature(o), *signature(cos_cache), x_fp8.dtype, quant_group_size,
-           amax_floor, block_r, num_warps, block_h)
-    kernel, grid, n_work, constexprs = plan(key, lambda: _quant_plan(
-        o, cos_cache, x_fp8.dtype, quant_group_size, amax_floor,
-        QuantConfig(block_r, num_warps, block_h)))
+    key, kernel, grid, constexprs, args = _quant_launch(
+        o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size, amax_floor,
+        QuantConfig(block_r, num_warps, block_h))
     with on_device_of(o):
-        launch(kernel, grid, (o, positions, cos_cache, sin_cache, n_work, cos_cache.shape[0],
-                              o.stride(0), cos_cache.stride(0), sin_cache.stride(0), x_fp8,
-                              x_scale), constexprs, key)
+        launch(kernel, grid, args, constexprs, key)
+
+
+def _quant_launch(o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size,
+                  amax_floor, cfg: QuantConfig):
+    """``(plan key, kernel, grid, constexprs, runtime arguments)`` of one quant launch."""
+    key = ("quant", *signature(o), *signature(cos_cache), x_fp8.dtype, quant_group_size,
+           amax_floor, cfg)
+    kernel, grid, n_work, constexprs = plan(key, lambda: _quant_plan(
+        o, cos_cache, x_fp8.dtype, quant_group_size, amax_floor, cfg))
+    return key, kernel, grid, constexprs, (
+        o, positions, cos_cache, sin_cache, n_work, cos_cache.shape[0], o.stride(0),
+        cos_cache.stride(0), sin_cache.stride(0), x_fp8, x_scale)
+
+
+#: Where ``_quant_launch``'s runtime arguments hold the call's tensors.
+_QUANT_TENSORS = (0, 1, 2, 3, 9, 10)
+
+
+def eager_quant(o, positions, cos_cache, sin_cache, num_groups: int, quant_group_size: int,
+                amax_floor: float, fp8_dtype: torch.dtype):
+    """For plain eager calls that repeat this call's signature (the ops layer checks that) with
+    new outputs: ``run(o, positions, cos_cache, sin_cache) -> (x_fp8, x_scale bytes) | None``,
+    the compiled kernel launched directly (``None``: this call needs Triton's path). ``None``
+    when there is nothing to bind: no launch of this signature yet, or operands that the
+    launcher would first repack."""
+    s, h, dh = o.shape
+    if (not o.is_cuda or s == 0 or last_dims_contiguous(o) is not o
+            or any(t.stride(-1) != 1 for t in (positions, cos_cache, sin_cache))):
+        return None
+    d = h * dh // num_groups
+    shape_q, shape_s = (s, num_groups, d), (s, num_groups, d // quant_group_size)
+    device = o.device
+    x_fp8 = torch.empty(shape_q, dtype=fp8_dtype, device=device)
+    x_scale = torch.empty(shape_s, dtype=torch.uint8, device=device)
+    key, _, _, _, args = _quant_launch(o, positions, cos_cache, sin_cache, x_fp8, x_scale,
+                                       quant_group_size, float(amax_floor),
+                                       configs.quant_config(s))
+    bound = bind(key, args, _QUANT_TENSORS)
+    if bound is None:
+        return None
+
+    def run(o, positions, cos_cache, sin_cache):
+        x_fp8 = torch.empty(shape_q, dtype=fp8_dtype, device=device)
+        x_scale = torch.empty(shape_s, dtype=torch.uint8, device=device)
+        if bound((o, positions, cos_cache, sin_cache, x_fp8, x_scale)):
+            return x_fp8, x_scale
+        return None
+    return run
 
 
 def _quant_plan(o, cos_cache, fp8_dtype, quant_group_size, amax_floor, cfg: QuantConfig):
