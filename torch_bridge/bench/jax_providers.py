@@ -43,9 +43,12 @@ class JaxTimed:
             out.append((time.perf_counter() - t0) * 1e6 / len(self.args))
         return out
 
-    def device_us(self) -> float:
-        """Device microseconds per call inside one jitted program (see the module doc)."""
-        return _loop_us(self.step, self.args[0]) - _loop_us(self.bump_only, self.args[0])
+    def device_us(self) -> float | None:
+        """Device microseconds per call inside one jitted program (see the module doc); ``None``
+        when the difference of the two loops is not positive (other work on the GPU or host
+        outweighed the calls: no figure rather than a wrong one)."""
+        us = _loop_us(self.step, self.args[0]) - _loop_us(self.bump_only, self.args[0])
+        return us if us > 0 else None
 
 
 def _loop_us(fn, args) -> float:
