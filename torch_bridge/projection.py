@@ -146,7 +146,7 @@ class WoAProjection:
         self._last: tuple | None = None
         self._per_device: dict[tuple, torch.Tensor] = {}
         self._plans: dict[tuple, _Plan] = {}
-        #: Call signature -> the backend's direct eager launcher of the fused chain (or None).
+        #: Call signature -> the backend's direct eager launcher of the chain (or None).
         self._eager: dict[tuple, Any] = {}
         _LAYERS.add(self)
 
@@ -328,7 +328,7 @@ class WoAProjection:
         key = (ops.tensor_signature(o), ops.tensor_signature(positions),
                ops.backend_signature(self._backend))
         eager = self._eager.get(key)
-        if eager:
+        if eager and not overwrite_o:
             out = eager(o, positions)
             if out is not None:
                 self._last = (o.device, o.dtype, int(o.shape[2]))
@@ -344,19 +344,18 @@ class WoAProjection:
             return torch.empty((0, self.num_groups, self.n), dtype=torch.bfloat16,
                                device=o.device)
         if plan.kind == "bf16":
-            return plan.backend.wo_a_bf16(o, positions, plan.cos, plan.sin, plan.w,
-                                          self.num_groups, overwrite_o=overwrite_o)
+            out = plan.backend.wo_a_bf16(o, positions, plan.cos, plan.sin, plan.w,
+                                         self.num_groups, overwrite_o=overwrite_o)
+            if not overwrite_o:
+                self._bind_eager(key, plan, "wo_a_bf16", o, positions, plan.cos, plan.sin,
+                                 plan.w, self.num_groups)
+            return out
         if plan.kind == "fused":  # the backend runs the chain itself (fused at decode)
             out = plan.backend.wo_a_fp8(o, positions, plan.cos, plan.sin, plan.w, plan.ws,
                                         self.num_groups, amax_floor=self.amax_floor,
                                         dtype=torch.bfloat16)
-            if key not in self._eager and "wo_a_fp8" in plan.backend.eager_ops:
-                if len(self._eager) >= _PLAN_LIMIT:
-                    del self._eager[next(iter(self._eager))]
-                # Later plain eager calls of this signature launch the compiled kernel directly.
-                self._eager[key] = plan.backend.eager_launcher(
-                    "wo_a_fp8", o, positions, plan.cos, plan.sin, plan.w, plan.ws,
-                    self.num_groups, self.amax_floor)
+            self._bind_eager(key, plan, "wo_a_fp8", o, positions, plan.cos, plan.sin, plan.w,
+                             plan.ws, self.num_groups, self.amax_floor)
             return out
         x_fp8 = torch.empty((o.shape[0], self.num_groups, self.k), dtype=plan.w.dtype,
                             device=o.device)
@@ -365,6 +364,15 @@ class WoAProjection:
             amax_floor=self.amax_floor, x_fp8=x_fp8)
         return plan.backend.batched_gemm_a8w8_mxscale(x, plan.w, xs.view(torch.uint8), plan.ws,
                                                       dtype=torch.bfloat16)
+
+    def _bind_eager(self, key: tuple, plan: _Plan, op: str, *args) -> None:
+        """Once per call signature: the backend's direct launcher for later plain eager calls
+        (``Backend.eager_launcher``), or ``None``."""
+        if key in self._eager or op not in plan.backend.eager_ops:
+            return
+        if len(self._eager) >= _PLAN_LIMIT:
+            del self._eager[next(iter(self._eager))]
+        self._eager[key] = plan.backend.eager_launcher(op, *args)
 
     def _plan(self, o, positions) -> _Plan:
         """Validate a call signature and plan it: the backend and its tensors on ``o``'s device."""

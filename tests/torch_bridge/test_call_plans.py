@@ -8,6 +8,7 @@ import torch
 from tb_cases import gemm_operands, np_to_torch, rope_case, wo_a_checkpoint
 
 import torch_bridge as tb
+from torch_bridge import _dispatch
 from woa_jax import checks
 
 
@@ -99,3 +100,62 @@ def test_projection_follows_woa_backend_and_reset(triton_off, monkeypatch):
     assert proj._plans
     tb._dispatch.reset_caches()
     assert not proj._plans and not proj._paths
+
+
+def test_a_bound_eager_launcher_serves_repeats_of_its_signature_only(monkeypatch):
+    """After a signature's first call the op asks its backend once for a direct launcher
+    (none from the torch backend); a bound launcher then serves plain repeats, a refusal
+    (``None``) falls through to the op's path, and calls with output buffers never use it."""
+    from torch_bridge import ops
+    from torch_bridge.backends import torch_ref
+
+    c = rope_case(np.random.default_rng(0), s=4, h=2, dh=128, rd=64, num_groups=2, gs=64)
+    args = c.torch()
+    ops._EAGER.clear()
+    asked = []
+    monkeypatch.setattr(torch_ref.BACKEND, "eager_ops", frozenset({"inverse_rope_group_quant"}))
+    monkeypatch.setattr(torch_ref.BACKEND, "eager_launcher",
+                        lambda op, *a: asked.append(op) or None, raising=False)
+    want = tb.inverse_rope_group_quant(*args, 2, 64, backend="torch")
+    tb.inverse_rope_group_quant(*args, 2, 64, backend="torch")
+    assert asked == ["inverse_rope_group_quant"] and list(ops._EAGER.values()) == [None]
+    (key,) = ops._EAGER
+    marker = (torch.zeros(1), torch.zeros(1, dtype=torch.uint8))
+    ops._EAGER[key] = lambda *a: marker
+    q, sc = tb.inverse_rope_group_quant(*args, 2, 64, backend="torch")
+    assert q is marker[0] and sc.dtype == torch.float8_e8m0fnu
+    ops._EAGER[key] = lambda *a: None  # refused: the op's own path
+    q, sc = tb.inverse_rope_group_quant(*args, 2, 64, backend="torch")
+    assert torch.equal(q.view(torch.uint8), want[0].view(torch.uint8))
+    out = tb.inverse_rope_group_quant(*args, 2, 64, backend="torch",
+                                      x_scale=torch.empty_like(want[1]))
+    assert torch.equal(out[0].view(torch.uint8), want[0].view(torch.uint8))
+    _dispatch.reset_caches()
+    assert ops._EAGER == {}
+
+
+def test_the_layer_keeps_one_eager_launcher_per_signature(monkeypatch):
+    """``WoAProjection``: the BF16 chain asks once per signature (never for ``overwrite_o``
+    calls), uses what it got on plain repeats, and forgets it on ``reset_caches``."""
+    from torch_bridge.backends import bf16
+
+    rng = np.random.default_rng(1)
+    c = rope_case(rng, s=3, h=4, dh=128, rd=64, num_groups=2, gs=128)
+    w, sc = wo_a_checkpoint(rng, g=2, n=128, k=256)
+    o, pos, cos, sin = c.torch()
+    layer = tb.WoAProjection(np_to_torch(w), np_to_torch(sc), 2, cos, sin, backend="bf16")
+    asked = []
+    monkeypatch.setattr(bf16.BACKEND, "eager_launcher", lambda op, *a: asked.append(op) or None)
+    layer(o.clone(), pos, overwrite_o=True)
+    assert asked == []
+    want = layer(o, pos)
+    layer(o, pos)
+    assert asked == ["wo_a_bf16"]
+    (key,) = layer._eager
+    layer._eager[key] = lambda o, p: "bound"
+    assert layer(o, pos) == "bound"
+    assert torch.equal(layer(o.clone(), pos, overwrite_o=True), layer(o.clone(), pos,
+                                                                      overwrite_o=True))
+    _dispatch.reset_caches()
+    assert layer._eager == {}
+    assert torch.equal(layer(o, pos), want)

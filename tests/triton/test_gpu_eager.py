@@ -59,3 +59,30 @@ def test_decode_layer_direct_launch_gives_the_op_paths_output(g):
                                ws.view(g, -1, ws.shape[1]), g)
         assert torch.equal(y, want), f"seed {seed}"
     assert first.shape == (1, g, 1024)
+
+
+@pytest.mark.parametrize("g,s", [(16, 1), (2, 64)])
+def test_bf16_layer_direct_launch_gives_the_op_paths_output(g, s):
+    """The BF16 fallback at decode sizes (rotated copy + cuBLAS): the bound rotation and the
+    same cuBLAS call give the op path's bits; ``o`` stays unchanged; ``overwrite_o`` calls
+    take the op path."""
+    import torch_bridge as tb
+    from torch_bridge.backends.triton import launch
+
+    seed = new_seed()
+    w, ws = checkpoint(g, seed)
+    o, pos, cos, sin = rope_inputs(s, g, seed, rope_dtype=torch.float32)
+    layer = tb.WoAProjection(w, ws, g, cos, sin, backend="bf16")
+    layer(o, pos)
+    assert any(fn is not None for fn in layer._eager.values()), "nothing bound"
+    w_bf16 = layer.weight_bf16.cuda()
+    for trial in range(3):
+        o2, pos2, _, _ = rope_inputs(s, g, seed + trial + 1)
+        before = o2.clone()
+        y = layer(o2, pos2)
+        assert torch.equal(o2, before), "o was written"
+        want = launch.wo_a_bf16(o2, pos2, cos, sin, w_bf16, g)
+        assert torch.equal(y, want), f"seed {seed}"
+    x = o.clone()
+    assert torch.equal(layer(x, pos, overwrite_o=True),
+                       launch.wo_a_bf16(o.clone(), pos, cos, sin, w_bf16, g, inplace=True))

@@ -58,7 +58,7 @@ class Bf16Backend:
 
     name = "bf16"
     ops = frozenset({"wo_a_bf16"})
-    eager_ops: frozenset[str] = frozenset()
+    eager_ops = frozenset({"wo_a_bf16"})
     rope_in_activation_dtype = False
 
     def is_available(self) -> tuple[bool, str]:
@@ -71,6 +71,17 @@ class Bf16Backend:
         if op != "wo_a":
             return False, f"bf16 runs only the whole wo_a chain, not {op}"
         return True, "the BF16 chain runs any validated wo_a call"
+
+    def eager_launcher(self, op: str, o, positions, cos_cache, sin_cache, w_bf16,
+                       num_groups: int):
+        """Where the Triton rotation runs this call: its direct eager launcher of the chain
+        (``triton.chain.eager_wo_a_bf16``), else ``None``."""
+        if op != "wo_a_bf16" or not _triton_rotation(o, cos_cache):
+            return None
+        from .triton import chain
+
+        return chain.eager_wo_a_bf16(o, positions, cos_cache, sin_cache,
+                                     w_bf16.to(torch.bfloat16), num_groups)
 
     def wo_a_bf16(self, o, positions, cos_cache, sin_cache, w_bf16, num_groups: int, *,
                   overwrite_o: bool = False):

@@ -219,14 +219,24 @@ def _launch_inverse_rope(o: torch.Tensor, positions: torch.Tensor, cos_cache: to
     a ``[S, H, rd]`` buffer of the tails alone."""
     if o.shape[0] == 0:
         return
+    key, grid, constexprs, args = _inverse_rope_launch(o, positions, cos_cache, sin_cache, y)
+    with on_device_of(o):
+        launch(kernels.inverse_rope_kernel, grid, args, constexprs, key)
+
+
+def _inverse_rope_launch(o, positions, cos_cache, sin_cache, y):
+    """``(plan key, grid, constexprs, runtime arguments)`` of one rotation launch."""
     mode = "in place" if y is o else ("tails" if y.shape[2] != o.shape[2] else "copy")
     key = ("inverse_rope", *signature(o), *signature(cos_cache), mode)
     grid, constexprs = plan(key, lambda: _inverse_rope_plan(o, cos_cache, mode))
-    with on_device_of(o):
-        launch(kernels.inverse_rope_kernel, grid,
-               (o, positions, cos_cache, sin_cache, o.shape[0] * o.shape[1], cos_cache.shape[0],
-                o.stride(0), o.stride(1), cos_cache.stride(0), sin_cache.stride(0), y,
-                y.stride(0), y.stride(1)), constexprs, key)
+    return key, grid, constexprs, (
+        o, positions, cos_cache, sin_cache, o.shape[0] * o.shape[1], cos_cache.shape[0],
+        o.stride(0), o.stride(1), cos_cache.stride(0), sin_cache.stride(0), y, y.stride(0),
+        y.stride(1))
+
+
+#: Where ``_inverse_rope_launch``'s runtime arguments hold the call's tensors.
+_ROPE_TENSORS = (0, 1, 2, 3, 10)
 
 
 def _inverse_rope_plan(o, cos_cache, mode: str):
@@ -301,6 +311,35 @@ def _tma_capable(device_index: int) -> bool:
 def _tma_loads(o: torch.Tensor) -> bool:
     """Whether ``o``'s device has tensor-memory loads (an NVIDIA GPU from Hopper on)."""
     return o.is_cuda and target() == "cuda" and _tma_capable(o.device.index)
+
+
+def eager_wo_a_bf16(o, positions, cos_cache, sin_cache, w_bf16, num_groups: int):
+    """For plain eager calls of ``wo_a_bf16`` (not in place, default path) that repeat this
+    signature: ``run(o, positions) -> [S, G, N] | None`` with this call's tables and weight, the
+    rotation's compiled kernel launched directly, then cuBLAS (``None``: this call needs the
+    op's path). ``None`` where the default runs the BF16 GEMM from ``o`` (prefill sizes, not
+    host-bound), before the rotation's first launch, or for operands it would repack."""
+    s, h, dh = o.shape
+    g, n, k = w_bf16.shape
+    if (not o.is_cuda or s == 0 or o.dtype != torch.bfloat16 or w_bf16.dtype != torch.bfloat16
+            or o.stride(2) != 1 or g != num_groups or h * dh != g * k
+            or any(t.stride(-1) != 1 for t in (positions, cos_cache, sin_cache))
+            or configs.bf16_gemm_chosen(s, g, n, k, tma=_tma_loads(o))):
+        return None
+    device = o.device
+    key, _, _, args = _inverse_rope_launch(
+        o, positions, cos_cache, sin_cache, torch.empty(o.shape, dtype=o.dtype, device=device))
+    bound = bind(key, args, _ROPE_TENSORS)
+    if bound is None:
+        return None
+    w_t = w_bf16.transpose(1, 2)  # [G, K, N]
+
+    def run(o, positions):
+        y = torch.empty((s, h, dh), dtype=torch.bfloat16, device=device)
+        if not bound((o, positions, cos_cache, sin_cache, y)):
+            return None
+        return torch.bmm(y.view(s, g, k).transpose(0, 1), w_t).transpose(0, 1)
+    return run
 
 
 def bf16_tma_ok(o: torch.Tensor, w: torch.Tensor, block_n: int) -> bool:
