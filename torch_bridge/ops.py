@@ -70,14 +70,17 @@ def _lookup(key: tuple):
         return None
 
 
-def _remember(key: tuple, plan) -> None:
+def _remember(key: tuple, plan, table: dict | None = None) -> None:
+    """Keep ``plan`` under ``key`` in ``table`` (the plans by default), oldest out beyond
+    ``_PLAN_LIMIT``; an unhashable key (a bad option, named by validation) is not kept."""
+    table = _PLANS if table is None else table
     try:
         hash(key)
     except TypeError:
         return
-    if len(_PLANS) >= _PLAN_LIMIT:
-        del _PLANS[next(iter(_PLANS))]
-    _PLANS[key] = plan
+    if len(table) >= _PLAN_LIMIT:
+        del table[next(iter(table))]
+    table[key] = plan
 
 
 #: Plan key -> a direct launcher of the backend for plain eager calls of that signature
@@ -88,14 +91,8 @@ _dispatch._on_reset.append(_EAGER.clear)
 
 def _bind_eager(key: tuple, plan, op: str, *args) -> None:
     """Ask ``plan.backend`` once per signature for a direct eager launcher of ``op``."""
-    try:
-        hash(key)
-    except TypeError:
-        return
-    if len(_EAGER) >= _PLAN_LIMIT:
-        del _EAGER[next(iter(_EAGER))]
     be = plan.backend
-    _EAGER[key] = be.eager_launcher(op, *args) if op in be.eager_ops else None
+    _remember(key, be.eager_launcher(op, *args) if op in be.eager_ops else None, _EAGER)
 
 
 def require_torch(*, optional: tuple[str, ...] = (), **tensors) -> None:

@@ -8,13 +8,13 @@ in. bf16 tables give exact products, so they pin that nothing changed there.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
+
+from _gpu import jx, new_seed, xla_memory  # noqa: E402, F401
 
 pytestmark = pytest.mark.gpu
 
@@ -22,21 +22,6 @@ HPG, DH, RD, N, P = 8, 512, 64, 1024, 65536
 SHAPES = ((1024, 16), (8192, 16), (1024, 2), (8192, 2))
 TABLES = [("random", torch.float32), ("random", torch.bfloat16), ("v4-flash", torch.float32),
           ("v4-flash", torch.bfloat16)]
-
-
-@pytest.fixture(autouse=True)
-def _xla_memory():
-    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-
-
-def _seed() -> int:
-    return int.from_bytes(os.urandom(4), "little")
-
-
-def _j(t):
-    from torch_bridge import interop
-
-    return interop.to_jax(t)
 
 
 def _t(a):
@@ -74,7 +59,7 @@ def _oracle_quant(o, pos, cos, sin, g):
     import woa_jax
 
     quant = jax.jit(woa_jax.inverse_rope_group_quant, static_argnums=(4, 5))
-    return quant(_j(o), _j(pos), _j(cos), _j(sin), g, 128)
+    return quant(jx(o), jx(pos), jx(cos), jx(sin), g, 128)
 
 
 @pytest.mark.parametrize("table,rope_dtype", TABLES)
@@ -82,7 +67,7 @@ def _oracle_quant(o, pos, cos, sin, g):
 def test_quant_bytes_are_the_oracles(s, g, table, rope_dtype):
     from torch_bridge.backends.triton import launch
 
-    seed = _seed()
+    seed = new_seed()
     o, pos, cos, sin = _inputs(s, g, table, rope_dtype, seed)
     q, sc = launch.inverse_rope_group_quant(o, pos, cos, sin, g, 128)
     rq, rs = _oracle_quant(o, pos, cos, sin, g)
@@ -100,7 +85,7 @@ def test_fused_chain_prologue_bytes_are_the_oracles(s, g, table, rope_dtype):
 
     from torch_bridge.backends.triton import _common, chain, configs, launch
 
-    seed = _seed()
+    seed = new_seed()
     o, pos, cos, sin = _inputs(s, g, table, rope_dtype, seed)
     gen = torch.Generator(device="cuda").manual_seed(seed)
     k = HPG * DH
@@ -131,9 +116,9 @@ def test_bf16_chain_rotation_is_the_oracles(s, g, table, rope_dtype):
     import woa_jax
     from torch_bridge.backends.triton import launch
 
-    seed = _seed()
+    seed = new_seed()
     o, pos, cos, sin = _inputs(s, g, table, rope_dtype, seed)
-    ref = jax.jit(woa_jax.inverse_rope)(_j(o), _j(pos), _j(cos), _j(sin))
+    ref = jax.jit(woa_jax.inverse_rope)(jx(o), jx(pos), jx(cos), jx(sin))
     before = o.clone()
     y = launch.inverse_rope(o, pos, cos, sin)
     assert torch.equal(_t(o), _t(before)), f"seed {seed}: the copying rotation wrote o"

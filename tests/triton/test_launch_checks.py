@@ -10,6 +10,19 @@ pytest.importorskip("triton")
 from torch_bridge.backends.triton import _common, gemm, launch  # noqa: E402
 
 
+def _stand_in_compiled(runs: list):
+    """A class standing in for a compiled Triton kernel: ``run`` records its arguments."""
+    class Compiled:
+        function, packed_metadata = "function", "metadata"
+
+        def launch_metadata(self, grid, stream, *args):
+            return ("launch metadata", grid, stream, len(args))
+
+        def run(self, *args):
+            runs.append(args)
+    return Compiled
+
+
 def _fp8(*shape):
     return torch.zeros(shape, dtype=torch.float8_e4m3fn)
 
@@ -54,14 +67,7 @@ def test_wgmma_relaunch_passes_every_argument_in_kernel_order(monkeypatch):
     real = wgmma_kernels.batched_gemm_a8w8_mxscale_wgmma_kernel
     first_launches, relaunches = [], []
 
-    class Compiled:
-        function, packed_metadata = "function", "metadata"
-
-        def launch_metadata(self, grid, stream, *args):
-            return ("launch metadata", grid, stream, len(args))
-
-        def run(self, *args):
-            relaunches.append(args)
+    Compiled = _stand_in_compiled(relaunches)
 
     class Kernel:
         arg_names = real.arg_names
@@ -116,14 +122,7 @@ def test_relaunch_goes_straight_to_the_compiled_kernel_per_specialization(monkey
 
     first_launches, relaunches = [], []
 
-    class Compiled:
-        function, packed_metadata = "function", "metadata"
-
-        def launch_metadata(self, grid, stream, *args):
-            return ("launch metadata", grid, stream, len(args))
-
-        def run(self, *args):
-            relaunches.append(args)
+    Compiled = _stand_in_compiled(relaunches)
 
     def fake(x_ptr, n, y_ptr, BLOCK, FLAG=True):  # a kernel's signature, not run
         raise AssertionError
@@ -165,12 +164,7 @@ def test_bound_launch_fills_its_tensor_slots_and_refuses_other_specializations(m
     from triton import knobs
 
     runs = []
-
-    class Compiled:
-        function, packed_metadata = "function", "metadata"
-
-        def run(self, *args):
-            runs.append(args)
+    Compiled = _stand_in_compiled(runs)
 
     monkeypatch.setattr(_common, "current_stream", lambda: 7)
     monkeypatch.setattr(knobs.runtime, "launch_enter_hook", None)
