@@ -180,6 +180,13 @@ def test_bound_launch_fills_its_tensor_slots_and_refuses_other_specializations(m
     assert bound((x2, y2)) is True
     assert runs == [(4, 2, 1, 7, "function", "metadata", None, None,
                      knobs.runtime.launch_exit_hook, x2, 5, y2, 16, True)]
+    import gc
+    import weakref
+
+    first = weakref.ref(x)
+    del x, args
+    gc.collect()
+    assert first() is None, "the binding call's tensors must not be kept"
     assert bound((x2[1:], y2)) is False  # 4 bytes in: not 16-byte aligned
     monkeypatch.setattr(_common.torch.cuda, "current_device", lambda: 1)
     assert bound((x2, y2)) is False

@@ -132,12 +132,13 @@ def launch(kernel, grid: tuple[int, ...], args: tuple, constexprs: dict, plan_ke
     key = (plan_key, *map(_specialization, args))
     found = COMPILED.get(key)
     if found is None:
-        BOUND_GRIDS[plan_key] = grid
         compiled = kernel[grid](*args, **constexprs)
         tail = tuple(constexprs[p.name] if p.name in constexprs else p.default
                      for p in kernel.params[len(args):])
         if len(COMPILED) >= _MAX_PLANS:
             COMPILED.clear()
+            BOUND_GRIDS.clear()
+        BOUND_GRIDS[plan_key] = grid
         COMPILED[key] = (compiled, tail)
         return
     compiled, tail = found
@@ -171,9 +172,12 @@ class Bound:
 
     def __init__(self, compiled, tail: tuple, grid: tuple[int, ...], args: tuple,
                  slots: tuple[int, ...]):
+        if any(isinstance(a, torch.Tensor) for i, a in enumerate(args) if i not in slots):
+            raise ValueError("Bound: every tensor argument must be in a slot")
         self._compiled = compiled
         self._grid = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
-        self._template = [*args, *tail]
+        # No tensor of the binding call is kept: a prefill's o would stay alive with it.
+        self._template = [None if i in slots else a for i, a in enumerate(args)] + list(tail)
         self._slots = slots
         self._aligned = tuple(args[i].data_ptr() % 16 == 0 for i in slots)
         self._device = args[slots[0]].device.index
@@ -195,7 +199,7 @@ def bind(plan_key: tuple, args: tuple, slots: tuple[int, ...]) -> Bound | None:
     with the tensors at ``slots`` left open; ``None`` before that launch or under the
     interpreter. ``grid`` comes from the launch plan of ``plan_key``."""
     found = COMPILED.get((plan_key, *map(_specialization, args)))
-    if found is None:
+    if found is None or plan_key not in BOUND_GRIDS:
         return None
     return Bound(found[0], found[1], BOUND_GRIDS[plan_key], args, slots)
 
