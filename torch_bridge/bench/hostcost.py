@@ -32,6 +32,7 @@ def _calls(p: problem.Problem, on_gpu: bool) -> dict:
     import torch
 
     import torch_bridge as tb
+    from torch_bridge.backends.torch_ref import e8m0_decode
 
     w2, ws2 = p.w.flatten(0, 1), p.ws.flatten(0, 1)
     fp8_layer, bf16_layer = projection(p, "auto"), projection(p, "bf16")
@@ -48,7 +49,7 @@ def _calls(p: problem.Problem, on_gpu: bool) -> dict:
         xg[:p.m] = p.x[:, 0]
         sa = torch.ones((m, p.x.shape[2] // 128), dtype=torch.float32, device=p.x.device)
         sa = sa.t().contiguous().t()
-        sb = (p.ws[0].to(torch.int32) << 23).view(torch.float32).contiguous().t()
+        sb = e8m0_decode(p.ws[0]).contiguous().t()
         return lambda: torch._scaled_mm(xg, p.w[0].t(), scale_a=sa, scale_b=sb,
                                         out_dtype=torch.bfloat16)
 
