@@ -6,7 +6,7 @@
 #   bash benchmarks/device_run.sh sustained  # the M >= 1024 sweep at the sustained clock
 #   bash benchmarks/device_run.sh tune     # launch-shape candidates at G = 16
 #   bash benchmarks/device_run.sh tp       # 2 GPUs: NCCL TP check and TP2 vs TP1
-# Wheels in .whl/ (git-ignored; e.g. jax-triton on a machine without an index) are installed
+# Wheels in .whl/ (git-ignored; packages a machine without an index lacks) are installed
 # first. Where the copy has no git history, set WOA_COMMIT to the commit measured; rows also
 # carry the source digest.
 set -o pipefail

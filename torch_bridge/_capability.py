@@ -21,12 +21,12 @@ ENV_VARS: dict[str, str] = {
     "WOA_USE_AITER": "1 (default) or 0: 0 keeps backend='auto' off AITER and makes an explicit "
                      "aiter request fail with that reason",
     "WOA_USE_TRITON": "1 (default) or 0: the same switch for the Triton backend",
-    "WOA_JAX_COMMAND_BUFFER": "0 or 1: let XLA record the buffer_callback route's kernel "
-                              "launches into its command buffers (torch_bridge.jax_ops); unset: "
-                              "on for the GEMMs that take the callback route to the wgmma "
-                              "kernel, off elsewhere",
-    "WOA_JAX_TRITON": "1 (default) or 0: 0 sends torch_bridge.jax_ops' Triton launches through "
-                      "buffer_callback instead of the native jax_triton custom call",
+    "WOA_JAX_COMMAND_BUFFER": "0 (default) or 1: let XLA record the buffer_callback route's "
+                              "kernel launches into its command buffers (torch_bridge.jax_ops)",
+    "WOA_JAX_NATIVE": "1 (default) or 0: 0 sends torch_bridge.jax_ops' Triton launches through "
+                      "buffer_callback instead of the native woa_triton_launch custom call",
+    "WOA_CACHE_DIR": "where the native JAX route's custom-call handler is built (default: "
+                     "~/.cache/woa)",
     "WOA_COMMIT": "commit id recorded in benchmark rows when git cannot tell (default: "
                   "git rev-parse HEAD)",
 }

@@ -4,30 +4,26 @@ Each op picks its backend with the same dispatcher as ``torch_bridge`` (``backen
 else ``WOA_BACKEND``, else the ``auto`` walk: AITER on gfx950, the Triton kernels elsewhere) and
 launches it by one of two routes, chosen at trace time and logged once (logger ``woa``):
 
-* native (the Triton backend on a CUDA JAX with ``jax_triton`` importable, unless
-  ``WOA_JAX_TRITON=0``): ``jax_triton.triton_call`` lowers the same Triton kernels to XLA's
-  ``triton_kernel_call`` custom call (``backends/triton/jax_launch.py``); XLA launches them on
-  its stream with no Python at run time. ``wo_a_fp8`` is one fused launch there where the torch
-  launcher fuses the chain without splitting K (M = 1 at G >= 16), else quant + GEMM.
+* native (the Triton backend on a CUDA JAX, unless ``WOA_JAX_NATIVE=0``): the same Triton
+  kernels, compiled at trace time, lowered to our XLA FFI custom call ``woa_triton_launch``
+  (``backends/triton/xla_ffi.py``); XLA launches them on its stream with no Python at run
+  time. ``wo_a_fp8`` is one fused launch there where the torch launcher fuses the chain without
+  splitting K (M = 1 at G >= 16), else quant + GEMM.
 * ``jax.experimental.buffer_callback`` (every other case: AITER, the Triton interpreter on CPU,
-  ROCm): XLA hands the callback its device buffers and its stream, the buffers are wrapped as
-  torch tensors with DLPack (no copy) and the backend launches on XLA's stream, writing the
-  outputs in place. One-byte dtypes (fp8, E8M0) cross the boundary as ``uint8`` and are
-  re-viewed on each side, so the exchange does not depend on DLPack's fp8 support.
+  ROCm, a machine where the custom call's handler cannot be built): XLA hands the callback its
+  device buffers and its stream, the buffers are wrapped as torch tensors with DLPack (no copy)
+  and the backend launches on XLA's stream, writing the outputs in place. One-byte dtypes (fp8,
+  E8M0) cross the boundary as ``uint8`` and are re-viewed on each side, so the exchange does
+  not depend on DLPack's fp8 support.
 
 On a CPU-only JAX with no backend asked for, the ops return the ``woa_jax`` oracle (pure JAX);
 pass ``backend="triton"`` with ``TRITON_INTERPRET=1`` to run the callback route on CPU.
 
-Limits: no autodiff (forward only) and no ``vmap``. Cost: the native route adds no host work per
-call beyond XLA's own dispatch; its GEMM is the pointer kernel (jax-triton takes no TMA
-descriptors) and never splits K. The callback route re-enters Python on every call (DLPack
-wrapping, a torch stream object, the torch launcher); use it where the zero-copy ``jax.jit``
-integration matters more than latency. A GEMM with at least ``_CALLBACK_MIN_ROWS`` rows
-(``M * G``) that the torch launcher runs on the Hopper wgmma kernel takes the callback route,
-recorded in XLA's command buffers by default: there the kernel's GPU-time saving over the native
-pointer kernel outweighs the callback's host work. Smaller GEMMs stay native, because a call that
-re-enters Python costs more host time than the wgmma kernel saves on the GPU, and back-to-back
-calls would wait on the host. ``benchmarks/RESULTS.md`` has the figures.
+Limits: no autodiff (forward only) and no ``vmap``. Cost: the native route adds one kernel
+launch per op to XLA's own dispatch (it never splits K; the torch launcher does at G = 2
+decode). The callback route re-enters Python on every call (DLPack wrapping, a torch stream
+object, the torch launcher); use it where the zero-copy ``jax.jit`` integration matters more
+than latency. ``benchmarks/RESULTS.md`` has the figures.
 """
 
 from __future__ import annotations
@@ -52,10 +48,6 @@ __all__ = ["batched_gemm_a8w8_mxscale", "inverse_rope_group_quant", "wo_a_fp8"]
 
 log = logging.getLogger("woa")
 
-#: GEMM rows (``M * G``) from which a GEMM that the torch launcher runs on the wgmma kernel takes
-#: the callback route (see the module docstring): M >= 4096 at G = 16, never at G = 2.
-_CALLBACK_MIN_ROWS = 65536
-
 #: The routes already logged: ``(route, reason)``.
 _route_logged: set[tuple[str, str]] = set()
 
@@ -73,43 +65,33 @@ def _jax_gpu_platform() -> str:
     return next((p for p in ("cuda", "rocm") if p in version), jax.default_backend())
 
 
-def native_route_reason(backend_name: str, gemm: tuple[int, ...] | None = None) -> str | None:
-    """``None`` when an op on backend ``backend_name`` takes the native ``jax_triton`` route;
-    else why it goes through ``buffer_callback``. ``gemm``: the GEMM's ``(M, G, N, K, B)``."""
+def native_route_reason(backend_name: str) -> str | None:
+    """``None`` when an op on backend ``backend_name`` takes the native route;
+    else why it goes through ``buffer_callback``."""
     if backend_name != "triton":
         return f"the dispatcher picked backend {backend_name!r}; only triton has a native route"
-    if not env_flag("WOA_JAX_TRITON", True):
-        return "disabled by WOA_JAX_TRITON=0"
+    if not env_flag("WOA_JAX_NATIVE", True):
+        return "disabled by WOA_JAX_NATIVE=0"
     platform = _jax_gpu_platform()
     if platform != "cuda":
         return f"JAX's default backend is {platform}; the native route needs cuda"
     from .backends.triton import jax_launch
 
-    error = jax_launch.import_error()
+    error = jax_launch.unavailable_reason()
     if error is not None:
-        return f"jax_triton does not import ({error}); pip install 'woa[jax-triton]'"
-    if gemm is not None and _takes_wgmma(gemm):
-        return (f"the torch launcher runs this GEMM on the wgmma kernel (Hopper, M * G >= "
-                f"{_CALLBACK_MIN_ROWS}), which jax_triton cannot launch (it takes no TMA "
-                f"descriptors)")
+        return f"the woa_triton_launch custom call is unavailable ({error})"
     return None
 
 
-def _takes_wgmma(gemm: tuple[int, ...]) -> bool:
-    """Whether the GEMM ``(M, G, N, K, B)`` takes the callback route to the wgmma kernel."""
-    from .backends.triton import launch
-
-    return gemm[0] * gemm[1] >= _CALLBACK_MIN_ROWS and launch.wgmma_chosen(*gemm)
-
-
-def _native(op: str, backend_name: str, gemm: tuple[int, ...] | None = None) -> bool:
+def _native(op: str, backend_name: str) -> bool:
     """Whether ``op`` takes the native route; logs each distinct decision once."""
-    reason = native_route_reason(backend_name, gemm)
-    key = ("jax_triton", "") if reason is None else ("buffer_callback", reason)
+    reason = native_route_reason(backend_name)
+    key = ("native", "") if reason is None else ("buffer_callback", reason)
     if key not in _route_logged:
         _route_logged.add(key)
         if reason is None:
-            log.info("woa: jax_ops: %s runs natively through jax_triton.triton_call", op)
+            log.info("woa: jax_ops: %s runs natively through the woa_triton_launch custom call",
+                     op)
         else:
             log.info("woa: jax_ops: %s runs through buffer_callback: %s", op, reason)
     return reason is None
@@ -140,7 +122,7 @@ def _fused_native(o, positions, cos_cache, sin_cache, w, w_scale, block: int, nu
                          device_type=_device_type(), x_k_contiguous=True)
     if (_dispatch.select("inverse_rope_group_quant", rope, backend).name != "triton"
             or _dispatch.select("batched_gemm_a8w8_mxscale", gemm, backend).name != "triton"
-            or native_route_reason("triton", (s, g, n, k, block)) is not None):
+            or native_route_reason("triton") is not None):
         return False
     from .backends.triton import jax_launch
 
@@ -181,8 +163,8 @@ def _bytes(x):
     return jax.lax.bitcast_convert_type(x, jnp.uint8) if np.dtype(x.dtype).itemsize == 1 else x
 
 
-def _command_buffer(flag: bool | None, default: bool = False) -> bool:
-    return flag if flag is not None else env_flag("WOA_JAX_COMMAND_BUFFER", default)
+def _command_buffer(flag: bool | None) -> bool:
+    return flag if flag is not None else env_flag("WOA_JAX_COMMAND_BUFFER", False)
 
 
 def _callback(fn, out_types, command_buffer: bool, *args):
@@ -246,9 +228,7 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=jnp.bfloat16, *,
     """``woa_jax.batched_gemm_a8w8_mxscale`` on a torch backend's kernel -> ``[M, G, N]``.
 
     Agrees with the oracle to the output rounding (summation order is the kernel's).
-    ``command_buffer``: as ``inverse_rope_group_quant``'s, except that it defaults to on for the
-    GEMMs that go to the wgmma kernel: unrecorded, such a call runs slower on the GPU than the
-    same kernel launched from torch.
+    ``command_buffer``: as ``inverse_rope_group_quant``'s.
     """
     m, g, n, k, block = checks.check_gemm_inputs(x, w, x_scale, w_scale)
     _check_out_dtype(dtype)
@@ -258,7 +238,7 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=jnp.bfloat16, *,
     case = ops.gemm_case(x, w, block, np.dtype(dtype), device_type=_device_type(),
                          x_k_contiguous=True)
     be = _dispatch.select("batched_gemm_a8w8_mxscale", case, backend)
-    if _native("batched_gemm_a8w8_mxscale", be.name, (m, g, n, k, block)):
+    if _native("batched_gemm_a8w8_mxscale", be.name):
         from .backends.triton import jax_launch
 
         return jax_launch.batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=dtype)
@@ -272,15 +252,8 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=jnp.bfloat16, *,
                 _to_torch(x_b, f8), _to_torch(w_b, f8), _to_torch(xs_b), _to_torch(ws_b),
                 dtype=_torch_dtype(dtype), out=_to_torch(out))
 
-    return _callback(launch, out_type,
-                     _gemm_command_buffer(command_buffer, be.name, (m, g, n, k, block)),
-                     _bytes(x), _bytes(w), _bytes(x_scale), _bytes(w_scale))
-
-
-def _gemm_command_buffer(flag: bool | None, backend_name: str, gemm: tuple[int, ...]) -> bool:
-    """The GEMM callback's ``command_buffer``: on by default where it runs the wgmma kernel."""
-    wgmma = backend_name == "triton" and _device_type() == "cuda" and _takes_wgmma(gemm)
-    return _command_buffer(flag, wgmma)
+    return _callback(launch, out_type, _command_buffer(command_buffer), _bytes(x), _bytes(w),
+                     _bytes(x_scale), _bytes(w_scale))
 
 
 def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_groups: int, *,

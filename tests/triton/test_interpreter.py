@@ -546,28 +546,14 @@ def test_jax_entry_points_oracle_and_callback(rng, monkeypatch):
 
 
 def test_command_buffer_default(monkeypatch):
-    """Unset, ``WOA_JAX_COMMAND_BUFFER`` leaves each op its own default (on for the wgmma
-    GEMMs); set, it decides; an explicit argument beats both."""
+    """Unset, ``WOA_JAX_COMMAND_BUFFER`` leaves the callback route unrecorded; set, it decides;
+    an explicit argument beats it."""
     from torch_bridge import jax_ops
 
     monkeypatch.delenv("WOA_JAX_COMMAND_BUFFER", raising=False)
     assert jax_ops._command_buffer(None) is False
-    assert jax_ops._command_buffer(None, True) is True
-    monkeypatch.setenv("WOA_JAX_COMMAND_BUFFER", "0")
-    assert jax_ops._command_buffer(None, True) is False
-    assert jax_ops._command_buffer(True, False) is True
+    assert jax_ops._command_buffer(True) is True
     monkeypatch.setenv("WOA_JAX_COMMAND_BUFFER", "1")
-    assert jax_ops._command_buffer(None, False) is True
-    assert jax_ops._command_buffer(False, True) is False
-    # the GEMM's default: on where the callback runs the wgmma kernel (CUDA, triton backend)
-    monkeypatch.delenv("WOA_JAX_COMMAND_BUFFER")
-    monkeypatch.setattr(jax_ops, "_device_type", lambda: "cuda")
-    monkeypatch.setattr(jax_ops, "_takes_wgmma", lambda gemm: gemm[0] > 128)
-    big, small = (8192, 16, 1024, 4096, 128), (64, 16, 1024, 4096, 128)
-    assert jax_ops._gemm_command_buffer(None, "triton", big) is True
-    assert jax_ops._gemm_command_buffer(None, "triton", small) is False
-    assert jax_ops._gemm_command_buffer(None, "aiter", big) is False
-    assert jax_ops._gemm_command_buffer(False, "triton", big) is False
-    monkeypatch.setattr(jax_ops, "_device_type", lambda: "cpu")
-    assert jax_ops._gemm_command_buffer(None, "triton", big) is False
+    assert jax_ops._command_buffer(None) is True
+    assert jax_ops._command_buffer(False) is False
 

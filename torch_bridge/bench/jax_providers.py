@@ -138,6 +138,6 @@ def chain_fp8_jax_cb(sets, on_gpu):
     if not on_gpu:
         raise Skip("command buffers exist on GPUs only")
     if jax_ops.native_route_reason("triton") is None:
-        raise Skip("the native jax_triton route has no callback to record (same as "
-                   "chain_fp8_jax); WOA_JAX_TRITON=0 measures the callback route")
+        raise Skip("the native route has no callback to record (same as chain_fp8_jax); "
+                   "WOA_JAX_NATIVE=0 measures the callback route")
     return chain_fp8_jax(sets, on_gpu, command_buffer=True)

@@ -11,7 +11,7 @@ from . import output
 from .errors import ExitCode, UsageError
 
 #: ``WOA_*`` variables that are 0/1 switches (``_capability.env_flag`` reads them).
-_SWITCHES = ("WOA_USE_AITER", "WOA_USE_TRITON", "WOA_JAX_TRITON", "WOA_JAX_COMMAND_BUFFER")
+_SWITCHES = ("WOA_USE_AITER", "WOA_USE_TRITON", "WOA_JAX_NATIVE", "WOA_JAX_COMMAND_BUFFER")
 
 
 def versions() -> dict[str, str | None]:

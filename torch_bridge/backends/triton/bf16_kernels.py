@@ -14,7 +14,7 @@ NoPE or all rope, so choosing its source is scalar arithmetic outside the tile l
   ``o`` and then its rope tiles from ``R`` (the sum's order is free: the tolerance is
   ``gemm_bf16``).
 
-Array inputs, runtime scalars, the output, then constexprs (``jax_triton.triton_call``'s order).
+Array inputs, runtime scalars, the output, then constexprs.
 """
 
 from __future__ import annotations

@@ -233,8 +233,8 @@ def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
     """The launch shape for one problem, by M and G.
 
     Weight-bandwidth-bound small M: up to 16 tokens they are the MMA's N side (``swap_ab``), 64
-    weight rows per program by pointer loads; 17 to 64 tokens take 64 x 64 pointer tiles (the
-    tile of the JAX native route too, which has no TMA or wgmma); above, 64 x 128 TMA tiles.
+    weight rows per program by pointer loads; 17 to 64 tokens take 64 x 64 pointer tiles;
+    above, 64 x 128 TMA tiles.
     Grids of ``FEW_PROGRAMS`` or fewer (G = 2) split K (``k_split``); the parts are added in
     the kernel in K order, so the bits do not depend on timing.
 

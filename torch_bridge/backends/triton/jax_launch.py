@@ -1,127 +1,93 @@
-"""Native JAX launches of the Triton kernels through ``jax_triton.triton_call``.
+"""Native JAX launches of the Triton kernels: XLA custom calls to ``xla_ffi``'s handler.
 
-``triton_call`` lowers a kernel launch to XLA's ``triton_kernel_call`` custom call: the kernel is
-compiled once at lowering time and XLA launches it on its own stream with no Python at run time,
-inside ``jax.jit`` and command buffers. ``torch_bridge.jax_ops`` uses this route for the Triton
-backend on CUDA; everything else goes through ``buffer_callback``.
+Each launch is compiled at trace time and lowered to the ``woa_triton_launch`` custom call
+(``xla_ffi``), which XLA runs on its own stream with no Python at run time.
+``torch_bridge.jax_ops`` uses this route for the Triton backend on CUDA; everything else goes
+through ``buffer_callback``.
 
-The launch rules are the torch launchers' (``configs.quant_config``, ``configs.gemm_config``,
-``configs.fused_config``, read at trace time), except that the GEMM always runs the pointer kernel
-with SPLIT_K = 1 (and the fused chain runs only where the torch launcher would not split K):
-jax-triton 0.3.1 has no host-side TMA descriptors, and split-K needs counters that stay zeroed
-between launches (the torch launcher keeps them per device). jax-triton gives runtime ``int``
-arguments no divisibility hint (torch's launcher marks multiples of 16), which turns the quant
-kernels' 16-byte loads of ``o`` into 2-byte loads, so the quant kernels run through thin
-wrappers that pass the (fixed) row strides as constexprs.
-
-``jax_triton`` is imported on first use only (``load_jax_triton``); nothing here touches a GPU.
+The kernels, launch rules and specialization are the torch launchers' (``kernels``,
+``wgmma_kernels``, ``configs.quant_config``, ``configs.gemm_config``, ``configs.fused_config``,
+read at trace time), except that nothing splits K (split-K needs counters that stay zeroed
+between launches): the GEMM runs the Hopper wgmma kernel where the torch launcher does, else
+the pointer kernel with SPLIT_K = 1, and the fused chain runs only where the torch launcher
+would not split K. Nothing here touches a GPU.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import triton
-import triton.language as tl
 
-from . import configs, interpreter_on, kernels
+from . import configs, interpreter_on, kernels, xla_ffi
+from .xla_ffi import Ref
+
+
+def unavailable_reason() -> str | None:
+    """``None`` when the custom call's handler builds and registers; else why not."""
+    return xla_ffi.unavailable_reason()
 
 
 @functools.cache
-def load_jax_triton():
-    """``import jax_triton`` once, undoing its ``TRITON_CACHE_DIR=""`` (0.3.1 sets it at import).
+def capability() -> int:
+    """The compute capability the kernels are compiled for: JAX's first device's (``90``)."""
+    major, minor = jax.devices()[0].compute_capability.split(".")
+    return 10 * int(major) + int(minor)
 
-    With the variable empty, every later Triton compile in the process (the torch launchers')
-    fails with "Could not create or locate cache dir"; a value the user had set is restored.
-    Raises ``ImportError`` (jax-triton missing, or a JAX without GPU support).
-    """
-    before = os.environ.get("TRITON_CACHE_DIR")
+
+@functools.cache
+def sm_count() -> int:
+    """Streaming multiprocessors of JAX's first device (the persistent kernels' grids)."""
+    return jax.devices()[0].core_count
+
+
+@functools.cache
+def wgmma_ok() -> bool:
+    """Whether the GEMM may take the wgmma kernel here: Hopper, and a Triton with Gluon's
+    Hopper dialect (as ``gemm.wgmma_available`` decides for torch)."""
+    if capability() // 10 != 9:
+        return False
     try:
-        import jax_triton
-    finally:  # 0.3.1 sets the variable before a CPU-only jaxlib makes the import fail
-        if os.environ.get("TRITON_CACHE_DIR") == "":
-            if before:
-                os.environ["TRITON_CACHE_DIR"] = before
-            else:
-                os.environ.pop("TRITON_CACHE_DIR", None)
-    return jax_triton
-
-
-def import_error() -> str | None:
-    """``None`` when ``jax_triton`` imports; else the error, in one line."""
-    try:
-        load_jax_triton()
-    except ImportError as e:  # ImportError's message can span lines (jax-triton's does)
-        return f"{type(e).__name__}: {' '.join(str(e).split())}"
-    return None
+        from . import wgmma_kernels  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 @dataclasses.dataclass(frozen=True)
 class KernelCall:
-    """One ``triton_call``: the kernel, its runtime scalars (after the array inputs), its
-    outputs, grid and compile options; ``constexprs`` go to the kernel as keyword metaparams."""
+    """One launch: the kernel, one entry per runtime parameter (a ``Ref`` to an input or an
+    output, inputs first, or an ``int``), its outputs, grid and compile options;
+    ``constexprs`` go to the kernel as keyword metaparams."""
 
     kernel: Any  # a triton.JITFunction
-    scalars: tuple[int, ...]
+    args: tuple[Ref | int, ...]
     out_shape: tuple[jax.ShapeDtypeStruct, ...]
     grid: tuple[int, ...]
     num_warps: int
     num_stages: int | None
     constexprs: tuple[tuple[str, Any], ...]
 
+    @property
+    def scalars(self) -> tuple[int, ...]:
+        return tuple(a for a in self.args if not isinstance(a, Ref))
+
 
 def run(call: KernelCall, *arrays) -> tuple[jax.Array, ...]:
-    """Launch ``call`` on ``arrays`` (dense row-major, 16-byte aligned: any JAX array)."""
-    outs = load_jax_triton().triton_call(
-        *arrays, *call.scalars, kernel=call.kernel, out_shape=call.out_shape, grid=call.grid,
-        num_warps=call.num_warps, num_stages=call.num_stages, **dict(call.constexprs))
-    return tuple(outs)
+    """Launch ``call`` on ``arrays`` (dense row-major JAX arrays)."""
+    return tuple(xla_ffi.lower(call.kernel, call.args, arrays, call.out_shape, call.grid,
+                               num_warps=call.num_warps, num_stages=call.num_stages,
+                               constexprs=dict(call.constexprs), capability=capability()))
 
 
 # ---------------------------------------------------------------------------------------------
 # Inverse RoPE + 1 x GS E8M0 quantization
 # ---------------------------------------------------------------------------------------------
-
-@triton.jit
-def _inverse_rope_group_quant_kernel(
-    o_ptr, pos_ptr, cos_ptr, sin_ptr, n_rows, n_pos_rows, q_ptr, s_ptr, STRIDE_OS: tl.constexpr,
-    STRIDE_CP: tl.constexpr, STRIDE_SP: tl.constexpr, NQ: tl.constexpr, GS: tl.constexpr,
-    DH: tl.constexpr, RD: tl.constexpr, INV_FP8_MAX: tl.constexpr, FP8_MAX: tl.constexpr,
-    FP8_MIN_NORMAL_EXP: tl.constexpr, AMAX_FLOOR: tl.constexpr, HW_CAST: tl.constexpr,
-    ROUND_PRODUCTS: tl.constexpr, BLOCK_R: tl.constexpr
-):
-    """``kernels.inverse_rope_group_quant_kernel`` with constexpr strides (inlined: same
-    code)."""
-    kernels.inverse_rope_group_quant_kernel(
-        o_ptr=o_ptr, pos_ptr=pos_ptr, cos_ptr=cos_ptr, sin_ptr=sin_ptr, n_rows=n_rows,
-        n_pos_rows=n_pos_rows, stride_os=STRIDE_OS, stride_cp=STRIDE_CP, stride_sp=STRIDE_SP,
-        q_ptr=q_ptr, s_ptr=s_ptr, NQ=NQ, GS=GS, DH=DH, RD=RD, INV_FP8_MAX=INV_FP8_MAX,
-        FP8_MAX=FP8_MAX, FP8_MIN_NORMAL_EXP=FP8_MIN_NORMAL_EXP, AMAX_FLOOR=AMAX_FLOOR,
-        HW_CAST=HW_CAST, ROUND_PRODUCTS=ROUND_PRODUCTS, BLOCK_R=BLOCK_R)
-
-
-@triton.jit
-def _inverse_rope_group_quant_head_kernel(
-    o_ptr, pos_ptr, cos_ptr, sin_ptr, n_tokens, n_pos_rows, q_ptr, s_ptr, STRIDE_OS: tl.constexpr,
-    STRIDE_CP: tl.constexpr, STRIDE_SP: tl.constexpr, H: tl.constexpr, DH: tl.constexpr,
-    RD: tl.constexpr, GS: tl.constexpr, INV_FP8_MAX: tl.constexpr, FP8_MAX: tl.constexpr,
-    FP8_MIN_NORMAL_EXP: tl.constexpr, AMAX_FLOOR: tl.constexpr, HW_CAST: tl.constexpr,
-    ROUND_PRODUCTS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr
-):
-    """``kernels.inverse_rope_group_quant_head_kernel`` with constexpr strides (inlined)."""
-    kernels.inverse_rope_group_quant_head_kernel(
-        o_ptr=o_ptr, pos_ptr=pos_ptr, cos_ptr=cos_ptr, sin_ptr=sin_ptr, n_tokens=n_tokens,
-        n_pos_rows=n_pos_rows, stride_os=STRIDE_OS, stride_cp=STRIDE_CP, stride_sp=STRIDE_SP,
-        q_ptr=q_ptr, s_ptr=s_ptr, H=H, DH=DH, RD=RD, GS=GS, INV_FP8_MAX=INV_FP8_MAX,
-        FP8_MAX=FP8_MAX, FP8_MIN_NORMAL_EXP=FP8_MIN_NORMAL_EXP, AMAX_FLOOR=AMAX_FLOOR,
-        HW_CAST=HW_CAST, ROUND_PRODUCTS=ROUND_PRODUCTS, BLOCK_T=BLOCK_T, BLOCK_H=BLOCK_H)
-
 
 def _quant_constants(fp8_dtype, amax_floor: float, o_dtype, rope_dtype) -> dict[str, Any]:
     """The quantizing kernels' constexprs (``configs.quant_constants``, ``ROUND_PRODUCTS``) on
@@ -148,13 +114,14 @@ def quant_call(s: int, h: int, dh: int, rd: int, n_pos: int, num_groups: int,
     out_shape = (jax.ShapeDtypeStruct((s, num_groups, d), fp8_dtype),
                  jax.ShapeDtypeStruct((s, num_groups, d // gs), jnp.uint8))
     plan = configs.quant_launch(s, h, dh, gs, cfg)
-    constexprs = dict(STRIDE_OS=h * dh, STRIDE_CP=rd // 2, STRIDE_SP=rd // 2, DH=dh, RD=rd, GS=gs,
-                      **_quant_constants(fp8_dtype, amax_floor, o_dtype, rope_dtype),
-                      **plan.shape)
-    kernel = (_inverse_rope_group_quant_head_kernel if plan.per_head
-              else _inverse_rope_group_quant_kernel)
-    return KernelCall(kernel, (plan.n_work, n_pos), out_shape, plan.grid, cfg.num_warps, None,
-                      tuple(constexprs.items()))
+    constexprs = dict(DH=dh, RD=rd, GS=gs, **_quant_constants(fp8_dtype, amax_floor, o_dtype,
+                                                              rope_dtype), **plan.shape)
+    kernel = (kernels.inverse_rope_group_quant_head_kernel if plan.per_head
+              else kernels.inverse_rope_group_quant_kernel)
+    o, pos, cos, sin, q, scale = map(Ref, range(6))
+    return KernelCall(kernel, (o, pos, cos, sin, plan.n_work, n_pos, h * dh, rd // 2, rd // 2,
+                               q, scale),
+                      out_shape, plan.grid, cfg.num_warps, None, tuple(constexprs.items()))
 
 
 def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int,
@@ -176,69 +143,63 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
 # Block-scaled FP8 batched GEMM
 # ---------------------------------------------------------------------------------------------
 
-def gemm_call(m: int, g: int, n: int, k: int, block: int, n_blocks: int, *,
-              dtype) -> KernelCall:
-    """The ``batched_gemm_a8w8_mxscale_kernel`` launch (through its wrapper here) for dense
-    ``x [M, G, K]``, ``w [G, N, K]``, ``x_scale [M, G, K / B]``, ``w_scale [G, n_blocks, K / B]``
-    -> ``y [M, G, N]`` in ``dtype``.
+def gemm_call(m: int, g: int, n: int, k: int, block: int, n_blocks: int, *, dtype,
+              wgmma: bool = False, sms: int = 0) -> KernelCall:
+    """The GEMM launch for dense ``x [M, G, K]``, ``w [G, N, K]``, ``x_scale [M, G, K / B]``,
+    ``w_scale [G, n_blocks, K / B]`` -> ``y [M, G, N]`` in ``dtype``.
 
-    The tile is ``configs.gemm_config``'s; its TMA and split-K fields are not used (module
-    docstring). Strides follow from the shapes.
+    The tile is ``configs.gemm_config(..., wgmma=wgmma)``'s: the wgmma kernel where it picks
+    it (``sms``: the GPU's SM count, for its persistent grid), else the pointer kernel
+    without its TMA and split-K fields (module docstring). Strides follow from the shapes.
     """
-    cfg = configs.gemm_config(m, g, n, k, block)
+    cfg = configs.gemm_config(m, g, n, k, block, wgmma=wgmma)
     kb = k // block
+    if cfg.wgmma:
+        return _wgmma_call(m, g, n, k, block, n_blocks, dtype, cfg, sms)
     constexprs = dict(
         SXM=g * k, SXG=k, SXSM=g * kb, SXSG=kb, SWG=n * k, SWN=k, SWSG=n_blocks * kb, SWSN=kb,
         SYM=g * n, SYG=n, N=n, K=k, SB=block, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        SWAP_AB=cfg.swap_ab,
-        OUT_BF16=np.dtype(dtype) == np.dtype(jnp.bfloat16))
+        SPLIT_K=1, SWAP_AB=cfg.swap_ab, OUT_BF16=np.dtype(dtype) == np.dtype(jnp.bfloat16))
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), g, 1)
-    return KernelCall(_batched_gemm_a8w8_mxscale_kernel, (m,),
+    x, w, xs, ws, y = map(Ref, range(5))
+    # Without split-K the parts and counters are never touched: y stands in for them.
+    return KernelCall(kernels.batched_gemm_a8w8_mxscale_kernel, (x, w, xs, ws, m, y, y, y),
                       (jax.ShapeDtypeStruct((m, g, n), dtype),), grid, cfg.num_warps,
                       cfg.num_stages, tuple(constexprs.items()))
 
 
-@triton.jit
-def _batched_gemm_a8w8_mxscale_kernel(
-    x_ptr, w_ptr, xs_ptr, ws_ptr, M, y_ptr, SXM: tl.constexpr, SXG: tl.constexpr,
-    SXSM: tl.constexpr, SXSG: tl.constexpr, SWG: tl.constexpr, SWN: tl.constexpr,
-    SWSG: tl.constexpr, SWSN: tl.constexpr, SYM: tl.constexpr, SYG: tl.constexpr, N: tl.constexpr,
-    K: tl.constexpr, SB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    SWAP_AB: tl.constexpr, OUT_BF16: tl.constexpr
-):
-    """``kernels.batched_gemm_a8w8_mxscale_kernel`` without split-K, so without its scratch
-    (inlined)."""
-    kernels.batched_gemm_a8w8_mxscale_kernel(
-        x_ptr=x_ptr, w_ptr=w_ptr, xs_ptr=xs_ptr, ws_ptr=ws_ptr, M=M, y_ptr=y_ptr, part_ptr=y_ptr,
-        count_ptr=y_ptr, SXM=SXM, SXG=SXG, SXSM=SXSM, SXSG=SXSG, SWG=SWG, SWN=SWN, SWSG=SWSG,
-        SWSN=SWSN, SYM=SYM, SYG=SYG, N=N, K=K, SB=SB, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-        SPLIT_K=1, SWAP_AB=SWAP_AB, OUT_BF16=OUT_BF16)
+_GL_DTYPES = {"float8_e4m3fn": "float8e4nv", "bfloat16": "bfloat16", "float32": "float32"}
+
+
+def _smem_layout(tile: tuple[int, int], dtype):
+    from triton.experimental.gluon import language as gl
+
+    gl_dtype = getattr(gl, _GL_DTYPES[np.dtype(dtype).name])
+    return gl.NVMMASharedLayout.get_default_for(list(tile), gl_dtype)
+
+
+def _wgmma_call(m, g, n, k, block, n_blocks, dtype, cfg, sms) -> KernelCall:
+    """The wgmma kernel's launch, with the torch launcher's descriptors, grid and stages."""
+    from . import wgmma_kernels
+
+    bm, bn, kb = cfg.block_m, cfg.block_n, k // block
+    programs = configs.tile_programs(m, g, n, bm, bn, cfg.programs_per_sm, sms)
+    stages = configs.wgmma_stages(cfg.num_stages, kb, bm, bn, block, np.dtype(dtype).itemsize)
+    fp8 = jnp.float8_e4m3fn
+    x = xla_ffi.Desc(0, (m, g * k), g * k, (bm, block), _smem_layout((bm, block), fp8))
+    w = xla_ffi.Desc(1, (g * n, k), k, (bn, block), _smem_layout((bn, block), fp8))
+    y = xla_ffi.Desc(4, (m, g * n), g * n, (bm, bn), _smem_layout((bm, bn), dtype))
+    constexprs = dict(SXSM=g * kb, SXSG=kb, SWSG=n_blocks * kb, SWSN=kb, G=g, N=n, K=k,
+                      STAGES=stages, num_warps=cfg.num_warps, SWAP_AB=cfg.swap_ab)
+    return KernelCall(wgmma_kernels.batched_gemm_a8w8_mxscale_wgmma_kernel,
+                      (x, w, y, Ref(2), Ref(3), m, programs),
+                      (jax.ShapeDtypeStruct((m, g, n), dtype),), (programs,), cfg.num_warps,
+                      None, tuple(constexprs.items()))
 
 
 # ---------------------------------------------------------------------------------------------
 # The fused decode chain
 # ---------------------------------------------------------------------------------------------
-
-@triton.jit
-def _wo_a_fp8_kernel(
-    o_ptr, pos_ptr, cos_ptr, sin_ptr, w_ptr, ws_ptr, M, n_pos_rows, x_ptr, xs_ptr, y_ptr,
-    SOM: tl.constexpr, SCP: tl.constexpr, SSP: tl.constexpr, SWG: tl.constexpr, SWN: tl.constexpr,
-    SWSG: tl.constexpr, SWSN: tl.constexpr, SYM: tl.constexpr, SYG: tl.constexpr, G: tl.constexpr,
-    N: tl.constexpr, K: tl.constexpr, SB: tl.constexpr, DH: tl.constexpr, RD: tl.constexpr,
-    INV_FP8_MAX: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MIN_NORMAL_EXP: tl.constexpr,
-    AMAX_FLOOR: tl.constexpr, HW_CAST: tl.constexpr, ROUND_PRODUCTS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, OUT_BF16: tl.constexpr, QUANT_ROWS: tl.constexpr
-):
-    """``kernels.wo_a_fp8_kernel`` without split-K, so without its scratch (inlined)."""
-    kernels.wo_a_fp8_kernel(
-        o_ptr=o_ptr, pos_ptr=pos_ptr, cos_ptr=cos_ptr, sin_ptr=sin_ptr, w_ptr=w_ptr,
-        ws_ptr=ws_ptr, M=M, n_pos_rows=n_pos_rows, x_ptr=x_ptr, xs_ptr=xs_ptr, y_ptr=y_ptr,
-        part_ptr=y_ptr, count_ptr=y_ptr, SOM=SOM, SCP=SCP, SSP=SSP, SWG=SWG, SWN=SWN,
-        SWSG=SWSG, SWSN=SWSN, SYM=SYM, SYG=SYG, G=G, N=N, K=K, SB=SB, DH=DH, RD=RD,
-        INV_FP8_MAX=INV_FP8_MAX, FP8_MAX=FP8_MAX, FP8_MIN_NORMAL_EXP=FP8_MIN_NORMAL_EXP,
-        AMAX_FLOOR=AMAX_FLOOR, HW_CAST=HW_CAST, ROUND_PRODUCTS=ROUND_PRODUCTS, BLOCK_M=BLOCK_M,
-        BLOCK_N=BLOCK_N, SPLIT_K=1, OUT_BF16=OUT_BF16, QUANT_ROWS=QUANT_ROWS)
-
 
 def fused_fits(s: int, g: int, n: int, k: int, block: int, dh: int, rd: int) -> bool:
     """Whether the chain runs natively as one fused launch: where the torch launcher fuses
@@ -268,11 +229,13 @@ def fused_call(s: int, h: int, dh: int, rd: int, n_pos: int, g: int, n: int, k: 
         SOM=h * dh, SCP=rd // 2, SSP=rd // 2, SWG=n * k, SWN=k, SWSG=n_blocks * kb, SWSN=kb,
         SYM=g * n, SYG=n, G=g, N=n, K=k, SB=block, DH=dh, RD=rd,
         **_quant_constants(fp8_dtype, amax_floor, o_dtype, rope_dtype), BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n, OUT_BF16=np.dtype(dtype) == np.dtype(jnp.bfloat16),
+        BLOCK_N=cfg.block_n, SPLIT_K=1, OUT_BF16=np.dtype(dtype) == np.dtype(jnp.bfloat16),
         QUANT_ROWS=configs.FUSED_QUANT_LANES // block)
     grid = (triton.cdiv(s, cfg.block_m) * triton.cdiv(n, cfg.block_n), g, 1)
-    return KernelCall(_wo_a_fp8_kernel, (s, n_pos), out_shape, grid, cfg.num_warps, cfg.num_stages,
-                      tuple(constexprs.items()))
+    o, pos, cos, sin, w, ws, x, xs, y = map(Ref, range(9))
+    return KernelCall(kernels.wo_a_fp8_kernel,
+                      (o, pos, cos, sin, w, ws, s, n_pos, x, xs, y, y, y), out_shape, grid,
+                      cfg.num_warps, cfg.num_stages, tuple(constexprs.items()))
 
 
 def wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: int, *,
@@ -290,7 +253,7 @@ def wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: int, *,
 
 
 def _scale_bytes(x):
-    """E8M0 scales as uint8 (jax-triton has no Triton type for float8_e8m0fnu)."""
+    """E8M0 scales as uint8 (Triton has no float8_e8m0fnu pointers)."""
     return x if x.dtype == jnp.uint8 else jax.lax.bitcast_convert_type(x, jnp.uint8)
 
 
@@ -298,7 +261,9 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, *, dtype):
     """``y [M, G, N]`` in ``dtype`` (bf16 or fp32); inputs already checked by the caller."""
     m, g, k = x.shape
     n = w.shape[1]
-    call = gemm_call(m, g, n, k, k // x_scale.shape[2], w_scale.shape[1], dtype=dtype)
+    wgmma = wgmma_ok()
+    call = gemm_call(m, g, n, k, k // x_scale.shape[2], w_scale.shape[1], dtype=dtype,
+                     wgmma=wgmma, sms=sm_count() if wgmma else 0)
     if m == 0:
         return jnp.zeros((0, g, n), dtype)
     (y,) = run(call, x, w, _scale_bytes(x_scale), _scale_bytes(w_scale))

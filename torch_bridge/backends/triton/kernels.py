@@ -18,10 +18,9 @@ Kernels, named after the op they run:
   rotated copy, or into a buffer of the rotated tails alone (the A operand's rope tiles of
   ``bf16_kernels.bf16_rope_gemm_kernel``).
 
-The GEMM and chain kernels take array inputs, runtime scalars, outputs (then split-K's
-scratch), then constexprs: the order ``jax_triton.triton_call`` passes them in. JAX reaches
-them and the quant kernels through thin wrappers in ``jax_launch`` (constexpr strides, no
-split-K scratch).
+The kernels take array inputs, runtime scalars, outputs (then split-K's scratch), then
+constexprs. Torch (``quant``, ``gemm``, ``chain``) and JAX (``jax_launch``) launch these same
+bodies.
 
 E8M0 scales travel as uint8 (Triton rejects ``float8_e8m0fnu`` arguments) and are decoded here
 by placing the byte in the fp32 exponent field.
@@ -347,7 +346,7 @@ def batched_gemm_a8w8_mxscale_tma_kernel(
 @triton.jit
 def batched_gemm_a8w8_mxscale_kernel(
     x_ptr, w_ptr, xs_ptr, ws_ptr, M,
-    y_ptr,  # the output after inputs and scalars: jax_triton.triton_call's order
+    y_ptr,
     part_ptr, count_ptr,  # SPLIT_K > 1 only: fp32 parts [SPLIT_K, M, G, N], int32 counters
     SXM: tl.constexpr, SXG: tl.constexpr,  # x [M, G, K] strides (K contiguous)
     SXSM: tl.constexpr, SXSG: tl.constexpr,  # x_scale [M, G, K/SB] strides (last contiguous)
@@ -452,7 +451,7 @@ def _store_tile(y_ptr, out, offs_m, offs_n, g, ok, SYM: tl.constexpr, SYG: tl.co
 @triton.jit
 def wo_a_fp8_kernel(
     o_ptr, pos_ptr, cos_ptr, sin_ptr, w_ptr, ws_ptr, M, n_pos_rows,
-    x_ptr, xs_ptr, y_ptr,  # outputs after inputs and scalars: jax_triton.triton_call's order
+    x_ptr, xs_ptr, y_ptr,  # outputs: the quantized activations (scratch) and y
     part_ptr, count_ptr,  # SPLIT_K > 1 only (see batched_gemm_a8w8_mxscale_kernel)
     SOM: tl.constexpr,  # o [S, H, Dh] token stride; group g's K lanes start at g * K
     SCP: tl.constexpr, SSP: tl.constexpr,  # cos/sin row strides

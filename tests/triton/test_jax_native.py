@@ -1,16 +1,16 @@
-"""The native ``jax_triton`` route of ``torch_bridge.jax_ops``.
+"""The native route of ``torch_bridge.jax_ops``: our ``woa_triton_launch`` XLA custom call.
 
-CPU: route selection, ``WOA_JAX_TRITON``, the jax-triton import (and its ``TRITON_CACHE_DIR``
-side effect), the launch specs against the torch launcher's, and a compile of every spec to
-sm_90 PTX (a subprocess without ``TRITON_INTERPRET``). GPU (``-m gpu``, jax-triton installed):
-the native route under ``jax.jit`` against the ``woa_jax`` oracle.
+CPU: route selection, ``WOA_JAX_NATIVE``, building the handler, the launch specs against the
+torch launcher's, the specialization and parameter map, and a compile of every spec to sm_90
+(a subprocess without ``TRITON_INTERPRET``) lowered to the custom call. GPU (``-m gpu``): the
+native route under ``jax.jit`` against the ``woa_jax`` oracle and the torch launcher's bits.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
-import sys
 import textwrap
 
 import jax
@@ -20,8 +20,9 @@ import pytest
 from _sm90 import run_compile_script
 
 import woa_jax
-from torch_bridge import jax_ops
-from torch_bridge.backends.triton import configs, jax_launch, launch
+from torch_bridge import interop, jax_ops
+from torch_bridge.backends.triton import configs, jax_launch, kernels, launch, xla_ffi
+from torch_bridge.backends.triton.xla_ffi import Ref
 from woa_jax.testing import assert_bitwise_equal, assert_close
 
 HPG, DH, RD, N, P = 8, 512, 64, 1024, 65536
@@ -29,10 +30,10 @@ HPG, DH, RD, N, P = 8, 512, 64, 1024, 65536
 
 @pytest.fixture
 def native_ok(monkeypatch):
-    """A CUDA JAX with jax_triton importable, as far as route selection can tell."""
-    monkeypatch.delenv("WOA_JAX_TRITON", raising=False)
+    """A CUDA JAX with the custom call's handler built, as far as route selection can tell."""
+    monkeypatch.delenv("WOA_JAX_NATIVE", raising=False)
     monkeypatch.setattr(jax_ops, "_jax_gpu_platform", lambda: "cuda")
-    monkeypatch.setattr(jax_launch, "import_error", lambda: None)
+    monkeypatch.setattr(jax_launch, "unavailable_reason", lambda: None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -49,19 +50,19 @@ def test_other_backends_keep_buffer_callback(native_ok):
 
 
 def test_env_switch(native_ok, monkeypatch):
-    monkeypatch.setenv("WOA_JAX_TRITON", "0")
-    assert jax_ops.native_route_reason("triton") == "disabled by WOA_JAX_TRITON=0"
-    monkeypatch.setenv("WOA_JAX_TRITON", "1")
+    monkeypatch.setenv("WOA_JAX_NATIVE", "0")
+    assert jax_ops.native_route_reason("triton") == "disabled by WOA_JAX_NATIVE=0"
+    monkeypatch.setenv("WOA_JAX_NATIVE", "1")
     assert jax_ops.native_route_reason("triton") is None
-    monkeypatch.setenv("WOA_JAX_TRITON", "off")
-    with pytest.raises(ValueError, match="WOA_JAX_TRITON='off' is not a valid switch"):
+    monkeypatch.setenv("WOA_JAX_NATIVE", "off")
+    with pytest.raises(ValueError, match="WOA_JAX_NATIVE='off' is not a valid switch"):
         jax_ops.native_route_reason("triton")
 
 
 def test_env_var_is_registered():
     from torch_bridge._capability import ENV_VARS
 
-    assert "WOA_JAX_TRITON" in ENV_VARS
+    assert "WOA_JAX_NATIVE" in ENV_VARS and "WOA_CACHE_DIR" in ENV_VARS
 
 
 @pytest.mark.parametrize("platform", ["cpu", "rocm"])
@@ -71,23 +72,12 @@ def test_non_cuda_platforms_keep_buffer_callback(native_ok, monkeypatch, platfor
         f"JAX's default backend is {platform}; the native route needs cuda")
 
 
-def test_import_failure_is_the_reason(native_ok, monkeypatch):
-    monkeypatch.setattr(jax_launch, "import_error", lambda: "ImportError: no GPU jaxlib")
-    reason = jax_ops.native_route_reason("triton")
-    assert "jax_triton does not import (ImportError: no GPU jaxlib)" in reason
-    assert "woa[jax-triton]" in reason
-
-
-def test_gemms_of_the_wgmma_kernel_keep_buffer_callback(native_ok, monkeypatch):
-    monkeypatch.setattr(launch, "wgmma_chosen", lambda m, g, n, k, b: m > 16)
-    assert jax_ops.native_route_reason("triton", (16, 16, 1024, 4096, 128)) is None
-    # below M * G = 65536 the GEMM stays native even where torch takes the wgmma kernel
-    assert jax_ops.native_route_reason("triton", (2048, 16, 1024, 4096, 128)) is None
-    assert jax_ops.native_route_reason("triton", (8192, 2, 1024, 4096, 128)) is None
-    reason = jax_ops.native_route_reason("triton", (4096, 16, 1024, 4096, 128))
-    assert "wgmma kernel (Hopper, M * G >= 65536)" in reason
-    assert "wgmma kernel" in jax_ops.native_route_reason("triton", (8192, 16, 1024, 4096, 128))
-    assert jax_ops.native_route_reason("triton") is None  # the quant op passes no GEMM
+def test_handler_failure_is_the_reason(native_ok, monkeypatch):
+    monkeypatch.setattr(jax_launch, "unavailable_reason",
+                        lambda: "RuntimeError: no C++ compiler found (set CXX, or install g++)")
+    assert jax_ops.native_route_reason("triton") == (
+        "the woa_triton_launch custom call is unavailable (RuntimeError: no C++ compiler found "
+        "(set CXX, or install g++))")
 
 
 cpu_only = pytest.mark.skipif(jax.default_backend() != "cpu",
@@ -108,14 +98,14 @@ def test_route_logged_once_per_reason(native_ok, monkeypatch, caplog):
         assert jax_ops._native("op", "triton")
         assert not jax_ops._native("op", "aiter")
         assert not jax_ops._native("op", "aiter")
-        monkeypatch.setenv("WOA_JAX_TRITON", "0")
+        monkeypatch.setenv("WOA_JAX_NATIVE", "0")
         assert not jax_ops._native("op", "triton")
     msgs = [r.getMessage() for r in caplog.records if "jax_ops" in r.getMessage()]
     assert msgs == [
-        "woa: jax_ops: op runs natively through jax_triton.triton_call",
+        "woa: jax_ops: op runs natively through the woa_triton_launch custom call",
         "woa: jax_ops: op runs through buffer_callback: the dispatcher picked backend 'aiter'; "
         "only triton has a native route",
-        "woa: jax_ops: op runs through buffer_callback: disabled by WOA_JAX_TRITON=0",
+        "woa: jax_ops: op runs through buffer_callback: disabled by WOA_JAX_NATIVE=0",
     ]
 
 
@@ -136,53 +126,85 @@ def test_interpreter_call_logs_the_callback_route(monkeypatch, caplog, rng):
 
 
 # ---------------------------------------------------------------------------------------------
-# The jax_triton import
+# Building the handler (CPU)
 # ---------------------------------------------------------------------------------------------
 
-def _fake_jax_triton(tmp_path, monkeypatch, *, fail: bool):
-    """A ``jax_triton`` that, like 0.3.1, empties TRITON_CACHE_DIR at import (then may fail)."""
-    pkg = tmp_path / "jax_triton"
-    pkg.mkdir()
-    body = 'import os\nos.environ["TRITON_CACHE_DIR"] = ""\n'
-    if fail:
-        body += 'raise ImportError("jax-triton requires JAX\\nwith GPU support")\n'
-    (pkg / "__init__.py").write_text(body)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    for name in [m for m in sys.modules if m == "jax_triton" or m.startswith("jax_triton.")]:
-        monkeypatch.delitem(sys.modules, name)
-    jax_launch.load_jax_triton.cache_clear()
-
-
 @pytest.fixture
-def _fresh_import_cache():
-    jax_launch.load_jax_triton.cache_clear()
-    yield
-    jax_launch.load_jax_triton.cache_clear()
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("WOA_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
 
 
-@pytest.mark.parametrize("fail", [False, True])
-@pytest.mark.parametrize("before", [None, "/tmp/user-triton-cache"])
-def test_import_undoes_the_cache_dir_reset(tmp_path, monkeypatch, _fresh_import_cache, fail,
-                                           before):
-    if before is None:
-        monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
-    else:
-        monkeypatch.setenv("TRITON_CACHE_DIR", before)
-    _fake_jax_triton(tmp_path, monkeypatch, fail=fail)
-    err = jax_launch.import_error()
-    assert os.environ.get("TRITON_CACHE_DIR") == before
-    if fail:
-        assert err == "ImportError: jax-triton requires JAX with GPU support"
-    else:
-        assert err is None
+def test_handler_builds_once_into_the_cache(cache, monkeypatch):
+    """The handler library exports the FFI symbol; a second build reuses it. Without a
+    compiler the error says which one is missing, as the route's reason does."""
+    if xla_ffi._compiler() is None:
+        with pytest.raises(RuntimeError, match=r"no C\+\+ compiler found \(set CXX"):
+            xla_ffi.build()
+        return
+    path = xla_ffi.build()
+    assert path.parent == cache and path.name.startswith("xla_launch-")
+    assert hasattr(ctypes.CDLL(str(path)), "WoaTritonLaunch")
+    stamp = path.stat().st_mtime_ns
+    assert xla_ffi.build() == path and path.stat().st_mtime_ns == stamp
+    assert list(cache.iterdir()) == [path]  # no temporaries left behind
 
 
-def test_real_import_is_clean(monkeypatch, _fresh_import_cache):
-    """Installed or not, GPU jaxlib or not: no exception, a one-line reason, a usable cache."""
-    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
-    err = jax_launch.import_error()
-    assert err is None or (err and "\n" not in err)
-    assert os.environ.get("TRITON_CACHE_DIR") is None
+def test_handler_build_errors_are_reported(cache, monkeypatch, tmp_path):
+    monkeypatch.setenv("CXX", "false")
+    with pytest.raises(RuntimeError, match=r"building xla_launch.cc failed \(false -O2"):
+        xla_ffi.build()
+    monkeypatch.delenv("CXX")
+    monkeypatch.setattr(xla_ffi.shutil, "which", lambda name: None)
+    with pytest.raises(RuntimeError, match=r"no C\+\+ compiler found \(set CXX, or install"):
+        xla_ffi.build()
+
+
+def test_unavailable_reason_is_one_line(cache, monkeypatch):
+    monkeypatch.setenv("CXX", "false")
+    xla_ffi._registered.cache_clear()
+    try:
+        reason = xla_ffi.unavailable_reason()
+    finally:
+        xla_ffi._registered.cache_clear()
+    assert reason.startswith("RuntimeError: building xla_launch.cc failed") and "\n" not in reason
+
+
+# ---------------------------------------------------------------------------------------------
+# Specialization and the handler's parameter map (CPU)
+# ---------------------------------------------------------------------------------------------
+
+def test_specialize_follows_tritons_launcher():
+    """Pointers typed by their operand and marked divisible by 16, integers that are multiples
+    of 16 marked too, integers equal to 1 made constexprs (as Triton's launcher does)."""
+    from triton.runtime.jit import JITFunction
+
+    gemm = JITFunction(kernels.batched_gemm_a8w8_mxscale_kernel.fn)  # this process interprets
+    args = (Ref(0), Ref(1), Ref(2), Ref(3), 1, Ref(4), Ref(4), Ref(4))
+    dtypes = ("float8_e4m3fn", "float8_e4m3fn", "uint8", "uint8", "bfloat16")
+    sig, attrs, cx = xla_ffi._specialize(gemm, args, dtypes, {"SPLIT_K": 1})
+    assert sig["x_ptr"] == "*fp8e4nv" and sig["xs_ptr"] == "*u8" and sig["y_ptr"] == "*bf16"
+    assert sig["M"] == "constexpr" and cx == {"SPLIT_K": 1, "M": 1}
+    names = gemm.arg_names
+    assert set(attrs) == {(names.index(p),) for p in (
+        "x_ptr", "w_ptr", "xs_ptr", "ws_ptr", "y_ptr", "part_ptr", "count_ptr")}
+    sig, attrs, _ = xla_ffi._specialize(gemm, args[:4] + (48,) + args[5:], dtypes, {})
+    assert sig["M"] == "i32" and (names.index("M"),) in attrs
+    sig, attrs, _ = xla_ffi._specialize(gemm, args[:4] + (7,) + args[5:], dtypes, {})
+    assert sig["M"] == "i32" and (names.index("M"),) not in attrs
+    with pytest.raises(TypeError, match="takes 8 runtime arguments"):
+        xla_ffi._specialize(gemm, args[:7], dtypes, {})
+
+
+def test_parameter_map():
+    """Operands by index, scalars (but those specialized away) in order, and a descriptor as
+    its tensor map, shape and strides, with the encoding Triton chose."""
+    desc = xla_ffi.Desc(4, (7, 2048), 2048, (64, 128), layout=None)
+    params, scalars, tmaps = xla_ffi._params(
+        (Ref(0), desc, 1, 7, Ref(5)), ((9, 2, 3, (64, 64)),))
+    assert params.tolist() == [0, -2, -1, -1, -1, -1, -1, 5]
+    assert scalars.tolist() == [7, 2048, 2048, 1, 7]
+    assert tmaps.tolist() == [4, 9, 2, 3, 0, 2, 64, 64, 7, 2048, 2048, 1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,11 +234,11 @@ def test_quant_spec_rows_kernel(monkeypatch):
     monkeypatch.setattr(configs, "quant_config", lambda s: launch.QuantConfig(16, 2))
     call = _quant_call(7, 2)
     nq = 2 * HPG * DH // 128
-    assert call.kernel is jax_launch._inverse_rope_group_quant_kernel
-    assert call.scalars == (7 * nq, P) and call.grid == (-(-7 * nq // 16),)
-    assert call.num_warps == 2
+    assert call.kernel is kernels.inverse_rope_group_quant_kernel
+    assert call.args == (*map(Ref, range(4)), 7 * nq, P, 16 * DH, 32, 32, Ref(4), Ref(5))
+    assert call.grid == (-(-7 * nq // 16),) and call.num_warps == 2
     cx = dict(call.constexprs)
-    assert (cx["NQ"], cx["BLOCK_R"], cx["STRIDE_OS"], cx["STRIDE_CP"]) == (nq, 16, 16 * DH, 32)
+    assert (cx["NQ"], cx["BLOCK_R"], cx["DH"], cx["RD"]) == (nq, 16, DH, RD)
     assert [(t.shape, t.dtype) for t in call.out_shape] == [
         ((7, 2, HPG * DH), jnp.float8_e4m3fn), ((7, 2, HPG * DH // 128), jnp.uint8)]
 
@@ -224,12 +246,13 @@ def test_quant_spec_rows_kernel(monkeypatch):
 def test_quant_spec_head_kernel(monkeypatch):
     monkeypatch.setattr(configs, "quant_config", lambda s: launch.QuantConfig(4, block_h=6))
     call = _quant_call(9, 2)  # H = 16: BLOCK_H = gcd(16, 6) = 2
-    assert call.kernel is jax_launch._inverse_rope_group_quant_head_kernel
-    assert call.grid == (3 * 8,) and call.scalars == (9, P)  # token blocks x head blocks
+    assert call.kernel is kernels.inverse_rope_group_quant_head_kernel
+    assert call.grid == (3 * 8,)  # token blocks x head blocks
+    assert call.scalars == (9, P, 16 * DH, 32, 32)
     cx = dict(call.constexprs)
     assert (cx["H"], cx["BLOCK_T"], cx["BLOCK_H"]) == (16, 4, 2)
     # GS not dividing Dh falls back to the rows kernel, as in the torch launcher
-    assert _quant_call(9, 1, gs=128, dh=192).kernel is jax_launch._inverse_rope_group_quant_kernel
+    assert _quant_call(9, 1, gs=128, dh=192).kernel is kernels.inverse_rope_group_quant_kernel
 
 
 @pytest.mark.parametrize("m,g", [(1, 2), (16, 2), (64, 2), (1000, 2), (32, 8), (64, 16)])
@@ -247,14 +270,44 @@ def test_gemm_spec_follows_gemm_config(m, g):
                        "y": [cx["SYM"], cx["SYG"]]}
     assert (cx["BLOCK_M"], cx["BLOCK_N"], cx["SWAP_AB"]) == (cfg.block_m, cfg.block_n,
                                                               cfg.swap_ab)
-    assert call.kernel is jax_launch._batched_gemm_a8w8_mxscale_kernel and "SPLIT_K" not in cx
-    assert cx["OUT_BF16"] and call.scalars == (m,)
+    assert call.kernel is kernels.batched_gemm_a8w8_mxscale_kernel and cx["SPLIT_K"] == 1
+    y = Ref(4)  # stands in for split-K's parts and counters, which SPLIT_K = 1 never touches
+    assert cx["OUT_BF16"] and call.args == (*map(Ref, range(4)), m, y, y, y)
     assert (call.num_warps, call.num_stages) == (cfg.num_warps, cfg.num_stages)
     if g > 2 and 16 < m <= 64:  # the unswapped 64 x 64 pointer tile, 6 stages
         assert (cfg.block_m, cfg.block_n, cfg.swap_ab, cfg.num_stages) == (64, 64, False, 6)
     assert call.grid == (-(-m // cfg.block_m) * (n // cfg.block_n), g, 1)
     fp32 = jax_launch.gemm_call(m, g, n, k, 128, n // 128, dtype=jnp.float32)
     assert not dict(fp32.constexprs)["OUT_BF16"] and fp32.out_shape[0].dtype == jnp.float32
+
+
+@pytest.mark.parametrize("m,g", [(1, 16), (64, 16), (1024, 2), (8192, 16)])
+def test_wgmma_spec_follows_the_torch_launcher(m, g):
+    """Where ``gemm_config(wgmma=True)`` picks the wgmma kernel: its tile, grid and stages,
+    descriptors over x [M, G * K], w [G * N, K] and y [M, G * N]."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    from torch_bridge.backends.triton import wgmma_kernels
+
+    n, k = 1024, 4096
+    cfg = launch.gemm_config(m, g, n, k, 128, wgmma=True)
+    assert cfg.wgmma
+    call = jax_launch.gemm_call(m, g, n, k, 128, n // 128, dtype=jnp.bfloat16, wgmma=True,
+                                sms=132)
+    assert call.kernel is wgmma_kernels.batched_gemm_a8w8_mxscale_wgmma_kernel
+    programs = configs.tile_programs(m, g, n, cfg.block_m, cfg.block_n, cfg.programs_per_sm,
+                                     132)
+    assert call.grid == (programs,) and call.num_warps == cfg.num_warps
+    x, w, y, xs, ws, m_arg, programs_arg = call.args
+    assert (x.index, x.shape, x.row_stride, x.block) == (0, (m, g * k), g * k, (cfg.block_m, 128))
+    assert (w.index, w.shape, w.row_stride, w.block) == (1, (g * n, k), k, (cfg.block_n, 128))
+    assert (y.index, y.shape, y.block) == (4, (m, g * n), (cfg.block_m, cfg.block_n))
+    assert (xs, ws, m_arg, programs_arg) == (Ref(2), Ref(3), m, programs)
+    cx = dict(call.constexprs)
+    assert cx["STAGES"] == configs.wgmma_stages(cfg.num_stages, k // 128, cfg.block_m,
+                                                cfg.block_n, 128, 2)
+    assert (cx["SWAP_AB"], cx["G"], cx["SXSM"]) == (cfg.swap_ab, g, g * k // 128)
+    assert jax_launch.gemm_call(m, g, n, k, 128, n // 128, dtype=jnp.bfloat16).kernel is (
+        kernels.batched_gemm_a8w8_mxscale_kernel)  # without wgmma: the pointer kernel
 
 
 def _chain_shapes(s, g):
@@ -312,7 +365,8 @@ def test_fused_spec_follows_fused_config():
                                  rope_dtype=jnp.bfloat16)
     cfg = launch.fused_config(1, 16, N, HPG * DH, 128)
     cx = dict(call.constexprs)
-    assert call.kernel is jax_launch._wo_a_fp8_kernel and call.scalars == (1, P)
+    assert call.kernel is kernels.wo_a_fp8_kernel and call.scalars == (1, P)
+    assert call.args[8:] == (Ref(6), Ref(7), Ref(8), Ref(8), Ref(8))
     assert call.grid == (N // cfg.block_n, 16, 1)
     assert (call.num_warps, call.num_stages) == (cfg.num_warps, cfg.num_stages)
     assert (cx["BLOCK_M"], cx["BLOCK_N"], cx["SOM"], cx["SWSG"], cx["SYM"]) == (
@@ -329,26 +383,18 @@ def test_fused_spec_follows_fused_config():
 
 _COMPILE_SCRIPT = textwrap.dedent("""
     import re
+    import jax
     import jax.numpy as jnp
     import numpy as np
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from torch_bridge.backends.triton import configs, jax_launch, launch
+    from torch_bridge.backends.triton import configs, jax_launch, launch, xla_ffi
 
-    TY = {"bfloat16": "bf16", "float32": "fp32", "int32": "i32", "uint8": "u8",
-          "float8_e4m3fn": "fp8e4nv"}
+    def compiled(call, in_dtypes):
+        dtypes = tuple(np.dtype(d).name for d in (*in_dtypes, *(o.dtype for o in call.out_shape)))
+        return xla_ffi.compile_triton(call.kernel, call.args, dtypes, dict(call.constexprs),
+                                      call.num_warps, call.num_stages, 90)
 
     def ptx(call, in_dtypes):
-        # jax-triton's signature: arrays 16-byte aligned, scalars unhinted, outputs last
-        types = ([f"*{TY[np.dtype(d).name]}" for d in in_dtypes] + ["i32"] * len(call.scalars)
-                 + [f"*{TY[np.dtype(o.dtype).name]}" for o in call.out_shape])
-        cx = dict(call.constexprs)
-        sig = {**dict(zip(call.kernel.arg_names, types)), **{k: "constexpr" for k in cx}}
-        attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(types) if t[0] == "*"}
-        src = ASTSource(call.kernel, signature=sig, constexprs=cx, attrs=attrs)
-        return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(
-            num_warps=call.num_warps, num_stages=call.num_stages or 3)).asm["ptx"]
+        return compiled(call, in_dtypes).asm["ptx"]
 
     rope = ["bfloat16", "int32", "bfloat16", "bfloat16"]
     for cfg in (launch.QuantConfig(), launch.QuantConfig(block_r=4, block_h=8)):
@@ -363,6 +409,11 @@ _COMPILE_SCRIPT = textwrap.dedent("""
     print("quant fp32 tables", "mul.rn.f32" in ptx(call, rope32))
     call = jax_launch.gemm_call(1, 2, 256, 512, 128, 2, dtype=jnp.bfloat16)
     print("gemm", "wgmma" in ptx(call, ["float8_e4m3fn"] * 2 + ["uint8"] * 2))
+    call = jax_launch.gemm_call(8192, 16, 1024, 4096, 128, 8, dtype=jnp.bfloat16, wgmma=True,
+                                sms=132)
+    k = compiled(call, ["float8_e4m3fn"] * 2 + ["uint8"] * 2)
+    print("wgmma", "wgmma.mma_async" in k.asm["ptx"], "cp.async.bulk.tensor" in k.asm["ptx"],
+          len(k.metadata.tensordesc_meta))
     for tables, rope_dtype in ((rope, jnp.bfloat16), (rope32, jnp.float32)):
         call = jax_launch.fused_call(1, 128, 512, 64, 1024, 16, 1024, 4096, 128, 8,
                                      fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8,
@@ -371,22 +422,39 @@ _COMPILE_SCRIPT = textwrap.dedent("""
         code = ptx(call, tables + ["float8_e4m3fn", "uint8"])
         print("fused", "wgmma" in code, "cvt.rn.satfinite.e4m3x2.f32" in code,
               "mul.rn.f32" in code)
+
+    # Lowered for CUDA: one custom call carrying the cubin and the parameter map.
+    jax_launch.capability = lambda: 90
+    jax_launch.sm_count = lambda: 132
+    xla_ffi._registered = lambda: None
+    f8, u8 = jnp.float8_e4m3fn, jnp.uint8
+    args = (jax.ShapeDtypeStruct((8192, 16, 4096), f8), jax.ShapeDtypeStruct((16, 1024, 4096), f8),
+            jax.ShapeDtypeStruct((8192, 16, 32), u8), jax.ShapeDtypeStruct((16, 8, 32), u8))
+    text = jax.jit(lambda *a: jax_launch.batched_gemm_a8w8_mxscale(*a, dtype=jnp.bfloat16)).trace(
+        *args).lower(lowering_platforms=("cuda",)).as_text()
+    params = re.search(r"params = dense<\\[([^\\]]*)\\]>", text).group(1)
+    print("lowered", text.count("custom_call @woa_triton_launch"),
+          "cubin = dense<\\"0x7F454C46" in text, params)
 """)
 
 
 def test_specs_compile_for_sm90(tmp_path):
-    """Every native launch compiles to sm_90 PTX with vectorized ``o`` loads (constexpr strides),
-    wgmma in the GEMM, wgmma and the hardware fp8 cast in the fused chain, and with fp32 tables
-    the rotation's products rounded by ``mul.rn``; a subprocess, since the kernels of this
-    process are interpreted."""
+    """Every native launch compiles to sm_90 with vectorized ``o`` loads (strides marked
+    divisible by 16), wgmma and TMA in the wgmma GEMM, wgmma and the hardware fp8 cast in the
+    fused chain, and with fp32 tables the rotation's products rounded by ``mul.rn``; the GEMM
+    lowers to one custom call with the cubin (an ELF) and the descriptors' parameter map. A
+    subprocess, since the kernels of this process are interpreted."""
     lines = run_compile_script(_COMPILE_SCRIPT, tmp_path)
-    assert len(lines) == 6, lines
-    assert lines[0].startswith("_inverse_rope_group_quant_kernel "), lines
-    assert lines[1].startswith("_inverse_rope_group_quant_head_kernel "), lines
+    assert len(lines) == 8, lines
+    assert lines[0].startswith("inverse_rope_group_quant_kernel "), lines
+    assert lines[1].startswith("inverse_rope_group_quant_head_kernel "), lines
     assert "ld.global.v4" in lines[0] and "ld.global.v" in lines[1], lines
     assert lines[2] == "quant fp32 tables True", lines
     assert lines[3] == "gemm True", lines
-    assert lines[4].startswith("fused True True") and lines[5] == "fused True True True", lines
+    assert lines[4] == "wgmma True True 3", lines
+    assert lines[5].startswith("fused True True") and lines[6] == "fused True True True", lines
+    assert lines[7] == ("lowered 1 True -2, -1, -1, -1, -1, -2, -1, -1, -1, -1, -2, -1, -1, -1, "
+                        "-1, 2, 3, -1, -1"), lines
 
 
 # ---------------------------------------------------------------------------------------------
@@ -409,20 +477,14 @@ def _inputs(s: int, g: int, seed: int):
 
 
 def _routes(fn, *args) -> set[str]:
-    """The launch routes in ``fn``'s lowering: ``native`` (jax_triton), ``callback``."""
+    """The launch routes in ``fn``'s lowering: ``native`` (our custom call), ``callback``."""
     text = jax.jit(fn).lower(*args).as_text()
-    return ({"native"} if "triton_kernel_call" in text else set()) | (
+    return ({"native"} if "woa_triton_launch" in text else set()) | (
         {"callback"} if "xla_buffer_python_gpu_callback" in text else set())
 
 
 def _assert_native(fn, *args):
     assert _routes(fn, *args) == {"native"}
-
-
-def _gemm_route(s, g) -> set[str]:
-    """The route the module's rule gives: large GEMMs the torch launcher runs on the wgmma
-    kernel go through the callback."""
-    return {"callback"} if jax_ops._takes_wgmma((s, g, N, HPG * 512, 128)) else {"native"}
 
 
 def _oracle_quant(args, g):
@@ -444,7 +506,7 @@ gpu = pytest.mark.gpu
 @pytest.fixture
 def on_gpu(monkeypatch):
     monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    monkeypatch.delenv("WOA_JAX_TRITON", raising=False)
+    monkeypatch.delenv("WOA_JAX_NATIVE", raising=False)
     monkeypatch.delenv("WOA_BACKEND", raising=False)
     reason = jax_ops.native_route_reason("triton")
     assert reason is None, f"no native route on this GPU machine: {reason}"
@@ -470,28 +532,40 @@ def test_gpu_quant_bit_exact(on_gpu, monkeypatch, s, g, quant_config):
     assert_bitwise_equal(q, rq, name=f"fp8 (seed {seed})")
 
 
-@gpu
-@pytest.mark.parametrize("s,g", [(1, 2), (7, 2), (128, 2), (1000, 2), (1, 16), (7, 16),
-                                 (128, 16), (1000, 16), (4096, 16)])
-def test_gpu_gemm_and_chain(on_gpu, s, g):
-    """Native at small sizes, the callback route to the wgmma kernel from M * G = 65536 on
-    Hopper; both within the oracle's tolerance."""
+def _torch(*arrays):
     import torch
 
-    if (s, g) == (4096, 16) and torch.cuda.get_device_capability()[0] == 9:
-        assert _gemm_route(s, g) == {"callback"}
+    return [interop.to_torch(a).view(torch.uint8) if a.dtype == jnp.float8_e8m0fnu
+            else interop.to_torch(a) for a in arrays]
+
+
+@gpu
+@pytest.mark.parametrize("s,g", [(1, 2), (7, 2), (128, 2), (1000, 2), (1, 16), (7, 16),
+                                 (64, 16), (128, 16), (1000, 16), (4096, 16)])
+def test_gpu_gemm_and_chain(on_gpu, s, g):
+    """Native at every size, within the oracle's tolerance; the GEMM gives the torch launcher's
+    bits wherever it does not split K (the same kernels, tiles and specialization; on Hopper
+    the wgmma kernel where torch takes it, TMA descriptors encoded by the custom call)."""
+    import torch
+
     seed = _seed()
     args, w, ws = _inputs(s, g, seed)
     x, xs = _oracle_quant(args, g)
     ref = _oracle_gemm(x, w, xs, ws)
+    splits = launch.gemm_config(s, g, N, HPG * DH, 128, wgmma=jax_launch.wgmma_ok()).split_k > 1
     for dtype in (jnp.bfloat16, jnp.float32):
         gemm = lambda *a, d=dtype: jax_ops.batched_gemm_a8w8_mxscale(*a, dtype=d)  # noqa: E731
-        assert _routes(gemm, x, w, xs, ws) == _gemm_route(s, g)
+        assert _routes(gemm, x, w, xs, ws) == {"native"}
         y = jax.jit(gemm)(x, w, xs, ws)
         assert y.dtype == dtype and y.shape == (s, g, N)
         assert_close(y, ref, tolerance="gemm_bf16", name=f"gemm {dtype} (seed {seed})")
+        if not splits:
+            want = launch.batched_gemm_a8w8_mxscale(*_torch(x, w, xs, ws),
+                                                    dtype=getattr(torch, np.dtype(dtype).name))
+            torch.cuda.synchronize()
+            assert_bitwise_equal(y, interop.to_jax(want), name=f"vs torch {dtype} (seed {seed})")
     chain = lambda *a: jax_ops.wo_a_fp8(*a, g)  # noqa: E731
-    assert _routes(chain, *args, w, ws) == {"native"} | _gemm_route(s, g)
+    assert _routes(chain, *args, w, ws) == {"native"}
     y = jax.jit(chain)(*args, w, ws)
     assert y.dtype == jnp.bfloat16
     assert_close(y, ref, tolerance="gemm_bf16", name=f"chain (seed {seed})")
@@ -510,7 +584,8 @@ def test_gpu_chain_fuses_at_decode_like_torch(on_gpu, s, launches):
     seed = _seed()
     args, w, ws = _inputs(s, g, seed)
     chain = lambda *a: jax_ops.wo_a_fp8(*a, g)  # noqa: E731
-    assert jax.jit(chain).lower(*args, w, ws).as_text().count("triton_kernel_call") == launches
+    assert jax.jit(chain).lower(*args, w, ws).as_text().count(
+        "custom_call @woa_triton_launch") == launches
     y = jax.jit(chain)(*args, w, ws)
     t = [interop.to_torch(a) for a in (*args, w)] + [interop.to_torch(ws).view(torch.uint8)]
     want = launch.wo_a_fp8(*t, g)
@@ -522,8 +597,8 @@ def test_gpu_chain_fuses_at_decode_like_torch(on_gpu, s, launches):
 
 @gpu
 def test_gpu_env_switch_and_torch_launcher_agree(on_gpu, monkeypatch):
-    """WOA_JAX_TRITON=0 lowers to buffer_callback with the same bytes, and the torch launcher
-    still compiles after jax_triton was imported (its TRITON_CACHE_DIR reset is undone)."""
+    """WOA_JAX_NATIVE=0 lowers to buffer_callback with the same bytes as the native route and
+    the torch launcher."""
     import torch
 
     from torch_bridge import interop
@@ -531,13 +606,12 @@ def test_gpu_env_switch_and_torch_launcher_agree(on_gpu, monkeypatch):
     g, s = 2, 128
     args, _, _ = _inputs(s, g, _seed())
     q, sc = jax.jit(lambda *a: jax_ops.inverse_rope_group_quant(*a, g, 128))(*args)
-    monkeypatch.setenv("WOA_JAX_TRITON", "0")
+    monkeypatch.setenv("WOA_JAX_NATIVE", "0")
     cb = lambda *a: jax_ops.inverse_rope_group_quant(*a, g, 128)  # noqa: E731
-    assert "triton_kernel_call" not in jax.jit(cb).lower(*args).as_text()
+    assert _routes(cb, *args) == {"callback"}
     q2, sc2 = jax.jit(cb)(*args)
     assert_bitwise_equal(q2, q, name="fp8")
     assert_bitwise_equal(sc2, sc, name="scale")
-    # a launch shape no other test compiled, so the torch launcher needs Triton's cache dir
     cfg = launch.QuantConfig(block_r=8, num_warps=1)
     tq, ts = launch.inverse_rope_group_quant(*(interop.to_torch(a) for a in args), g, 128,
                                              config=cfg)

@@ -1,0 +1,260 @@
+"""Launch compiled Triton kernels from XLA: our own FFI custom call, ``woa_triton_launch``.
+
+A call site is lowered to ``jax.ffi.ffi_call`` with the kernel's cubin, entry name, launch shape
+and parameter map as attributes (``lower``). The handler (``xla_launch.cc``, built here on first
+use with the system C++ compiler into ``WOA_CACHE_DIR``) loads the module once per call site and
+CUDA context, then each call is one ``cuLaunchKernel`` on XLA's stream: no Python, no hashing of
+the kernel per call, so back-to-back calls cost XLA's dispatch and the launch.
+
+Kernels are compiled here, for the JAX device's compute capability, with every pointer and every
+integer that is a multiple of 16 marked divisible by 16 (as torch's launcher marks them), so
+JAX and torch run the same kernel bodies with the same specialization. Nothing here touches a
+GPU; building needs a C++17 compiler (``CXX``, else ``c++`` / ``g++``) and jaxlib's FFI headers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import os
+import pathlib
+import shutil
+import subprocess
+import tempfile
+from typing import Any
+
+import numpy as np
+
+TARGET = "woa_triton_launch"
+_SOURCE = pathlib.Path(__file__).with_name("xla_launch.cc")
+_SYMBOL = "WoaTritonLaunch"
+
+#: Triton's pointer element types by NumPy / JAX dtype name.
+_POINTER_TYPES = {
+    "bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float8_e4m3fn": "fp8e4nv",
+    "float8_e5m2": "fp8e5", "uint8": "u8", "int8": "i8", "int32": "i32", "int64": "i64",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Ref:
+    """A kernel parameter bound to an operand: inputs first, then outputs (``index`` counts
+    across both, in ``ffi_call``'s order)."""
+
+    index: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Desc:
+    """A Gluon kernel's host TMA descriptor over operand ``index`` viewed as a row-major
+    ``shape`` with ``row_stride`` elements between rows, loaded in ``block`` tiles of the
+    shared-memory ``layout``; the handler encodes it for each call's buffer."""
+
+    index: int
+    shape: tuple[int, int]
+    row_stride: int
+    block: tuple[int, int]
+    layout: Any  # a gluon NVMMASharedLayout
+
+
+def cache_dir() -> pathlib.Path:
+    """Where the built handler lives: ``WOA_CACHE_DIR``, else ``~/.cache/woa``."""
+    return pathlib.Path(os.environ.get("WOA_CACHE_DIR") or pathlib.Path.home() / ".cache" / "woa")
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+
+
+def _library_path(cxx: str, include: str) -> pathlib.Path:
+    """The built library's path: a digest of the source, the compiler and the FFI headers."""
+    digest = hashlib.sha256(_SOURCE.read_bytes())
+    digest.update(cxx.encode())
+    digest.update((pathlib.Path(include) / "xla" / "ffi" / "api" / "c_api.h").read_bytes())
+    return cache_dir() / f"xla_launch-{digest.hexdigest()[:16]}.so"
+
+
+def build() -> pathlib.Path:
+    """The handler library, compiled on first use (atomically, so concurrent builds are safe).
+
+    Raises ``RuntimeError`` with the compiler's message when it cannot be built.
+    """
+    import jax.ffi
+
+    cxx = _compiler()
+    if cxx is None:
+        raise RuntimeError("no C++ compiler found (set CXX, or install g++)")
+    include = jax.ffi.include_dir()
+    path = _library_path(cxx, include)
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+        out = pathlib.Path(tmp) / path.name
+        cmd = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-isystem", include, str(_SOURCE),
+               "-o", str(out), "-ldl"]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"building {_SOURCE.name} failed ({' '.join(cmd)}):\n"
+                               f"{done.stderr[-2000:]}")
+        os.replace(out, path)
+    return path
+
+
+@functools.cache
+def _registered() -> None:
+    """Build the handler and register it with XLA for CUDA, once per process."""
+    import ctypes
+
+    import jax.ffi
+
+    lib = ctypes.CDLL(str(build()))
+    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(getattr(lib, _SYMBOL)),
+                                platform="CUDA")
+
+
+def unavailable_reason() -> str | None:
+    """``None`` when the handler builds and registers; else why not, in one line."""
+    try:
+        _registered()
+    except (RuntimeError, OSError, ImportError, AttributeError) as e:
+        return f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+    """What a call site needs of a compiled kernel; ``tma``: per descriptor, the encoding
+    Triton chose (``(CUtensorMapDataType, element bytes, swizzle, box)``)."""
+
+    cubin: np.ndarray  # uint8
+    name: str
+    digest: int
+    threads: int
+    shared: int
+    tma: tuple[tuple[int, int, int, tuple[int, ...]], ...]
+
+
+def _specialize(kernel, args: tuple, dtypes: tuple[str, ...], constexprs: dict):
+    """Triton's ``(signature, attrs, constexprs)`` for ``kernel`` on ``args`` (``Ref`` pointers
+    of the given dtypes and integer scalars), specialized as Triton's launcher specializes:
+    pointers and multiples of 16 divisible by 16, integers equal to 1 made constexprs."""
+    runtime = [p for p in kernel.params if not p.is_constexpr]
+    if len(runtime) != len(args):
+        raise TypeError(f"{kernel.__name__} takes {len(runtime)} runtime arguments "
+                        f"({', '.join(p.name for p in runtime)}), got {len(args)}")
+    signature, attrs, cx = {}, {}, dict(constexprs)
+    for p, a in zip(runtime, args, strict=True):
+        if isinstance(a, Desc):
+            dtype = _POINTER_TYPES[dtypes[a.index]]
+            signature[p.name] = f"tensordesc<{dtype}{list(a.block)},{a.layout!r}>"
+            continue
+        if isinstance(a, Ref):
+            signature[p.name] = "*" + _POINTER_TYPES[dtypes[a.index]]
+            divisible = True  # XLA buffers are at least 16-byte aligned
+        elif a == 1:
+            cx[p.name] = 1
+            continue
+        else:
+            signature[p.name] = "i32" if -2**31 <= a < 2**31 else "i64"
+            divisible = a % 16 == 0
+        if divisible:
+            attrs[(kernel.arg_names.index(p.name),)] = [["tt.divisibility", 16]]
+    signature.update((name, "constexpr") for name in cx)
+    return signature, attrs, cx
+
+
+def _params(args: tuple, tma: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The handler's ``params``, ``scalars`` and ``tmaps`` attributes for ``args``
+    (``_specialize``'s runtime ones; see ``xla_launch.cc``). A descriptor is its tensor map,
+    then its shape (i32) and row strides (i64), as Triton's launcher expands it."""
+    params, scalars, tmaps = [], [], []
+    descs = iter(tma)
+    for a in args:
+        if isinstance(a, Desc):
+            elem_type, elem_size, swizzle, box = next(descs)
+            params += [-2] + [-1] * 4
+            scalars += [*a.shape, a.row_stride, 1]
+            tmaps += [a.index, elem_type, elem_size, swizzle, 0, 2, *box, *a.shape,
+                      a.row_stride, 1]
+        elif isinstance(a, Ref):
+            params.append(a.index)
+        elif a != 1:
+            params.append(-1)
+            scalars.append(a)
+    return (np.array(params, np.int64), np.array(scalars, np.int64),
+            np.array(tmaps, np.int64))
+
+
+def compile_triton(kernel, args: tuple, dtypes: tuple[str, ...], constexprs: dict,
+                   num_warps: int, num_stages: int | None, capability: int):
+    """Triton's compiled kernel of ``kernel`` on ``args`` for ``sm_<capability>``
+    (``_specialize``); no GPU needed."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature, attrs, cx = _specialize(kernel, args, dtypes, constexprs)
+    options = {"num_warps": num_warps}
+    if num_stages is not None:
+        options["num_stages"] = num_stages
+    if any(isinstance(a, Desc) for a in args):
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        src = GluonASTSource(kernel, signature, cx, attrs)
+    else:
+        src = ASTSource(kernel, signature=signature, constexprs=cx, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", capability, 32), options=options)
+
+
+@functools.lru_cache(maxsize=256)
+def compile_kernel(kernel, args: tuple, dtypes: tuple[str, ...], constexprs: tuple,
+                   num_warps: int, num_stages: int | None, capability: int) -> Compiled:
+    """``compile_triton``'s kernel as a call site needs it; cached per call shape.
+
+    Raises ``ValueError`` for kernels the handler cannot launch (clusters, scratch memory).
+    """
+    compiled = compile_triton(kernel, args, dtypes, dict(constexprs), num_warps, num_stages,
+                              capability)
+    md = compiled.metadata
+    if getattr(md, "num_ctas", 1) != 1 or getattr(md, "global_scratch_size", 0) or getattr(
+            md, "profile_scratch_size", 0):
+        raise ValueError(f"{kernel.__name__}: woa_triton_launch takes kernels with one CTA per "
+                         f"program and no scratch memory")
+    descs = sum(isinstance(a, Desc) for a in args)
+    meta = list(getattr(md, "tensordesc_meta", None) or [])
+    if len(meta) != descs:
+        raise ValueError(f"{kernel.__name__}: expected {descs} TMA descriptors in the compiled "
+                         f"kernel, found {len(meta)}")
+    from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
+
+    tma = tuple((TMA_DTYPE_DEVICE_TO_HOST[m["elem_type"]], m["elem_size"], m["swizzle"],
+                 tuple(m["block_size"])) for m in meta)
+    cubin = compiled.asm["cubin"]
+    return Compiled(np.frombuffer(cubin, np.uint8).copy(), md.name,
+                    int.from_bytes(hashlib.sha256(cubin).digest()[:8], "little", signed=True),
+                    32 * md.num_warps, md.shared, tma)
+
+
+def lower(kernel, args: tuple, arrays: tuple, out_shape: tuple, grid: tuple[int, ...], *,
+          num_warps: int, num_stages: int | None, constexprs: dict[str, Any],
+          capability: int):
+    """``kernel[grid](*args, **constexprs)`` on ``arrays`` inside ``jax.jit``; the outputs.
+
+    ``args`` has one entry per runtime parameter, in order: a ``Ref`` to an input of
+    ``arrays`` or an output of ``out_shape`` (inputs first), a ``Desc`` over one, or an
+    ``int``. Outputs start uninitialized: the kernel writes them whole.
+    """
+    import jax
+
+    _registered()
+    dtypes = tuple(np.dtype(a.dtype).name for a in (*arrays, *out_shape))
+    compiled = compile_kernel(kernel, tuple(args), dtypes, tuple(constexprs.items()), num_warps,
+                              num_stages, capability)
+    params, scalars, tmaps = _params(args, compiled.tma)
+    g = (*grid, 1, 1)[:3]
+    return jax.ffi.ffi_call(TARGET, out_shape)(
+        *arrays, cubin=compiled.cubin, name=compiled.name, digest=np.int64(compiled.digest),
+        launch=np.array([*g, compiled.threads, compiled.shared], np.int64), params=params,
+        scalars=scalars, tmaps=tmaps)
