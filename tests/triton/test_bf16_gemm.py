@@ -243,7 +243,7 @@ def test_the_gemm_from_o_runs_from_256_tokens_and_2048_rows_with_tma_loads():
 def test_hopper_tma_tiles():
     """128 x 256 tiles where they make a wave of programs, else 128 x 128, else 64 x 128."""
     big, mid, small = (Bf16GemmConfig(128, 256, 64, 8, 3, True),
-                       Bf16GemmConfig(128, 128, 64, 4, 4, True),
+                       Bf16GemmConfig(128, 128, 64, 4, 5, True),
                        Bf16GemmConfig(64, 128, 64, 4, 4, True))
     for (s, g), want in {(8192, 16): big, (1024, 16): big, (4096, 2): big, (1024, 2): mid,
                          (256, 16): big, (256, 8): mid, (256, 2): small}.items():
