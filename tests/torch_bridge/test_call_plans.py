@@ -159,3 +159,37 @@ def test_the_layer_keeps_one_eager_launcher_per_signature(monkeypatch):
     _dispatch.reset_caches()
     assert layer._eager == {}
     assert torch.equal(layer(o, pos), want)
+
+
+def test_the_gemm_op_binds_a_direct_launcher_for_new_outputs_and_byte_scales(monkeypatch):
+    """After a signature's first call the GEMM op asks its backend once for a direct launcher;
+    calls with ``out`` or float scales (converted and checked on every call) never use one, a
+    refusal (``None``) falls through to the op's path, and ``reset_caches`` forgets it."""
+    from torch_bridge import ops
+    from torch_bridge.backends import torch_ref
+
+    x, w, xs, ws = (np_to_torch(a) for a in gemm_operands(np.random.default_rng(0), m=3, g=2,
+                                                           n=128, k=256))
+    asked = []
+    monkeypatch.setattr(torch_ref.BACKEND, "eager_ops", frozenset({"batched_gemm_a8w8_mxscale"}))
+    monkeypatch.setattr(torch_ref.BACKEND, "eager_launcher",
+                        lambda op, *a: asked.append((op, a)) or None, raising=False)
+    want = tb.batched_gemm_a8w8_mxscale(x, w, xs, ws, backend="torch")
+    tb.batched_gemm_a8w8_mxscale(x, w, xs, ws, backend="torch")
+    assert [op for op, _ in asked] == ["batched_gemm_a8w8_mxscale"]
+    assert asked[0][1][:4] == (x, w, xs, ws) and asked[0][1][4] == torch.bfloat16
+    tb.batched_gemm_a8w8_mxscale(x, w, xs, ws, backend="torch", out=torch.empty_like(want))
+    floats = torch_ref.e8m0_decode(xs)
+    for _ in range(2):
+        assert torch.equal(tb.batched_gemm_a8w8_mxscale(x, w, floats, ws, backend="torch"), want)
+    assert len(asked) == 1
+    (key,) = ops._EAGER
+    assert key == ops.gemm_key(x, w, xs, ws, torch.bfloat16, "torch", None)
+    marker = torch.zeros(1)
+    ops._EAGER[key] = lambda *a: marker
+    assert tb.batched_gemm_a8w8_mxscale(x, w, xs, ws, backend="torch") is marker
+    assert ops.bound_launcher(key)(x, w, xs, ws) is marker
+    ops._EAGER[key] = lambda *a: None  # refused: the op's own path
+    assert torch.equal(tb.batched_gemm_a8w8_mxscale(x, w, xs, ws, backend="torch"), want)
+    _dispatch.reset_caches()
+    assert ops._EAGER == {}
