@@ -158,3 +158,32 @@ def test_split_k_direct_launch_stays_on_its_stream_and_out_of_captures():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(captured.view(torch.int16), want.view(torch.int16)), f"seed {seed}"
+
+
+def test_split_fused_layer_direct_launch_leaves_other_streams_and_captures_to_the_op():
+    """G 2 decode: the fused kernel splits K; its bound launch keeps the prologue's and the
+    split's scratch for its stream. Another stream and a capture take the op's path."""
+    import torch_bridge as tb
+
+    seed = new_seed()
+    w, ws = checkpoint(2, seed)
+    o, pos, cos, sin = rope_inputs(1, 2, seed, rope_dtype=torch.float32)
+    layer = tb.WoAProjection(w, ws, 2, cos, sin)
+    want = layer(o, pos)
+    (bound,) = [fn for fn in layer._eager.values() if fn is not None]
+    assert bound(o, pos) is not None
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        assert bound(o, pos) is None
+        y = layer(o, pos)
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(y, want), f"seed {seed}"
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        captured = layer(o, pos)
+    captured.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, want), f"seed {seed}"
+    assert torch.equal(layer(o, pos), want), f"seed {seed}"
