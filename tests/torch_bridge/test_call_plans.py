@@ -193,3 +193,45 @@ def test_the_gemm_op_binds_a_direct_launcher_for_new_outputs_and_byte_scales(mon
     assert torch.equal(tb.batched_gemm_a8w8_mxscale(x, w, xs, ws, backend="torch"), want)
     _dispatch.reset_caches()
     assert ops._EAGER == {}
+
+
+def test_wo_a_fp8_chains_the_ops_direct_launchers_and_still_checks_its_arguments(monkeypatch):
+    """The function form keeps, per prepared layer and signature, the chain of the two ops'
+    direct launchers (here stand-ins): repeats take it; the GEMM's refusal after the quant
+    ran is finished by the GEMM op; bad arguments raise on every call."""
+    from torch_bridge import projection
+    from torch_bridge.backends import torch_ref
+
+    rng = np.random.default_rng(2)
+    c = rope_case(rng, s=3, h=4, dh=128, rd=64, num_groups=2, gs=128)
+    w, sc = (np_to_torch(a) for a in wo_a_checkpoint(rng, g=2, n=128, k=256))
+    o, pos, cos, sin = c.torch()
+    launched = []
+
+    def launcher(op, *a):
+        def run(*args):
+            launched.append(op)
+            if op == "inverse_rope_group_quant":
+                q, scale = torch_ref.BACKEND.inverse_rope_group_quant(*args, 2, 128)
+                return q, scale.view(torch.uint8)
+            return None if gemm_refuses else torch_ref.BACKEND.batched_gemm_a8w8_mxscale(*args)
+        return run
+
+    monkeypatch.setattr(torch_ref.BACKEND, "eager_ops",
+                        frozenset({"inverse_rope_group_quant", "batched_gemm_a8w8_mxscale"}))
+    monkeypatch.setattr(torch_ref.BACKEND, "eager_launcher", launcher, raising=False)
+    gemm_refuses = False
+    want = tb.wo_a_fp8(o, pos, cos, sin, w, sc, 2, backend="torch")
+    assert launched == []
+    (proj,) = [p for p in projection._PREPARED.values() if p._weight2d is w]
+    assert [k[0] for k, v in proj._eager.items() if v is not None] == ["wo_a_fp8"]
+    assert torch.equal(tb.wo_a_fp8(o, pos, cos, sin, w, sc, 2, backend="torch"), want)
+    assert launched == ["inverse_rope_group_quant", "batched_gemm_a8w8_mxscale"]
+    gemm_refuses = True
+    assert torch.equal(tb.wo_a_fp8(o, pos, cos, sin, w, sc, 2, backend="torch"), want)
+    with pytest.raises(ValueError, match="num_groups"):
+        tb.wo_a_fp8(o, pos, cos, sin, w, sc, 2.0, backend="torch")
+    with pytest.raises(ValueError, match="fewer than S=3"):
+        tb.wo_a_fp8(o, pos[:2], cos, sin, w, sc, 2, backend="torch")
+    with pytest.raises(TypeError, match="backend must be"):
+        tb.wo_a_fp8(o, pos, cos, sin, w, sc, 2, backend=["torch"])

@@ -160,6 +160,28 @@ def test_split_k_direct_launch_stays_on_its_stream_and_out_of_captures():
         assert torch.equal(captured.view(torch.int16), want.view(torch.int16)), f"seed {seed}"
 
 
+@pytest.mark.parametrize("g", [16, 2])
+def test_wo_a_fp8_function_direct_launch_gives_the_ops_bits(g):
+    """The function form chains the two ops' bound launches: the bits of the quant op and
+    the GEMM op run on their own paths (output buffers given)."""
+    import torch_bridge as tb
+
+    seed = new_seed()
+    w, ws = checkpoint(g, seed)
+    o, pos, cos, sin = rope_inputs(1, g, seed, rope_dtype=torch.float32)
+    tb.wo_a_fp8(o, pos, cos, sin, w, ws, g)
+    for trial in range(3):
+        o2, pos2, _, _ = rope_inputs(1, g, seed + trial + 1)
+        y = tb.wo_a_fp8(o2, pos2, cos, sin, w, ws, g)
+        q, sc = tb.inverse_rope_group_quant(o2, pos2, cos, sin, g, 128,
+                                            x_scale=torch.empty((1, g, 32), dtype=torch.uint8,
+                                                                device="cuda"))
+        want = tb.batched_gemm_a8w8_mxscale(q, w.view(g, -1, w.shape[1]), sc,
+                                            ws.view(g, -1, ws.shape[1]),
+                                            out=torch.empty_like(y))
+        assert torch.equal(y.view(torch.int16), want.view(torch.int16)), f"seed {seed}"
+
+
 def test_split_fused_layer_direct_launch_leaves_other_streams_and_captures_to_the_op():
     """G 2 decode: the fused kernel splits K; its bound launch keeps the prologue's and the
     split's scratch for its stream. Another stream and a capture take the op's path."""
