@@ -196,7 +196,15 @@ def test_bound_launch_fills_its_tensor_slots_and_refuses_other_specializations(m
 
     with FakeTensorMode():
         assert bound((x2, y2)) is False
+
+    class Sub(torch.Tensor):
+        pass
+
+    assert bound((x2.as_subclass(Sub), y2)) is False
     assert len(runs) == 1
+    # Only the call's inputs (the leading ``checked``) are checked: the rest are the caller's.
+    inputs_only = _common.bind("plan", (x2, 5, y2), (0, 2), checked=1)
+    assert inputs_only((x2, y2[1:])) is True and inputs_only((x2[1:], y2)) is False
 
 
 def test_pinned_bound_launch_refuses_other_streams_and_captures(monkeypatch):

@@ -38,6 +38,7 @@ def launcher_op(name: str, mutates_args: tuple[str, ...]):
 
 
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_PLAIN_TYPES = frozenset(_PLAIN_TENSORS)
 
 
 def _plain_eager(args) -> bool:
@@ -164,7 +165,9 @@ def eager_stream(tensors: tuple, device: int | None, pinned: int | None = None) 
     another device is current, or, for a launch whose scratch belongs to stream ``pinned``,
     another stream is current or it is being captured (a captured launch would share that
     scratch with eager ones)."""
-    if torch.compiler.is_compiling() or not _plain_eager(tensors):
+    if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()
+            or torch._C._are_functorch_transforms_active()
+            or not _PLAIN_TYPES.issuperset(map(type, tensors))):
         return None
     current = torch.cuda.current_device()
     if current != device:
@@ -180,16 +183,18 @@ class Bound:
 
     ``__call__(tensors)`` launches it with ``tensors`` in the places they had when it was bound
     (the other arguments fixed), or returns ``False`` without launching when the call needs
-    the op's own path (``eager_stream`` says when; also when a tensor's 16-byte alignment
-    differs). Callers check the rest (shapes, strides, dtypes, device) with their plan key.
-    Only outputs made for the call, or scratch that the caller keeps for stream ``stream``,
-    may be passed: no version counter is bumped.
+    the op's own path (``eager_stream`` says when; also when an input's 16-byte alignment
+    differs). The first ``checked`` tensors are the call's inputs; the others are the caller's
+    own: tensors it keeps (tables, weights, scratch for stream ``stream``) or outputs made for
+    the call (no version counter is bumped). Callers check the rest (shapes, strides, dtypes,
+    device) with their plan key.
     """
 
-    __slots__ = ("_compiled", "_grid", "_template", "_slots", "_aligned", "_device", "_stream")
+    __slots__ = ("_compiled", "_grid", "_template", "_slots", "_checked", "_aligned", "_device",
+                 "_stream")
 
     def __init__(self, compiled, tail: tuple, grid: tuple[int, ...], args: tuple,
-                 slots: tuple[int, ...], stream: int | None = None):
+                 slots: tuple[int, ...], stream: int | None = None, checked: int | None = None):
         if any(isinstance(a, torch.Tensor) for i, a in enumerate(args) if i not in slots):
             raise ValueError("Bound: every tensor argument must be in a slot")
         self._compiled = compiled
@@ -197,13 +202,15 @@ class Bound:
         # No tensor of the binding call is kept: a prefill's o would stay alive with it.
         self._template = [None if i in slots else a for i, a in enumerate(args)] + list(tail)
         self._slots = slots
-        self._aligned = tuple(args[i].data_ptr() % 16 == 0 for i in slots)
+        self._checked = len(slots) if checked is None else checked
+        self._aligned = tuple(args[i].data_ptr() % 16 == 0 for i in slots[:self._checked])
         self._device = args[slots[0]].device.index
         self._stream = stream
 
     def __call__(self, tensors: tuple) -> bool:
-        stream = eager_stream(tensors, self._device, self._stream)
-        if stream is None or tuple(t.data_ptr() % 16 == 0 for t in tensors) != self._aligned:
+        inputs = tensors[:self._checked]
+        stream = eager_stream(inputs, self._device, self._stream)
+        if stream is None or tuple(t.data_ptr() % 16 == 0 for t in inputs) != self._aligned:
             return False
         ordered = self._template.copy()
         for i, t in zip(self._slots, tensors, strict=True):
@@ -212,15 +219,16 @@ class Bound:
         return True
 
 
-def bind(plan_key: tuple, args: tuple, slots: tuple[int, ...],
-         stream: int | None = None) -> Bound | None:
+def bind(plan_key: tuple, args: tuple, slots: tuple[int, ...], stream: int | None = None,
+         checked: int | None = None) -> Bound | None:
     """The compiled kernel that ``launch(kernel, grid, args, constexprs, plan_key)`` ran, bound
-    with the tensors at ``slots`` left open (``stream``: see ``Bound``); ``None`` before that
-    launch or under the interpreter. ``grid`` comes from the launch plan of ``plan_key``."""
+    with the tensors at ``slots`` left open (``stream``, ``checked``: see ``Bound``); ``None``
+    before that launch or under the interpreter. ``grid`` comes from the launch plan of
+    ``plan_key``."""
     found = COMPILED.get((plan_key, *map(_specialization, args)))
     if found is None or plan_key not in BOUND_GRIDS:
         return None
-    return Bound(found[0], found[1], BOUND_GRIDS[plan_key], args, slots, stream)
+    return Bound(found[0], found[1], BOUND_GRIDS[plan_key], args, slots, stream, checked)
 
 
 #: The grid of each launched plan key (``bind``).

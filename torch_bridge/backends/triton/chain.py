@@ -106,7 +106,7 @@ def eager_wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: i
     key, _, _, args = _wo_a_fp8_launch(o, positions, cos_cache, sin_cache, w, ws, x_fp8, x_scale,
                                        out, float(amax_floor), cfg.block_m, cfg.block_n,
                                        cfg.split_k, cfg.num_warps, cfg.num_stages)
-    bound = bind(key, args, _FUSED_TENSORS, current_stream())
+    bound = bind(key, args, _FUSED_TENSORS, current_stream(), checked=2)
     if bound is None:
         return None
     scratch = args[11:] if key[1] > 1 else None
@@ -330,18 +330,21 @@ def eager_wo_a_bf16(o, positions, cos_cache, sin_cache, w_bf16, num_groups: int)
             or configs.bf16_gemm_chosen(s, g, n, k, tma=_tma_loads(o))):
         return None
     device = o.device
+    # The rotated copy [S, H, Dh] as the [G, S, K] view that the op's path multiplies (the
+    # same sizes and strides: the same cuBLAS call).
+    view = (g, s, k), (k, g * k, 1)
     key, _, _, args = _inverse_rope_launch(
         o, positions, cos_cache, sin_cache, torch.empty(o.shape, dtype=o.dtype, device=device))
-    bound = bind(key, args, _ROPE_TENSORS)
+    bound = bind(key, args, _ROPE_TENSORS, checked=2)
     if bound is None:
         return None
     w_t = w_bf16.transpose(1, 2)  # [G, K, N]
 
     def run(o, positions):
-        y = torch.empty((s, h, dh), dtype=torch.bfloat16, device=device)
+        y = torch.empty_strided(*view, dtype=torch.bfloat16, device=device)
         if not bound((o, positions, cos_cache, sin_cache, y)):
             return None
-        return torch.bmm(y.view(s, g, k).transpose(0, 1), w_t).transpose(0, 1)
+        return torch.bmm(y, w_t).transpose(0, 1)
     return run
 
 

@@ -169,7 +169,7 @@ def eager_gemm(x, w, x_scale, w_scale, dtype: torch.dtype):
     grid, args, _, plan_key = _pointer_launch(key, x, w, xs, ws, out, grid, split, constexprs)
     split = plan_key[1]
     scratch = args[6:] if split > 1 else ()
-    bound = bind(plan_key, args, _POINTER_TENSORS, current_stream() if scratch else None)
+    bound = bind(plan_key, args, _POINTER_TENSORS, current_stream() if scratch else None, 4)
     if bound is None:
         return None
 
