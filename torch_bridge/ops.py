@@ -14,6 +14,7 @@ call.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Literal, NamedTuple
 
 import torch
@@ -56,8 +57,6 @@ def _typed(*options) -> tuple:
 def backend_signature(backend) -> Any:
     """The backend request as a signature part (``WOA_BACKEND`` counts when it is ``auto``)."""
     if backend in (None, "auto"):
-        import os
-
         return ("auto", os.environ.get("WOA_BACKEND"))
     return backend
 
@@ -99,6 +98,15 @@ def bound_launcher(key: tuple):
     """The direct eager launcher kept for the plan key ``key`` (``quant_key``, ``gemm_key``),
     else ``None``."""
     return _EAGER.get(key)
+
+
+def _bound(key: tuple):
+    """``bound_launcher(key)``, looked up first on every call: one is kept only for a signature
+    that was validated and planned (also ``None`` for an unhashable option)."""
+    try:
+        return _EAGER.get(key)
+    except TypeError:
+        return None
 
 
 def require_torch(*, optional: tuple[str, ...] = (), **tensors) -> None:
@@ -203,18 +211,17 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
     """
     key = quant_key(o, positions, cos_cache, sin_cache, num_groups, quant_group_size,
                     scale_layout, backend, x_fp8, x_scale, fp8_dtype, amax_floor)
+    eager = _bound(key)
+    if eager:  # bound for new outputs only: the scales are float8_e8m0fnu
+        got = eager(o, positions, cos_cache, sin_cache)
+        if got is not None:
+            return got[0], got[1].view(torch.float8_e8m0fnu)
     fresh = x_fp8 is None and x_scale is None
     plan = _lookup(key)
     if plan is None:
         plan = _plan_quant(o, positions, cos_cache, sin_cache, num_groups, quant_group_size,
                            scale_layout, backend, x_fp8, x_scale, fp8_dtype, amax_floor)
         _remember(key, plan)
-    else:
-        eager = _EAGER.get(key)
-        if eager:
-            got = eager(o, positions, cos_cache, sin_cache)
-            if got is not None:
-                return got[0], got[1].view(plan.scale_dtype)
     s, g, d = plan.shape
     if x_fp8 is None:
         x_fp8 = torch.empty(plan.shape, dtype=plan.fp8, device=o.device)
@@ -352,16 +359,15 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype: torch.dtype = torch
       BackendUnavailableError: the requested backend cannot run the call.
     """
     key = gemm_key(x, w, x_scale, w_scale, dtype, backend, out)
+    eager = _bound(key)
+    if eager:
+        got = eager(x, w, x_scale, w_scale)
+        if got is not None:
+            return got
     plan = _lookup(key)
     if plan is None:
         plan = _plan_gemm(x, w, x_scale, w_scale, dtype, backend, out)
         _remember(key, plan)
-    else:
-        eager = _EAGER.get(key)
-        if eager:
-            got = eager(x, w, x_scale, w_scale)
-            if got is not None:
-                return got
     if plan.float_scales[0]:
         x_scale = _float_scale_bytes(x_scale, "x_scale")
     if plan.float_scales[1]:
