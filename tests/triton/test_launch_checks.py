@@ -102,7 +102,7 @@ def test_wgmma_relaunch_passes_every_argument_in_kernel_order(monkeypatch):
     args = relaunches[-1]
     assert args[:9] == (4, 1, 1, 1234, "function", "metadata",
                         ("launch metadata", (4,), 1234, len(real.arg_names)),
-                        knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
+                        knobs.runtime.launch_enter_hook, None)
     values = dict(zip(real.arg_names, args[9:], strict=True))
     assert isinstance(values["x_desc"], TensorDescriptor)
     assert values["x_desc"].shape == [80, g * k] and values["x_desc"].block_shape == [64, 128]
@@ -155,7 +155,7 @@ def test_relaunch_goes_straight_to_the_compiled_kernel_per_specialization(monkey
     assert first_launches[0] == ((3, 2), (x, 32, y), {"BLOCK": 16})
     assert relaunches[0] == (3, 2, 1, 99, "function", "metadata",
                              ("launch metadata", (3, 2), 99, 5), knobs.runtime.launch_enter_hook,
-                             knobs.runtime.launch_exit_hook, x, 48, y, 16, True)
+                             None, x, 48, y, 16, True)
 
 
 def test_bound_launch_fills_its_tensor_slots_and_refuses_other_specializations(monkeypatch):
@@ -180,7 +180,7 @@ def test_bound_launch_fills_its_tensor_slots_and_refuses_other_specializations(m
     x2, y2 = torch.ones(64), torch.ones(64)
     assert bound((x2, y2)) is True
     assert runs == [(4, 2, 1, 7, "function", "metadata", None, None,
-                     knobs.runtime.launch_exit_hook, x2, 5, y2, 16, True)]
+                     None, x2, 5, y2, 16, True)]
     import gc
     import weakref
 
@@ -317,7 +317,7 @@ def test_bound_wgmma_gemm_keeps_descriptor_expansions_per_base_address(monkeypat
     assert y.shape == (m, g, n) and y.dtype == torch.bfloat16
     (args,) = raw
     assert args[:11] == (8, 1, 1, 3, "function", "coop", "pdl", "metadata", None, None,
-                         knobs.runtime.launch_exit_hook)
+                         None)
     assert args[11:16] == ("map0", m, g * k, k * g, 1)
     assert args[16:21] == ("map1", g * n, k, k, 1) and args[21:26] == ("map2", m, g * n, g * n, 1)
     assert args[26] is xs and args[27] is ws and args[28:30] == (m, 8)  # M, programs
@@ -357,3 +357,21 @@ def test_split_k_parts_are_the_streams_when_eager_and_the_launchs_own_when_captu
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     captured = [split_k.split_scratch(torch.empty((1, 2, 64)), 4, 2)[1] for _ in range(2)]
     assert len({t.data_ptr() for t in (grown, *captured)}) == 3
+
+
+def test_launch_hooks_pass_empty_chains_as_none_and_want_metadata_only_for_a_hook(monkeypatch):
+    """Triton keeps an empty ``HookChain`` in each knob: passed as ``None`` (it does nothing);
+    the launch metadata is built when a hook would read it, as Triton builds it (only while
+    the enter knob is not ``None``)."""
+    from triton import knobs
+    from triton.knobs import HookChain
+
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", HookChain())
+    monkeypatch.setattr(knobs.runtime, "launch_exit_hook", HookChain(reversed=True))
+    assert _common.launch_hooks() == (None, None, False)
+    leave = HookChain(reversed=True)
+    leave.add(print)
+    monkeypatch.setattr(knobs.runtime, "launch_exit_hook", leave)
+    assert _common.launch_hooks() == (None, leave, True)
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", None)
+    assert _common.launch_hooks() == (None, leave, False)

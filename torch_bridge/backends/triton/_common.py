@@ -244,18 +244,23 @@ def _runtime_knobs():
 
 
 def _hooked(hook) -> bool:
-    """Whether a Triton launch hook calls anything (3.9 keeps an empty ``HookChain`` where 3.6
-    keeps ``None``)."""
+    """Whether a Triton launch hook calls anything (an empty ``HookChain`` does not)."""
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
 def launch_hooks() -> tuple[object, object, bool]:
-    """Triton's ``(launch_enter_hook, launch_exit_hook, metadata wanted)``: Triton builds its
-    launch metadata for every launch once an enter hook is set (3.9 always sets an empty
-    chain); it is skipped here while no hook would read it."""
+    """Triton's ``(launch_enter_hook, launch_exit_hook, metadata wanted)`` for one launch.
+
+    Triton (3.6 to 3.9) keeps an empty ``HookChain`` in each knob, builds its launch metadata
+    whenever the enter knob is not ``None`` and has its C launcher call both chains. Here an
+    empty chain is passed as ``None`` (it would do nothing) and the metadata is built only
+    when a hook would read it.
+    """
     knobs = _runtime_knobs()
     enter, leave = knobs.launch_enter_hook, knobs.launch_exit_hook
-    return enter, leave, enter is not None and (_hooked(enter) or _hooked(leave))
+    entering, leaving = _hooked(enter), _hooked(leave)
+    return (enter if entering else None, leave if leaving else None,
+            enter is not None and (entering or leaving))
 
 
 def _run_compiled(compiled, grid: tuple[int, ...], ordered, stream: int | None = None) -> None:
