@@ -14,6 +14,7 @@ call.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Literal, NamedTuple
 
 import torch
@@ -56,8 +57,6 @@ def _typed(*options) -> tuple:
 def backend_signature(backend) -> Any:
     """The backend request as a signature part (``WOA_BACKEND`` counts when it is ``auto``)."""
     if backend in (None, "auto"):
-        import os
-
         return ("auto", os.environ.get("WOA_BACKEND"))
     return backend
 
@@ -93,6 +92,21 @@ def _bind_eager(key: tuple, plan, op: str, *args) -> None:
     """Ask ``plan.backend`` once per signature for a direct eager launcher of ``op``."""
     be = plan.backend
     _remember(key, be.eager_launcher(op, *args) if op in be.eager_ops else None, _EAGER)
+
+
+def bound_launcher(key: tuple):
+    """The direct eager launcher kept for the plan key ``key`` (``quant_key``, ``gemm_key``),
+    else ``None``."""
+    return _EAGER.get(key)
+
+
+def _bound(key: tuple):
+    """``bound_launcher(key)``, looked up first on every call: one is kept only for a signature
+    that was validated and planned (also ``None`` for an unhashable option)."""
+    try:
+        return _EAGER.get(key)
+    except TypeError:
+        return None
 
 
 def require_torch(*, optional: tuple[str, ...] = (), **tensors) -> None:
@@ -195,22 +209,19 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
       ValueError: a wrong shape, stride, device, option or ``amax_floor``.
       BackendUnavailableError: the requested backend cannot run the call.
     """
-    sig = tensor_signature
-    key = ("quant", sig(o), sig(positions), sig(cos_cache), sig(sin_cache),
-           *_typed(num_groups, quant_group_size, scale_layout, fp8_dtype, amax_floor),
-           backend_signature(backend), sig(x_fp8), sig(x_scale))
+    key = quant_key(o, positions, cos_cache, sin_cache, num_groups, quant_group_size,
+                    scale_layout, backend, x_fp8, x_scale, fp8_dtype, amax_floor)
+    eager = _bound(key)
+    if eager:  # bound for new outputs only: the scales are float8_e8m0fnu
+        got = eager(o, positions, cos_cache, sin_cache)
+        if got is not None:
+            return got[0], got[1].view(torch.float8_e8m0fnu)
     fresh = x_fp8 is None and x_scale is None
     plan = _lookup(key)
     if plan is None:
         plan = _plan_quant(o, positions, cos_cache, sin_cache, num_groups, quant_group_size,
                            scale_layout, backend, x_fp8, x_scale, fp8_dtype, amax_floor)
         _remember(key, plan)
-    else:
-        eager = _EAGER.get(key)
-        if eager:
-            got = eager(o, positions, cos_cache, sin_cache)
-            if got is not None:
-                return got[0], got[1].view(plan.scale_dtype)
     s, g, d = plan.shape
     if x_fp8 is None:
         x_fp8 = torch.empty(plan.shape, dtype=plan.fp8, device=o.device)
@@ -233,6 +244,15 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
     out = x_scale.view(torch.uint8) if x_scale is not None else None
     buf = layouts.to_scale_layout(byte, plan.layout, quant_group_size=quant_group_size, out=out)
     return q, (x_scale if x_scale is not None else buf.view(plan.scale_dtype))
+
+
+def quant_key(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, scale_layout,
+              backend, x_fp8, x_scale, fp8_dtype, amax_floor) -> tuple:
+    """The call signature of an ``inverse_rope_group_quant`` call: its plan's key."""
+    sig = tensor_signature
+    return ("quant", sig(o), sig(positions), sig(cos_cache), sig(sin_cache),
+            *_typed(num_groups, quant_group_size, scale_layout, fp8_dtype, amax_floor),
+            backend_signature(backend), sig(x_fp8), sig(x_scale))
 
 
 def _plan_quant(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, scale_layout,
@@ -338,9 +358,12 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype: torch.dtype = torch
         in E8M0's range (convert such scales yourself with ``woa_jax.e8m0_from_scale``).
       BackendUnavailableError: the requested backend cannot run the call.
     """
-    sig = tensor_signature
-    key = ("gemm", sig(x), sig(w), sig(x_scale), sig(w_scale), *_typed(dtype),
-           backend_signature(backend), sig(out))
+    key = gemm_key(x, w, x_scale, w_scale, dtype, backend, out)
+    eager = _bound(key)
+    if eager:
+        got = eager(x, w, x_scale, w_scale)
+        if got is not None:
+            return got
     plan = _lookup(key)
     if plan is None:
         plan = _plan_gemm(x, w, x_scale, w_scale, dtype, backend, out)
@@ -351,9 +374,19 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype: torch.dtype = torch
         w_scale = _float_scale_bytes(w_scale, "w_scale")
     if plan.backend is None:
         return out if out is not None else torch.empty(plan.shape, dtype=dtype, device=x.device)
-    return plan.backend.batched_gemm_a8w8_mxscale(x, w, x_scale.view(torch.uint8),
-                                                  w_scale.view(torch.uint8), dtype=dtype,
-                                                  out=out)
+    y = plan.backend.batched_gemm_a8w8_mxscale(x, w, x_scale.view(torch.uint8),
+                                               w_scale.view(torch.uint8), dtype=dtype, out=out)
+    # Float scales are converted (and checked) on every call: no direct launch for them.
+    if out is None and not any(plan.float_scales) and key not in _EAGER:
+        _bind_eager(key, plan, "batched_gemm_a8w8_mxscale", x, w, x_scale, w_scale, dtype)
+    return y
+
+
+def gemm_key(x, w, x_scale, w_scale, dtype, backend, out) -> tuple:
+    """The call signature of a ``batched_gemm_a8w8_mxscale`` call: its plan's key."""
+    sig = tensor_signature
+    return ("gemm", sig(x), sig(w), sig(x_scale), sig(w_scale), *_typed(dtype),
+            backend_signature(backend), sig(out))
 
 
 def _float_scale_bytes(scale: torch.Tensor, what: str) -> torch.Tensor:

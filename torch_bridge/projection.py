@@ -143,6 +143,7 @@ class WoAProjection:
             raise TypeError(f"weight must be float8_e4m3fn, float8_e4m3fnuz or an unquantized "
                             f"bfloat16/float16/float32 tensor, got {wname}")
         self._paths: dict[tuple, tuple[str, str | None]] = {}
+        #: The signature of the last call's ``o`` (``path`` and ``fallback_reason`` follow it).
         self._last: tuple | None = None
         self._per_device: dict[tuple, torch.Tensor] = {}
         self._plans: dict[tuple, _Plan] = {}
@@ -271,7 +272,10 @@ class WoAProjection:
         )
 
     def _decision(self, key: tuple | None = None) -> tuple[str, str | None]:
-        key = key or self._last or self._case_args(None)
+        if key is None and self._last is not None:
+            shape, _, dtype, device = self._last
+            key = (device, dtype, int(shape[2]))
+        key = key or self._case_args(None)
         cached = (key, ops.backend_signature(self._backend))
         if cached not in self._paths:
             self._paths[cached] = self._decide(self._case(*key))
@@ -331,7 +335,7 @@ class WoAProjection:
         if eager and not overwrite_o:
             out = eager(o, positions)
             if out is not None:
-                self._last = (o.device, o.dtype, int(o.shape[2]))
+                self._last = key[0]
                 return out
         plan = self._plans.get(key)
         if plan is None:
@@ -339,7 +343,7 @@ class WoAProjection:
             if len(self._plans) >= _PLAN_LIMIT:
                 del self._plans[next(iter(self._plans))]
             self._plans[key] = plan
-        self._last = (o.device, o.dtype, int(o.shape[2]))
+        self._last = key[0]
         if plan.kind == "empty":
             return torch.empty((0, self.num_groups, self.n), dtype=torch.bfloat16,
                                device=o.device)
@@ -370,9 +374,14 @@ class WoAProjection:
         (``Backend.eager_launcher``), or ``None``."""
         if key in self._eager or op not in plan.backend.eager_ops:
             return
+        self._keep_eager(key, plan.backend.eager_launcher(op, *args))
+
+    def _keep_eager(self, key: tuple, launcher) -> None:
+        """Keep ``launcher`` (or ``None``) for the call signature ``key``, oldest out beyond
+        ``_PLAN_LIMIT`` signatures."""
         if len(self._eager) >= _PLAN_LIMIT:
             del self._eager[next(iter(self._eager))]
-        self._eager[key] = plan.backend.eager_launcher(op, *args)
+        self._eager[key] = launcher
 
     def _plan(self, o, positions) -> _Plan:
         """Validate a call signature and plan it: the backend and its tensors on ``o``'s device."""
@@ -438,7 +447,8 @@ def wo_a_bf16(o, positions, cos_cache, sin_cache, weight, weight_scale, num_grou
       TypeError, ValueError: as ``WoAProjection`` and its call.
     """
     proj = _prepared(weight, weight_scale, num_groups, cos_cache, sin_cache, backend="bf16")
-    return proj(o, positions, overwrite_o=overwrite_o)
+    # The inputs are torch tensors here: the layer call without its JAX wrapper.
+    return proj.__call__.__wrapped__(proj, o, positions, overwrite_o=overwrite_o)
 
 
 #: Prepared layers of the functional forms, newest last.
@@ -470,10 +480,15 @@ def _prepared(weight, weight_scale, num_groups: int, cos_cache, sin_cache, **opt
     if not all(t is None or isinstance(t, torch.Tensor) for t in tensors):
         return WoAProjection(weight, weight_scale, num_groups, cos_cache, sin_cache,
                              rope_dim=None, **options)
-    key = (num_groups, tuple(sorted(options.items())),
-           *(None if t is None else (t.data_ptr(), t._version, tuple(t.shape), t.stride(),
-                                     t.dtype, t.device) for t in tensors))
-    hit = _PREPARED.get(key)
+    # Typed like the ops' signatures: 2.0 == 2 and True == 1 would otherwise reuse a layer
+    # whose checks accepted another value.
+    key = (type(num_groups), num_groups, *((k, type(v), v) for k, v in sorted(options.items())),
+           *(None if t is None else (t.data_ptr(), t._version, t.shape, t.stride(), t.dtype,
+                                     t.device) for t in tensors))
+    try:
+        hit = _PREPARED.get(key)
+    except TypeError:  # an unhashable option: the layer's checks name it
+        hit = None
     if hit is not None:
         _PREPARED.move_to_end(key)
         return hit
@@ -491,7 +506,8 @@ def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_group
     """The FP8 chain as two dispatched ops (``woa_jax.wo_a_fp8``'s arguments) -> ``[S, G, N]``.
 
     Unlike ``WoAProjection`` this never falls back to BF16: each op takes the first backend of
-    aiter, triton, torch that accepts it (or the named one).
+    aiter, triton, torch that accepts it (or the named one). A repeat of a call signature with
+    the same, unmodified weight and tables launches the two ops' direct eager launchers.
 
     Args:
       o, positions, cos_cache, sin_cache: as ``inverse_rope_group_quant``.
@@ -507,12 +523,50 @@ def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_group
     """
     proj = _prepared(weight, weight_scale, num_groups, cos_cache, sin_cache,
                      amax_floor=amax_floor)
+    # The tables and the weight are fixed by the prepared layer's key: o and positions and the
+    # backend request make the rest of the signature.
+    key = ("wo_a_fp8", ops.tensor_signature(o), ops.tensor_signature(positions),
+           ops.backend_signature(backend))
+    try:
+        eager = proj._eager.get(key)
+    except TypeError:  # an unhashable backend: the ops' checks name it
+        eager = None
+    if eager:
+        out = eager(o, positions)
+        if out is not None:
+            return out
     if proj.fp8_unavailable:
         raise ValueError(f"the FP8 chain cannot run: {proj.fp8_unavailable}")
+    fp8 = proj.weight_fp8.dtype
     x, xs = ops.inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups,
-                                         proj.block, backend=backend,
-                                         fp8_dtype=proj.weight_fp8.dtype, amax_floor=amax_floor)
+                                         proj.block, backend=backend, fp8_dtype=fp8,
+                                         amax_floor=amax_floor)
     w, ws = proj.weight_fp8, proj.weight_scale_e8m0
     if x.shape[2] != w.shape[2]:
         raise ValueError(f"o gives group width {x.shape[2]}, the weight K={w.shape[2]}")
-    return ops.batched_gemm_a8w8_mxscale(x, w, xs, ws, backend=backend)
+    y = ops.batched_gemm_a8w8_mxscale(x, w, xs, ws, backend=backend)
+    if key not in proj._eager:
+        quant = ops.bound_launcher(ops.quant_key(
+            o, positions, cos_cache, sin_cache, num_groups, proj.block, "row", backend, None,
+            None, fp8, amax_floor))
+        gemm = ops.bound_launcher(ops.gemm_key(x, w, xs, ws, torch.bfloat16, backend, None))
+        proj._keep_eager(key, _chained(quant, gemm, cos_cache, sin_cache, w, ws, backend))
+    return y
+
+
+def _chained(quant, gemm, cos_cache, sin_cache, w, ws, backend):
+    """``wo_a_fp8``'s direct eager launcher: the ops' own direct launchers of the quant and the
+    GEMM, one after the other (``None`` where either op has none)."""
+    if not (quant and gemm):
+        return None
+
+    def run(o, positions):
+        got = quant(o, positions, cos_cache, sin_cache)
+        if got is None:
+            return None
+        x, xs = got
+        y = gemm(x, w, xs, ws)
+        # The quant launched: the GEMM's own path finishes a call its launcher refuses.
+        return y if y is not None else ops.batched_gemm_a8w8_mxscale(x, w, xs, ws,
+                                                                     backend=backend)
+    return run

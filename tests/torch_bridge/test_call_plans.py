@@ -159,3 +159,79 @@ def test_the_layer_keeps_one_eager_launcher_per_signature(monkeypatch):
     _dispatch.reset_caches()
     assert layer._eager == {}
     assert torch.equal(layer(o, pos), want)
+
+
+def test_the_gemm_op_binds_a_direct_launcher_for_new_outputs_and_byte_scales(monkeypatch):
+    """After a signature's first call the GEMM op asks its backend once for a direct launcher;
+    calls with ``out`` or float scales (converted and checked on every call) never use one, a
+    refusal (``None``) falls through to the op's path, and ``reset_caches`` forgets it."""
+    from torch_bridge import ops
+    from torch_bridge.backends import torch_ref
+
+    x, w, xs, ws = (np_to_torch(a) for a in gemm_operands(np.random.default_rng(0), m=3, g=2,
+                                                           n=128, k=256))
+    asked = []
+    monkeypatch.setattr(torch_ref.BACKEND, "eager_ops", frozenset({"batched_gemm_a8w8_mxscale"}))
+    monkeypatch.setattr(torch_ref.BACKEND, "eager_launcher",
+                        lambda op, *a: asked.append((op, a)) or None, raising=False)
+    want = tb.batched_gemm_a8w8_mxscale(x, w, xs, ws, backend="torch")
+    tb.batched_gemm_a8w8_mxscale(x, w, xs, ws, backend="torch")
+    assert [op for op, _ in asked] == ["batched_gemm_a8w8_mxscale"]
+    assert asked[0][1][:4] == (x, w, xs, ws) and asked[0][1][4] == torch.bfloat16
+    tb.batched_gemm_a8w8_mxscale(x, w, xs, ws, backend="torch", out=torch.empty_like(want))
+    floats = torch_ref.e8m0_decode(xs)
+    for _ in range(2):
+        assert torch.equal(tb.batched_gemm_a8w8_mxscale(x, w, floats, ws, backend="torch"), want)
+    assert len(asked) == 1
+    (key,) = ops._EAGER
+    assert key == ops.gemm_key(x, w, xs, ws, torch.bfloat16, "torch", None)
+    marker = torch.zeros(1)
+    ops._EAGER[key] = lambda *a: marker
+    assert tb.batched_gemm_a8w8_mxscale(x, w, xs, ws, backend="torch") is marker
+    assert ops.bound_launcher(key)(x, w, xs, ws) is marker
+    ops._EAGER[key] = lambda *a: None  # refused: the op's own path
+    assert torch.equal(tb.batched_gemm_a8w8_mxscale(x, w, xs, ws, backend="torch"), want)
+    _dispatch.reset_caches()
+    assert ops._EAGER == {}
+
+
+def test_wo_a_fp8_chains_the_ops_direct_launchers_and_still_checks_its_arguments(monkeypatch):
+    """The function form keeps, per prepared layer and signature, the chain of the two ops'
+    direct launchers (here stand-ins): repeats take it; the GEMM's refusal after the quant
+    ran is finished by the GEMM op; bad arguments raise on every call."""
+    from torch_bridge import projection
+    from torch_bridge.backends import torch_ref
+
+    rng = np.random.default_rng(2)
+    c = rope_case(rng, s=3, h=4, dh=128, rd=64, num_groups=2, gs=128)
+    w, sc = (np_to_torch(a) for a in wo_a_checkpoint(rng, g=2, n=128, k=256))
+    o, pos, cos, sin = c.torch()
+    launched = []
+
+    def launcher(op, *a):
+        def run(*args):
+            launched.append(op)
+            if op == "inverse_rope_group_quant":
+                q, scale = torch_ref.BACKEND.inverse_rope_group_quant(*args, 2, 128)
+                return q, scale.view(torch.uint8)
+            return None if gemm_refuses else torch_ref.BACKEND.batched_gemm_a8w8_mxscale(*args)
+        return run
+
+    monkeypatch.setattr(torch_ref.BACKEND, "eager_ops",
+                        frozenset({"inverse_rope_group_quant", "batched_gemm_a8w8_mxscale"}))
+    monkeypatch.setattr(torch_ref.BACKEND, "eager_launcher", launcher, raising=False)
+    gemm_refuses = False
+    want = tb.wo_a_fp8(o, pos, cos, sin, w, sc, 2, backend="torch")
+    assert launched == []
+    (proj,) = [p for p in projection._PREPARED.values() if p._weight2d is w]
+    assert [k[0] for k, v in proj._eager.items() if v is not None] == ["wo_a_fp8"]
+    assert torch.equal(tb.wo_a_fp8(o, pos, cos, sin, w, sc, 2, backend="torch"), want)
+    assert launched == ["inverse_rope_group_quant", "batched_gemm_a8w8_mxscale"]
+    gemm_refuses = True
+    assert torch.equal(tb.wo_a_fp8(o, pos, cos, sin, w, sc, 2, backend="torch"), want)
+    with pytest.raises(ValueError, match="num_groups"):
+        tb.wo_a_fp8(o, pos, cos, sin, w, sc, 2.0, backend="torch")
+    with pytest.raises(ValueError, match="fewer than S=3"):
+        tb.wo_a_fp8(o, pos[:2], cos, sin, w, sc, 2, backend="torch")
+    with pytest.raises(TypeError, match="backend must be"):
+        tb.wo_a_fp8(o, pos, cos, sin, w, sc, 2, backend=["torch"])

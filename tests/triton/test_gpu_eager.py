@@ -1,5 +1,6 @@
-"""The direct eager launches (``pytest -m gpu``): after a signature's first call, the quant op
-and the decode FP8 layer launch the compiled kernel directly, with the op path's bytes."""
+"""The direct eager launches (``pytest -m gpu``): after a signature's first call, the public
+ops, the function forms and the decode layers launch the compiled kernels directly, with the
+op path's bytes."""
 
 from __future__ import annotations
 
@@ -8,7 +9,16 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from _gpu import checkpoint, new_seed, rope_inputs, xla_memory  # noqa: E402, F401
+from _gpu import (  # noqa: E402, F401
+    DH,
+    HPG,
+    N,
+    checkpoint,
+    gemm_inputs,
+    new_seed,
+    rope_inputs,
+    xla_memory,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -86,3 +96,116 @@ def test_bf16_layer_direct_launch_gives_the_op_paths_output(g, s):
     x = o.clone()
     assert torch.equal(layer(x, pos, overwrite_o=True),
                        launch.wo_a_bf16(o.clone(), pos, cos, sin, w_bf16, g, inplace=True))
+
+
+def _gemm_key(x, w, xs, ws):
+    from torch_bridge import ops
+
+    return ops.gemm_key(x, w, xs, ws, torch.bfloat16, "auto", None)
+
+
+@pytest.mark.parametrize("g,m", [(16, 1), (2, 1), (16, 64), (2, 40)])
+def test_gemm_op_direct_launch_gives_the_op_paths_bits(g, m):
+    """G 16 runs the wgmma kernel (descriptors kept per base address), G 2 the pointer kernel
+    with split-K (the stream's scratch): the bound launch gives the op path's bits (``out``
+    given), for new data and for the weight at another address; a misaligned x takes the
+    op's path."""
+    import torch_bridge as tb
+    from torch_bridge import ops
+
+    seed = new_seed()
+    x, w, xs, ws = gemm_inputs(m, g, N, HPG * DH, seed)
+    first = tb.batched_gemm_a8w8_mxscale(x, w, xs, ws)
+    bound = ops.bound_launcher(_gemm_key(x, w, xs, ws))
+    assert bound is not None, "nothing bound"
+    for trial in range(3):
+        x2, w2, xs2, ws2 = gemm_inputs(m, g, N, HPG * DH, seed + trial + 1)
+        for y in (bound(x2, w2, xs2, ws2), tb.batched_gemm_a8w8_mxscale(x2, w2, xs2, ws2)):
+            want = tb.batched_gemm_a8w8_mxscale(x2, w2, xs2, ws2, out=torch.empty_like(y))
+            assert torch.equal(y.view(torch.int16), want.view(torch.int16)), f"seed {seed}"
+    flat = torch.empty(x.numel() + 16, dtype=torch.uint8, device="cuda")
+    shifted = flat[1:x.numel() + 1].view(torch.float8_e4m3fn).view(x.shape)
+    shifted.copy_(x)
+    assert bound(shifted, w, xs, ws) is None
+    again = tb.batched_gemm_a8w8_mxscale(shifted, w, xs, ws)
+    assert torch.equal(again.view(torch.int16), first.view(torch.int16)), f"seed {seed}"
+
+
+def test_split_k_direct_launch_stays_on_its_stream_and_out_of_captures():
+    """The split GEMM's bound launch keeps the scratch of the stream it was bound on: another
+    stream, or a CUDA-graph capture on that stream, takes the op's path (bits unchanged)."""
+    import torch_bridge as tb
+    from torch_bridge import ops
+
+    seed = new_seed()
+    x, w, xs, ws = gemm_inputs(1, 2, N, HPG * DH, seed)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        want = tb.batched_gemm_a8w8_mxscale(x, w, xs, ws)
+        bound = ops.bound_launcher(_gemm_key(x, w, xs, ws))
+        assert bound is not None and bound(x, w, xs, ws) is not None
+    torch.cuda.current_stream().wait_stream(side)
+    assert bound(x, w, xs, ws) is None  # the default stream is not the bound one
+    y = tb.batched_gemm_a8w8_mxscale(x, w, xs, ws)
+    assert torch.equal(y.view(torch.int16), want.view(torch.int16)), f"seed {seed}"
+    graph = torch.cuda.CUDAGraph()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.graph(graph, stream=side):
+        captured = tb.batched_gemm_a8w8_mxscale(x, w, xs, ws)
+    for _ in range(2):
+        captured.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured.view(torch.int16), want.view(torch.int16)), f"seed {seed}"
+
+
+@pytest.mark.parametrize("g", [16, 2])
+def test_wo_a_fp8_function_direct_launch_gives_the_ops_bits(g):
+    """The function form chains the two ops' bound launches: the bits of the quant op and
+    the GEMM op run on their own paths (output buffers given)."""
+    import torch_bridge as tb
+
+    seed = new_seed()
+    w, ws = checkpoint(g, seed)
+    o, pos, cos, sin = rope_inputs(1, g, seed, rope_dtype=torch.float32)
+    tb.wo_a_fp8(o, pos, cos, sin, w, ws, g)
+    for trial in range(3):
+        o2, pos2, _, _ = rope_inputs(1, g, seed + trial + 1)
+        y = tb.wo_a_fp8(o2, pos2, cos, sin, w, ws, g)
+        q, sc = tb.inverse_rope_group_quant(o2, pos2, cos, sin, g, 128,
+                                            x_scale=torch.empty((1, g, 32), dtype=torch.uint8,
+                                                                device="cuda"))
+        want = tb.batched_gemm_a8w8_mxscale(q, w.view(g, -1, w.shape[1]), sc,
+                                            ws.view(g, -1, ws.shape[1]),
+                                            out=torch.empty_like(y))
+        assert torch.equal(y.view(torch.int16), want.view(torch.int16)), f"seed {seed}"
+
+
+def test_split_fused_layer_direct_launch_leaves_other_streams_and_captures_to_the_op():
+    """G 2 decode: the fused kernel splits K; its bound launch keeps the prologue's and the
+    split's scratch for its stream. Another stream and a capture take the op's path."""
+    import torch_bridge as tb
+
+    seed = new_seed()
+    w, ws = checkpoint(2, seed)
+    o, pos, cos, sin = rope_inputs(1, 2, seed, rope_dtype=torch.float32)
+    layer = tb.WoAProjection(w, ws, 2, cos, sin)
+    want = layer(o, pos)
+    (bound,) = [fn for fn in layer._eager.values() if fn is not None]
+    assert bound(o, pos) is not None
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        assert bound(o, pos) is None
+        y = layer(o, pos)
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(y, want), f"seed {seed}"
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        captured = layer(o, pos)
+    captured.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, want), f"seed {seed}"
+    assert torch.equal(layer(o, pos), want), f"seed {seed}"

@@ -81,7 +81,7 @@ def test_wgmma_relaunch_passes_every_argument_in_kernel_order(monkeypatch):
     from triton import knobs
 
     monkeypatch.setattr(wgmma_kernels, "batched_gemm_a8w8_mxscale_wgmma_kernel", Kernel())
-    monkeypatch.setattr(_common, "current_stream", lambda: 1234)
+    monkeypatch.setattr(_common, "current_stream", lambda *device: 1234)
     # A profiler's hook: the launch metadata is built for it, as on Triton's own path.
     monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda metadata: None)
     monkeypatch.setattr(gemm, "COMPILED_WGMMA", {})
@@ -90,7 +90,8 @@ def test_wgmma_relaunch_passes_every_argument_in_kernel_order(monkeypatch):
     for m in (64, 128, 80, 72):
         x, xs = _fp8(m, g, k), torch.full((m, g, k // 128), 127, dtype=torch.uint8)
         out = torch.empty((m, g, n), dtype=torch.bfloat16)
-        gemm._launch_wgmma(x, w, xs, ws, out, 64, 128, 128, 4, 4, 1, False)
+        gemm._launch_wgmma(x, w, xs, ws, out, block_m=64, block_n=128, block=128, num_warps=4,
+                           num_stages=4, programs_per_sm=1, swap_ab=False)
         if m == 80:
             xs_80 = xs
     # M 64, 128 and 80 share a specialization (M % 16 == 0; 4 programs, one per interpreter
@@ -101,7 +102,7 @@ def test_wgmma_relaunch_passes_every_argument_in_kernel_order(monkeypatch):
     args = relaunches[-1]
     assert args[:9] == (4, 1, 1, 1234, "function", "metadata",
                         ("launch metadata", (4,), 1234, len(real.arg_names)),
-                        knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
+                        knobs.runtime.launch_enter_hook, None)
     values = dict(zip(real.arg_names, args[9:], strict=True))
     assert isinstance(values["x_desc"], TensorDescriptor)
     assert values["x_desc"].shape == [80, g * k] and values["x_desc"].block_shape == [64, 128]
@@ -138,7 +139,7 @@ def test_relaunch_goes_straight_to_the_compiled_kernel_per_specialization(monkey
             return launch_
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    monkeypatch.setattr(_common, "current_stream", lambda: 99)
+    monkeypatch.setattr(_common, "current_stream", lambda *device: 99)
     monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda metadata: None)
     monkeypatch.setattr(_common, "COMPILED", {})
     kernel = Kernel()
@@ -154,7 +155,7 @@ def test_relaunch_goes_straight_to_the_compiled_kernel_per_specialization(monkey
     assert first_launches[0] == ((3, 2), (x, 32, y), {"BLOCK": 16})
     assert relaunches[0] == (3, 2, 1, 99, "function", "metadata",
                              ("launch metadata", (3, 2), 99, 5), knobs.runtime.launch_enter_hook,
-                             knobs.runtime.launch_exit_hook, x, 48, y, 16, True)
+                             None, x, 48, y, 16, True)
 
 
 def test_bound_launch_fills_its_tensor_slots_and_refuses_other_specializations(monkeypatch):
@@ -166,7 +167,7 @@ def test_bound_launch_fills_its_tensor_slots_and_refuses_other_specializations(m
     runs = []
     Compiled = _stand_in_compiled(runs)
 
-    monkeypatch.setattr(_common, "current_stream", lambda: 7)
+    monkeypatch.setattr(_common, "current_stream", lambda *device: 7)
     monkeypatch.setattr(knobs.runtime, "launch_enter_hook", None)
     monkeypatch.setattr(_common.torch.cuda, "current_device", lambda: None)  # CPU: index None
     x, y = torch.zeros(64), torch.zeros(64)
@@ -179,7 +180,7 @@ def test_bound_launch_fills_its_tensor_slots_and_refuses_other_specializations(m
     x2, y2 = torch.ones(64), torch.ones(64)
     assert bound((x2, y2)) is True
     assert runs == [(4, 2, 1, 7, "function", "metadata", None, None,
-                     knobs.runtime.launch_exit_hook, x2, 5, y2, 16, True)]
+                     None, x2, 5, y2, 16, True)]
     import gc
     import weakref
 
@@ -195,4 +196,182 @@ def test_bound_launch_fills_its_tensor_slots_and_refuses_other_specializations(m
 
     with FakeTensorMode():
         assert bound((x2, y2)) is False
+
+    class Sub(torch.Tensor):
+        pass
+
+    assert bound((x2.as_subclass(Sub), y2)) is False
     assert len(runs) == 1
+    # Only the call's inputs (the leading ``checked``) are checked: the rest are the caller's.
+    inputs_only = _common.bind("plan", (x2, 5, y2), (0, 2), checked=1)
+    assert inputs_only((x2, y2[1:])) is True and inputs_only((x2[1:], y2)) is False
+
+
+def test_pinned_bound_launch_refuses_other_streams_and_captures(monkeypatch):
+    """A bound launch whose scratch belongs to one stream runs only on that stream, and never
+    into a CUDA-graph capture (the graph would share the scratch with eager launches)."""
+    from triton import knobs
+
+    runs = []
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", None)
+    monkeypatch.setattr(_common.torch.cuda, "current_device", lambda: None)
+    monkeypatch.setattr(_common.torch.cuda, "is_current_stream_capturing", lambda: False)
+    stream = [7]
+    monkeypatch.setattr(_common, "current_stream", lambda *device: stream[0])
+    x = torch.zeros(64)
+    monkeypatch.setattr(_common, "COMPILED", {
+        ("plan", *map(_common._specialization, (x,))): (_stand_in_compiled(runs)(), ())})
+    monkeypatch.setattr(_common, "BOUND_GRIDS", {"plan": (1,)})
+    bound = _common.bind("plan", (x,), (0,), stream=7)
+    assert bound((x,)) is True and len(runs) == 1
+    stream[0] = 8
+    assert bound((x,)) is False
+    stream[0] = 7
+    monkeypatch.setattr(_common.torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert bound((x,)) is False
+    assert _common.bind("plan", (x,), (0,))((x,)) is True  # unpinned: any stream, captures too
+    assert len(runs) == 2
+
+
+def _descriptor_kernel(raw_launches: list, metas=({"m": 0}, {"m": 1}, {"m": 2})):
+    """A stand-in compiled kernel whose launcher wraps the raw launch in a descriptor step, as
+    Triton's (3.6 to 3.9) does."""
+    class Launcher:
+        def __init__(self):
+            def launcher(*args):  # the raw C launch: records what it was given
+                raw_launches.append(args)
+
+            def inner(*args):  # Triton's descriptor step: expands, then launches
+                return launcher(*args, "expanded by the step")
+            self.launch = inner
+
+        def __call__(self, grid0, grid1, grid2, stream, function, *args):
+            self.launch(grid0, grid1, grid2, stream, function, "coop", "pdl", *args)
+
+    class Compiled:
+        function, packed_metadata = "function", "metadata"
+        metadata = type("Metadata", (), {"tensordesc_meta": list(metas)})()
+        run = Launcher()
+    return Compiled()
+
+
+def test_descriptor_launcher_takes_the_raw_launch_out_of_tritons_wrapper(monkeypatch):
+    from triton.backends.nvidia import driver as nvidia
+
+    made = []
+    monkeypatch.setattr(nvidia, "make_tensordesc_arg",
+                        lambda desc, meta, *rest: made.append((desc, meta, rest)) or ["map"])
+    raw = []
+    compiled = _descriptor_kernel(raw)
+    run, expand = _common.descriptor_launcher(compiled)
+    assert run is not compiled.run and compiled.run.launch.__name__ == "inner"
+    run(1, 1, 1, 5, "function", "metadata", None, None, None, "map", 3)
+    assert raw == [(1, 1, 1, 5, "function", "coop", "pdl", "metadata", None, None, None, "map",
+                    3)]
+    assert expand(2, "desc") == ["map"] and made[0][:2] == ("desc", {"m": 2})
+    assert _common.descriptor_launcher(_descriptor_kernel([], metas=())) is None
+    no_wrapper = _descriptor_kernel([])
+    no_wrapper.run.launch = print  # a launcher without Triton's descriptor step
+    assert _common.descriptor_launcher(no_wrapper) is None
+
+
+def test_bound_wgmma_gemm_keeps_descriptor_expansions_per_base_address(monkeypatch):
+    """``gemm.WgmmaBound`` (stand-in kernel, no GPU): arguments in kernel order with each
+    descriptor expanded, CUtensorMaps made once per base address and descriptor, and the op's
+    path for a misaligned x, a launch hook that wants metadata or a dispatch mode."""
+    pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
+    from triton import knobs
+    from triton.backends.nvidia import driver as nvidia
+
+    from torch_bridge.backends.triton import wgmma_kernels
+
+    raw = []
+    made = []
+
+    def make(desc, meta, *rest):
+        made.append((desc.base.data_ptr(), meta["m"]))
+        return [f"map{meta['m']}", *desc.shape, *desc.strides]
+
+    class Kernel:
+        arg_names = wgmma_kernels.batched_gemm_a8w8_mxscale_wgmma_kernel.arg_names
+
+        def __getitem__(self, grid):
+            return lambda **kwargs: _descriptor_kernel(raw)
+
+    monkeypatch.setattr(wgmma_kernels, "batched_gemm_a8w8_mxscale_wgmma_kernel", Kernel())
+    monkeypatch.setattr(nvidia, "make_tensordesc_arg", make)
+    monkeypatch.setattr(gemm, "COMPILED_WGMMA", {})
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", None)
+    monkeypatch.setattr(_common.torch.cuda, "current_device", lambda: None)
+    monkeypatch.setattr(_common, "current_stream", lambda *device: 3)
+    g, n, k, m = 2, 256, 512, 8
+    w, ws = _fp8(g, n, k), torch.full((g, n // 128, k // 128), 127, dtype=torch.uint8)
+    x, xs = _fp8(m, g, k), torch.full((m, g, k // 128), 127, dtype=torch.uint8)
+    out = torch.empty((m, g, n), dtype=torch.bfloat16)
+    shape = dict(block_m=8, block_n=64, block=128, num_warps=4, num_stages=8,
+                 programs_per_sm=0, swap_ab=True)
+    assert gemm.WgmmaBound.of(x, w, xs, ws, out, shape) is None  # nothing compiled yet
+    gemm._launch_wgmma(x, w, xs, ws, out, **shape)
+    bound = gemm.WgmmaBound.of(x, w, xs, ws, out, shape)
+    y = bound(x, w, xs, ws)
+    assert y.shape == (m, g, n) and y.dtype == torch.bfloat16
+    (args,) = raw
+    assert args[:11] == (8, 1, 1, 3, "function", "coop", "pdl", "metadata", None, None,
+                         None)
+    assert args[11:16] == ("map0", m, g * k, k * g, 1)
+    assert args[16:21] == ("map1", g * n, k, k, 1) and args[21:26] == ("map2", m, g * n, g * n, 1)
+    assert args[26] is xs and args[27] is ws and args[28:30] == (m, 8)  # M, programs
+    assert len(args) == 30 + len(Kernel.arg_names) - 7
+    again = bound(x, w, xs, ws)  # y is alive: a new output address, x and w the same
+    assert len(raw) == 2 and again.data_ptr() != y.data_ptr()
+    assert [meta for _, meta in made] == [0, 1, 2, 2], "x's and w's maps are made once"
+    assert raw[1][11:21] == args[11:21] and raw[1][21] == "map2"
+    flat = _fp8(m * g * k + 16)
+    assert bound(flat[1:m * g * k + 1].view(m, g, k), w, xs, ws) is None  # misaligned x
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda metadata: None)
+    assert bound(x, w, xs, ws) is None  # a hook reads Triton's metadata: the op's path
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", None)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        assert bound(x, w, xs, ws) is None
+    assert len(raw) == 2
+
+
+def test_split_k_parts_are_the_streams_when_eager_and_the_launchs_own_when_captured(
+        monkeypatch):
+    """Eager split launches on one stream never overlap: they share one parts buffer (grown
+    when a launch needs more), as they share their counters; a captured launch gets its own."""
+    from torch_bridge.backends.triton import split_k
+
+    monkeypatch.setattr(split_k, "COUNTER_POOLS", {})
+    split, parts, _ = split_k.split_scratch(torch.empty((1, 2, 64)), 4, 2)
+    assert split == 4 and parts.shape == (4, 1, 2, 64) and parts.dtype == torch.float32
+    again = split_k.split_scratch(torch.empty((1, 2, 32)), 2, 2)[1]
+    assert again.shape == (2, 1, 2, 32) and again.data_ptr() == parts.data_ptr()
+    grown = split_k.split_scratch(torch.empty((4, 2, 64)), 4, 2)[1]
+    assert grown.numel() == 4 * 4 * 2 * 64
+    assert split_k.split_scratch(torch.empty((1, 2, 64)), 4, 2)[1].data_ptr() == \
+        grown.data_ptr()
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    captured = [split_k.split_scratch(torch.empty((1, 2, 64)), 4, 2)[1] for _ in range(2)]
+    assert len({t.data_ptr() for t in (grown, *captured)}) == 3
+
+
+def test_launch_hooks_pass_empty_chains_as_none_and_want_metadata_only_for_a_hook(monkeypatch):
+    """Triton keeps an empty ``HookChain`` in each knob: passed as ``None`` (it does nothing);
+    the launch metadata is built when a hook would read it, as Triton builds it (only while
+    the enter knob is not ``None``)."""
+    from triton import knobs
+    from triton.knobs import HookChain
+
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", HookChain())
+    monkeypatch.setattr(knobs.runtime, "launch_exit_hook", HookChain(reversed=True))
+    assert _common.launch_hooks() == (None, None, False)
+    leave = HookChain(reversed=True)
+    leave.add(print)
+    monkeypatch.setattr(knobs.runtime, "launch_exit_hook", leave)
+    assert _common.launch_hooks() == (None, leave, True)
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", None)
+    assert _common.launch_hooks() == (None, leave, False)

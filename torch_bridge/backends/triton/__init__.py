@@ -43,7 +43,7 @@ def _fp8_arch_reason(arch: str | None) -> str | None:
 class _TritonBackend:
     name = "triton"
     ops = frozenset({"inverse_rope_group_quant", "batched_gemm_a8w8_mxscale", "wo_a_fp8"})
-    eager_ops = frozenset({"inverse_rope_group_quant", "wo_a_fp8"})
+    eager_ops = frozenset({"inverse_rope_group_quant", "batched_gemm_a8w8_mxscale", "wo_a_fp8"})
     #: The kernels read cos/sin in any float dtype; no conversion to ``o``'s dtype first.
     rope_in_activation_dtype = False
 
@@ -115,11 +115,15 @@ class _TritonBackend:
 
     def eager_launcher(self, op: str, *args):
         """A direct launcher of the compiled kernel for eager calls that repeat this signature
-        (``quant.eager_quant``, ``chain.eager_wo_a_fp8``), or ``None``."""
+        (``quant.eager_quant``, ``gemm.eager_gemm``, ``chain.eager_wo_a_fp8``), or ``None``."""
         if op == "inverse_rope_group_quant":
             from .quant import eager_quant
 
             return eager_quant(*args)
+        if op == "batched_gemm_a8w8_mxscale":
+            from .gemm import eager_gemm
+
+            return eager_gemm(*args)
         from .chain import eager_wo_a_fp8
 
         return eager_wo_a_fp8(*args)

@@ -38,6 +38,7 @@ def launcher_op(name: str, mutates_args: tuple[str, ...]):
 
 
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_PLAIN_TYPES = frozenset(_PLAIN_TENSORS)
 
 
 def _plain_eager(args) -> bool:
@@ -145,9 +146,10 @@ def launch(kernel, grid: tuple[int, ...], args: tuple, constexprs: dict, plan_ke
     _run_compiled(compiled, grid, (*args, *tail))
 
 
-def current_stream() -> int:
-    """The current device's current stream, as Triton's launcher takes it."""
-    return _stream_getter()(torch.cuda.current_device())
+def current_stream(device: int | None = None) -> int:
+    """The current stream of ``device`` (default: the current device), as Triton's launcher
+    takes it."""
+    return _stream_getter()(torch.cuda.current_device() if device is None else device)
 
 
 @functools.cache
@@ -157,21 +159,42 @@ def _stream_getter():
     return driver.active.get_current_stream
 
 
+def eager_stream(tensors: tuple, device: int | None, pinned: int | None = None) -> int | None:
+    """The stream a bound launch (``Bound``, ``gemm.WgmmaBound``) may launch on now, else
+    ``None``: ``torch.compile``, a dispatch mode, functorch or a tensor subclass is in play,
+    another device is current, or, for a launch whose scratch belongs to stream ``pinned``,
+    another stream is current or it is being captured (a captured launch would share that
+    scratch with eager ones)."""
+    if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()
+            or torch._C._are_functorch_transforms_active()
+            or not _PLAIN_TYPES.issuperset(map(type, tensors))):
+        return None
+    current = torch.cuda.current_device()
+    if current != device:
+        return None
+    stream = current_stream(current)
+    if pinned is not None and (stream != pinned or torch.cuda.is_current_stream_capturing()):
+        return None
+    return stream
+
+
 class Bound:
     """One launch signature's compiled kernel, bound to everything but its tensors.
 
     ``__call__(tensors)`` launches it with ``tensors`` in the places they had when it was bound
     (the other arguments fixed), or returns ``False`` without launching when the call needs
-    the op's own path: ``torch.compile`` or a dispatch mode is active, a tensor's 16-byte
-    alignment differs, or another device is current. Callers check the rest (shapes, strides,
-    dtypes, device) with their plan key. Only outputs made for the call may be passed: no
-    version counter is bumped.
+    the op's own path (``eager_stream`` says when; also when an input's 16-byte alignment
+    differs). The first ``checked`` tensors are the call's inputs; the others are the caller's
+    own: tensors it keeps (tables, weights, scratch for stream ``stream``) or outputs made for
+    the call (no version counter is bumped). Callers check the rest (shapes, strides, dtypes,
+    device) with their plan key.
     """
 
-    __slots__ = ("_compiled", "_grid", "_template", "_slots", "_aligned", "_device")
+    __slots__ = ("_compiled", "_grid", "_template", "_slots", "_checked", "_aligned", "_device",
+                 "_stream")
 
     def __init__(self, compiled, tail: tuple, grid: tuple[int, ...], args: tuple,
-                 slots: tuple[int, ...]):
+                 slots: tuple[int, ...], stream: int | None = None, checked: int | None = None):
         if any(isinstance(a, torch.Tensor) for i, a in enumerate(args) if i not in slots):
             raise ValueError("Bound: every tensor argument must be in a slot")
         self._compiled = compiled
@@ -179,29 +202,33 @@ class Bound:
         # No tensor of the binding call is kept: a prefill's o would stay alive with it.
         self._template = [None if i in slots else a for i, a in enumerate(args)] + list(tail)
         self._slots = slots
-        self._aligned = tuple(args[i].data_ptr() % 16 == 0 for i in slots)
+        self._checked = len(slots) if checked is None else checked
+        self._aligned = tuple(args[i].data_ptr() % 16 == 0 for i in slots[:self._checked])
         self._device = args[slots[0]].device.index
+        self._stream = stream
 
     def __call__(self, tensors: tuple) -> bool:
-        if (torch.compiler.is_compiling() or not _plain_eager(tensors)
-                or tuple(t.data_ptr() % 16 == 0 for t in tensors) != self._aligned
-                or torch.cuda.current_device() != self._device):
+        inputs = tensors[:self._checked]
+        stream = eager_stream(inputs, self._device, self._stream)
+        if stream is None or tuple(t.data_ptr() % 16 == 0 for t in inputs) != self._aligned:
             return False
         ordered = self._template.copy()
         for i, t in zip(self._slots, tensors, strict=True):
             ordered[i] = t
-        _run_compiled(self._compiled, self._grid, ordered)
+        _run_compiled(self._compiled, self._grid, ordered, stream)
         return True
 
 
-def bind(plan_key: tuple, args: tuple, slots: tuple[int, ...]) -> Bound | None:
+def bind(plan_key: tuple, args: tuple, slots: tuple[int, ...], stream: int | None = None,
+         checked: int | None = None) -> Bound | None:
     """The compiled kernel that ``launch(kernel, grid, args, constexprs, plan_key)`` ran, bound
-    with the tensors at ``slots`` left open; ``None`` before that launch or under the
-    interpreter. ``grid`` comes from the launch plan of ``plan_key``."""
+    with the tensors at ``slots`` left open (``stream``, ``checked``: see ``Bound``); ``None``
+    before that launch or under the interpreter. ``grid`` comes from the launch plan of
+    ``plan_key``."""
     found = COMPILED.get((plan_key, *map(_specialization, args)))
     if found is None or plan_key not in BOUND_GRIDS:
         return None
-    return Bound(found[0], found[1], BOUND_GRIDS[plan_key], args, slots)
+    return Bound(found[0], found[1], BOUND_GRIDS[plan_key], args, slots, stream, checked)
 
 
 #: The grid of each launched plan key (``bind``).
@@ -216,16 +243,67 @@ def _runtime_knobs():
     return knobs.runtime
 
 
-def _run_compiled(compiled, grid: tuple[int, ...], ordered: tuple) -> None:
-    """The launch step of Triton's own path (3.6 to 3.9), profiler hooks included."""
+def _hooked(hook) -> bool:
+    """Whether a Triton launch hook calls anything (an empty ``HookChain`` does not)."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+def launch_hooks() -> tuple[object, object, bool]:
+    """Triton's ``(launch_enter_hook, launch_exit_hook, metadata wanted)`` for one launch.
+
+    Triton (3.6 to 3.9) keeps an empty ``HookChain`` in each knob, builds its launch metadata
+    whenever the enter knob is not ``None`` and has its C launcher call both chains. Here an
+    empty chain is passed as ``None`` (it would do nothing) and the metadata is built only
+    when a hook would read it.
+    """
     knobs = _runtime_knobs()
-    stream = current_stream()
+    enter, leave = knobs.launch_enter_hook, knobs.launch_exit_hook
+    entering, leaving = _hooked(enter), _hooked(leave)
+    return (enter if entering else None, leave if leaving else None,
+            enter is not None and (entering or leaving))
+
+
+def _run_compiled(compiled, grid: tuple[int, ...], ordered, stream: int | None = None) -> None:
+    """The launch step of Triton's own path (3.6 to 3.9), profiler hooks included."""
+    if stream is None:
+        stream = current_stream()
     g1 = grid[1] if len(grid) > 1 else 1
     g2 = grid[2] if len(grid) > 2 else 1
-    enter = knobs.launch_enter_hook  # Triton's launch metadata is None without one
+    enter, leave, wanted = launch_hooks()
     compiled.run(grid[0], g1, g2, stream, compiled.function, compiled.packed_metadata,
-                 None if enter is None else compiled.launch_metadata(grid, stream, *ordered),
-                 enter, knobs.launch_exit_hook, *ordered)
+                 compiled.launch_metadata(grid, stream, *ordered) if wanted else None,
+                 enter, leave, *ordered)
+
+
+def descriptor_launcher(compiled):
+    """``(run, expand)`` for a compiled kernel with tensor-descriptor arguments, or ``None``
+    where this Triton's launcher is not the one known here.
+
+    Triton's launcher (3.6 to 3.9) wraps its C launch in a step that expands every descriptor
+    argument into ``[CUtensorMap, *shape, *strides]``, building the CUtensorMap on each launch
+    (``make_tensordesc_arg``). ``run`` is a copy of ``compiled.run`` without that step, called
+    like ``compiled.run`` with each descriptor already expanded; ``expand(i, desc)`` is the step
+    for the kernel's ``i``-th descriptor. A CUtensorMap depends only on the base address, shape,
+    strides, tile and dtype, so callers may keep expansions and pass them again.
+    """
+    import copy
+    import inspect
+
+    from triton.backends.nvidia import driver as nvidia
+
+    wrapped = getattr(compiled.run, "launch", None)
+    code = getattr(wrapped, "__code__", None)
+    metas = getattr(compiled.metadata, "tensordesc_meta", None)
+    make = getattr(nvidia, "make_tensordesc_arg", None)
+    if code is None or "launcher" not in code.co_freevars or not metas or make is None:
+        return None
+    run = copy.copy(compiled.run)
+    run.launch = wrapped.__closure__[code.co_freevars.index("launcher")].cell_contents
+    extra = (None,) * (len(inspect.signature(make).parameters) - 2)  # 3.9 takes a third
+
+    def expand(i: int, desc) -> list:
+        return make(desc, metas[i], *extra)
+    return run, expand
 
 
 def as_bytes(scale: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ from . import bf16_kernels, configs, kernels
 from ._common import (
     as_bytes,
     bind,
+    current_stream,
     last_dims_contiguous,
     launch,
     launcher_op,
@@ -82,9 +83,11 @@ def eager_wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: i
                    amax_floor: float):
     """For plain eager calls of ``wo_a_fp8`` (bf16 out, default launch shape) that repeat this
     signature with new outputs: ``run(o, positions) -> out | None`` with this call's tables and
-    weight, the fused kernel launched directly (``None``: this call needs the op's path).
-    ``None`` where the chain does not fuse, before its first launch, or for operands the
-    launcher would first repack."""
+    weight, the fused kernel launched directly (``None``: this call needs the op's path). The
+    prologue's activations and split-K's scratch are kept for the launches on the current
+    stream (``_common.Bound``): each launch writes and reads them back itself, and launches on
+    one stream never overlap. ``None`` where the chain does not fuse, before its first launch,
+    or for operands the launcher would first repack."""
     s, h, dh = o.shape
     g, n, k = w.shape
     block = k // w_scale.shape[2]
@@ -97,26 +100,24 @@ def eager_wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: i
     cfg = configs.fused_config(s, g, n, k, block)
     ws = as_bytes(w_scale)
     device = o.device
-    shapes = ((s, g, k), (s, g, k // block), (s, g, n))
-
-    def launch_args(o, positions):
-        x_fp8 = torch.empty(shapes[0], dtype=w.dtype, device=device)
-        x_scale = torch.empty(shapes[1], dtype=torch.uint8, device=device)
-        out = torch.empty(shapes[2], dtype=torch.bfloat16, device=device)
-        return _wo_a_fp8_launch(o, positions, cos_cache, sin_cache, w, ws, x_fp8, x_scale, out,
-                                float(amax_floor), cfg.block_m, cfg.block_n, cfg.split_k,
-                                cfg.num_warps, cfg.num_stages)
-
-    key, _, _, args = launch_args(o, positions)
-    bound = bind(key, args, _FUSED_TENSORS)
+    x_fp8 = torch.empty((s, g, k), dtype=w.dtype, device=device)
+    x_scale = torch.empty((s, g, k // block), dtype=torch.uint8, device=device)
+    out = torch.empty((s, g, n), dtype=torch.bfloat16, device=device)
+    key, _, _, args = _wo_a_fp8_launch(o, positions, cos_cache, sin_cache, w, ws, x_fp8, x_scale,
+                                       out, float(amax_floor), cfg.block_m, cfg.block_n,
+                                       cfg.split_k, cfg.num_warps, cfg.num_stages)
+    bound = bind(key, args, _FUSED_TENSORS, current_stream(), checked=2)
     if bound is None:
         return None
+    scratch = args[11:] if key[1] > 1 else None
+    shape = tuple(out.shape)
 
     def run(o, positions):
-        call_key, _, _, args = launch_args(o, positions)
-        if call_key != key or not bound(tuple(args[i] for i in _FUSED_TENSORS)):
-            return None
-        return args[10]
+        out = torch.empty(shape, dtype=torch.bfloat16, device=device)
+        if bound((o, positions, cos_cache, sin_cache, w, ws, x_fp8, x_scale, out,
+                  *(scratch or (out, out)))):
+            return out
+        return None
     return run
 
 
@@ -316,9 +317,11 @@ def _tma_loads(o: torch.Tensor) -> bool:
 def eager_wo_a_bf16(o, positions, cos_cache, sin_cache, w_bf16, num_groups: int):
     """For plain eager calls of ``wo_a_bf16`` (not in place, default path) that repeat this
     signature: ``run(o, positions) -> [S, G, N] | None`` with this call's tables and weight, the
-    rotation's compiled kernel launched directly, then cuBLAS (``None``: this call needs the
-    op's path). ``None`` where the default runs the BF16 GEMM from ``o`` (prefill sizes, not
-    host-bound), before the rotation's first launch, or for operands it would repack."""
+    rotation's compiled kernel launched directly, then the same cuBLAS call (``None``: this call
+    needs the op's path). The rotated copy is made per call: held across the two launches, it
+    would be shared by threads launching on one stream. ``None`` where the default runs the
+    BF16 GEMM from ``o`` (prefill sizes, not host-bound), before the rotation's first launch,
+    or for operands it would repack."""
     s, h, dh = o.shape
     g, n, k = w_bf16.shape
     if (not o.is_cuda or s == 0 or o.dtype != torch.bfloat16 or w_bf16.dtype != torch.bfloat16
@@ -327,18 +330,21 @@ def eager_wo_a_bf16(o, positions, cos_cache, sin_cache, w_bf16, num_groups: int)
             or configs.bf16_gemm_chosen(s, g, n, k, tma=_tma_loads(o))):
         return None
     device = o.device
+    # The rotated copy [S, H, Dh] as the [G, S, K] view that the op's path multiplies (the
+    # same sizes and strides: the same cuBLAS call).
+    view = (g, s, k), (k, g * k, 1)
     key, _, _, args = _inverse_rope_launch(
         o, positions, cos_cache, sin_cache, torch.empty(o.shape, dtype=o.dtype, device=device))
-    bound = bind(key, args, _ROPE_TENSORS)
+    bound = bind(key, args, _ROPE_TENSORS, checked=2)
     if bound is None:
         return None
     w_t = w_bf16.transpose(1, 2)  # [G, K, N]
 
     def run(o, positions):
-        y = torch.empty((s, h, dh), dtype=torch.bfloat16, device=device)
+        y = torch.empty_strided(*view, dtype=torch.bfloat16, device=device)
         if not bound((o, positions, cos_cache, sin_cache, y)):
             return None
-        return torch.bmm(y.view(s, g, k).transpose(0, 1), w_t).transpose(0, 1)
+        return torch.bmm(y, w_t).transpose(0, 1)
     return run
 
 

@@ -14,7 +14,12 @@ from . import configs, kernels
 from ._common import (
     _run_compiled,
     as_bytes,
+    bind,
+    current_stream,
+    descriptor_launcher,
+    eager_stream,
     launch,
+    launch_hooks,
     launcher_op,
     on_device_of,
     output,
@@ -94,13 +99,9 @@ def _batched_gemm_a8w8_mxscale_op(x: torch.Tensor, w: torch.Tensor, x_scale: tor
                                   wgmma: bool) -> None:
     if x.shape[0] == 0:
         return
-    aligned = tuple(t.data_ptr() % 16 == 0 for t in (x, w, out))
-    key = ("gemm", *signature(x), *signature(w), *signature(x_scale), *signature(w_scale),
-           *signature(out), aligned, block_m, block_n, split_k, swap_ab, num_warps, num_stages,
-           tma, programs_per_sm, wgmma)
-    path, grid, split, constexprs = plan(key, lambda: _gemm_plan(
-        x, w, x_scale, w_scale, out, GemmConfig(block_m, block_n, split_k, swap_ab, num_warps,
-                                                num_stages, tma, programs_per_sm, wgmma)))
+    key, path, grid, split, constexprs = _gemm_launch(
+        x, w, x_scale, w_scale, out, (block_m, block_n, split_k, swap_ab, num_warps,
+                                      num_stages, tma, programs_per_sm, wgmma))
     with on_device_of(x):
         if path == "wgmma":
             _launch_wgmma(x, w, x_scale, w_scale, out, **constexprs)
@@ -116,11 +117,74 @@ def _batched_gemm_a8w8_mxscale_op(x: torch.Tensor, w: torch.Tensor, x_scale: tor
             kernels.batched_gemm_a8w8_mxscale_tma_kernel[grid](
                 x_desc, w_desc, y_desc, x_scale, w_scale, m, grid[0], **constexprs)
         else:
-            g = x.shape[1]
-            split, parts, counters = split_scratch(out, split, grid[0])
-            launch(kernels.batched_gemm_a8w8_mxscale_kernel, (grid[0] // g, g, split),
-                   (x, w, x_scale, w_scale, x.shape[0], out, parts, counters),
-                   dict(constexprs, SPLIT_K=split), (key, split))
+            grid, args, constexprs, plan_key = _pointer_launch(
+                key, x, w, x_scale, w_scale, out, grid, split, constexprs)
+            launch(kernels.batched_gemm_a8w8_mxscale_kernel, grid, args, constexprs, plan_key)
+
+
+def _gemm_launch(x, w, x_scale, w_scale, out, shape: tuple):
+    """``(plan key, kernel path, grid, split_k, constexprs)`` of one GEMM launch; ``shape``
+    holds ``GemmConfig``'s fields in order."""
+    aligned = tuple(t.data_ptr() % 16 == 0 for t in (x, w, out))
+    key = ("gemm", *signature(x), *signature(w), *signature(x_scale), *signature(w_scale),
+           *signature(out), aligned, *shape)
+    return key, *plan(key, lambda: _gemm_plan(x, w, x_scale, w_scale, out, GemmConfig(*shape)))
+
+
+def _pointer_launch(key, x, w, x_scale, w_scale, out, grid, split, constexprs):
+    """``(grid, runtime arguments, constexprs, plan key)`` of one pointer-kernel launch
+    (split-K's scratch taken for it)."""
+    g = x.shape[1]
+    split, parts, counters = split_scratch(out, split, grid[0])
+    return ((grid[0] // g, g, split), (x, w, x_scale, w_scale, x.shape[0], out, parts, counters),
+            dict(constexprs, SPLIT_K=split), (key, split))
+
+
+#: Where ``_pointer_launch``'s runtime arguments hold the call's tensors (then the scratch).
+_POINTER_TENSORS = (0, 1, 2, 3, 5, 6, 7)
+
+
+def eager_gemm(x, w, x_scale, w_scale, dtype: torch.dtype):
+    """For plain eager calls that repeat this call's signature (the ops layer checks that) with
+    a new output: ``run(x, w, x_scale, w_scale) -> out | None``, the compiled kernel launched
+    directly (``None``: this call needs the op's path). Split-K's scratch is the current
+    stream's, kept for the launches on that stream. ``None`` when there is nothing to bind: no
+    launch of this signature yet, the TMA kernel (prefill sizes, not host-bound), or operands
+    that the launcher would first repack."""
+    m, g, k = x.shape
+    n = w.shape[1]
+    if not x.is_cuda or m == 0 or any(t.stride(-1) != 1 for t in (x, w, x_scale, w_scale)):
+        return None
+    device = x.device
+    cfg = configs.gemm_config(m, g, n, k, k // x_scale.shape[2],
+                              wgmma=wgmma_available(device.index)[0])
+    shape = (m, g, n)
+    out = torch.empty(shape, dtype=dtype, device=device)
+    xs, ws = as_bytes(x_scale), as_bytes(w_scale)
+    key, path, grid, split, constexprs = _gemm_launch(x, w, xs, ws, out, _fields(cfg))
+    if path == "wgmma":
+        return WgmmaBound.of(x, w, xs, ws, out, constexprs)
+    if path != "pointer":
+        return None
+    grid, args, _, plan_key = _pointer_launch(key, x, w, xs, ws, out, grid, split, constexprs)
+    split = plan_key[1]
+    scratch = args[6:] if split > 1 else ()
+    bound = bind(plan_key, args, _POINTER_TENSORS, current_stream() if scratch else None, 4)
+    if bound is None:
+        return None
+
+    def run(x, w, x_scale, w_scale):
+        out = torch.empty(shape, dtype=dtype, device=device)
+        if bound((x, w, x_scale, w_scale, out, *(scratch or (out, out)))):
+            return out
+        return None
+    return run
+
+
+def _fields(cfg: GemmConfig) -> tuple:
+    """The launcher op's launch-shape arguments, in ``GemmConfig``'s field order."""
+    return (cfg.block_m, cfg.block_n, cfg.split_k, cfg.swap_ab, cfg.num_warps, cfg.num_stages,
+            cfg.tma, cfg.programs_per_sm, cfg.wgmma)
 
 
 def _gemm_plan(x, w, x_scale, w_scale, out, cfg: GemmConfig):
@@ -166,17 +230,18 @@ def _smem_layout(tile: tuple[int, int], dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for(list(tile), getattr(gl, _GL_DTYPES[dtype]))
 
 
-#: Compiled wgmma GEMMs by launch key (see ``_launch_wgmma``): Triton's own launch path
+#: Compiled wgmma GEMMs by launch key (see ``_wgmma_launch``): Triton's own launch path
 #: re-derives the specialization on every call, several times a launch's host time.
 COMPILED_WGMMA: dict[tuple, object] = {}
 
+#: The wgmma kernel's leading parameters: its three descriptors, then the scale pointers.
+_WGMMA_TENSORS = ("x_desc", "w_desc", "y_desc", "xs_ptr", "ws_ptr")
 
-def _launch_wgmma(x, w, x_scale, w_scale, out, block_m, block_n, block, num_warps,
-                  num_stages, programs_per_sm, swap_ab) -> None:
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from . import wgmma_kernels
-
+def _wgmma_launch(x, w, x_scale, w_scale, out, block_m, block_n, block, num_warps, num_stages,
+                  programs_per_sm, swap_ab):
+    """``(compile key, programs, descriptor views, the other arguments by name)`` of one wgmma
+    launch; a view is the ``(shape, strides, tile)`` of x, w or out's descriptor."""
     m, g, k = x.shape
     n = w.shape[1]
     programs = configs.tile_programs(m, g, n, block_m, block_n, programs_per_sm,
@@ -192,23 +257,96 @@ def _launch_wgmma(x, w, x_scale, w_scale, out, block_m, block_n, block, num_warp
     key = (x.device.index, block_m, block_n, x.dtype, out.dtype, x.stride(0), out.stride(0),
            *args.values(), m == 1, m % 16 == 0, programs == 1, programs % 16 == 0,
            x_scale.data_ptr() % 16 == 0, w_scale.data_ptr() % 16 == 0)
+    views = (([m, g * k], [x.stride(0), 1], (block_m, block)),
+             ([g * n, k], [k, 1], (block_n, block)),
+             ([m, g * n], [out.stride(0), 1], (block_m, block_n)))
+    return key, programs, views, dict(xs_ptr=x_scale, ws_ptr=w_scale, M=m,
+                                      num_programs=programs, **args)
 
-    def desc(t, shape, row_stride, tile):
-        return TensorDescriptor(t, shape, [row_stride, 1], list(tile),
-                                _smem_layout(tile, t.dtype))
 
-    # Triton's own descriptor class: its launcher reads fields that vary between versions.
-    descs = dict(x_desc=desc(x, [m, g * k], x.stride(0), (block_m, block)),
-                 w_desc=desc(w, [g * n, k], k, (block_n, block)),
-                 y_desc=desc(out, [m, g * n], out.stride(0), (block_m, block_n)))
+def _descriptor(t: torch.Tensor, view: tuple):
+    """Triton's own Gluon descriptor of ``t`` (its launcher reads fields that vary between
+    versions)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    shape, strides, tile = view
+    return TensorDescriptor(t, shape, strides, list(tile), _smem_layout(tile, t.dtype))
+
+
+def _launch_wgmma(x, w, x_scale, w_scale, out, **shape) -> None:
+    from . import wgmma_kernels
+
+    key, programs, views, rest = _wgmma_launch(x, w, x_scale, w_scale, out, **shape)
+    descs = {name: _descriptor(t, view)
+             for name, t, view in zip(_WGMMA_TENSORS, (x, w, out), views, strict=False)}
     kernel = wgmma_kernels.batched_gemm_a8w8_mxscale_wgmma_kernel
     compiled = COMPILED_WGMMA.get(key)
     if compiled is None:
-        COMPILED_WGMMA[key] = kernel[(programs,)](
-            **descs, xs_ptr=x_scale, ws_ptr=w_scale, M=m, num_programs=programs, **args)
+        COMPILED_WGMMA[key] = kernel[(programs,)](**descs, **rest)
         return
-    values = dict(descs, xs_ptr=x_scale, ws_ptr=w_scale, M=m, num_programs=programs, **args)
+    values = dict(descs, **rest)
     _run_compiled(compiled, (programs,), tuple(values[name] for name in kernel.arg_names))
+
+
+class WgmmaBound:
+    """A compiled wgmma GEMM bound like ``_common.Bound``, with x, w, the scales and a new
+    output open: ``__call__(x, w, x_scale, w_scale) -> out | None``.
+
+    It launches past Triton's descriptor step (``descriptor_launcher``): each descriptor's
+    expansion is kept per base address (the rest of it is fixed by the signature), so a repeat
+    builds no descriptor and no CUtensorMap. ``None`` where the op's path is needed:
+    ``eager_stream`` refuses, x or w is not 16-byte aligned (the op then runs another kernel),
+    a scale's alignment differs (another specialization), or a launch hook wants Triton's
+    launch metadata (built from the unexpanded arguments).
+    """
+
+    #: Expansions kept per descriptor: more base addresses than a model's layers.
+    _KEEP = 256
+
+    def __init__(self, compiled, run, expand, programs: int, views: tuple, tail: tuple,
+                 out: torch.Tensor, scales_aligned: tuple[bool, bool]):
+        self._compiled, self._run, self._expand = compiled, run, expand
+        self._programs, self._views, self._tail = programs, views, tail
+        self._shape, self._dtype, self._device = tuple(out.shape), out.dtype, out.device
+        self._aligned = scales_aligned
+        self._kept: tuple[dict, dict, dict] = ({}, {}, {})
+
+    @classmethod
+    def of(cls, x, w, x_scale, w_scale, out, constexprs: dict) -> WgmmaBound | None:
+        """The wgmma launch of these operands, bound; ``None`` before its first launch or
+        where Triton's launcher is not the one ``descriptor_launcher`` knows."""
+        from . import wgmma_kernels
+
+        key, programs, views, rest = _wgmma_launch(x, w, x_scale, w_scale, out, **constexprs)
+        compiled = COMPILED_WGMMA.get(key)
+        names = tuple(wgmma_kernels.batched_gemm_a8w8_mxscale_wgmma_kernel.arg_names)
+        found = compiled is not None and descriptor_launcher(compiled)
+        if not found or names[:5] != _WGMMA_TENSORS:
+            return None
+        return cls(compiled, *found, programs, views, tuple(rest[n] for n in names[5:]), out,
+                   (x_scale.data_ptr() % 16 == 0, w_scale.data_ptr() % 16 == 0))
+
+    def _expanded(self, i: int, t: torch.Tensor) -> list:
+        kept = self._kept[i]
+        found = kept.get(t.data_ptr())
+        if found is None:
+            if len(kept) >= self._KEEP:
+                kept.clear()
+            found = kept[t.data_ptr()] = self._expand(i, _descriptor(t, self._views[i]))
+        return found
+
+    def __call__(self, x, w, x_scale, w_scale) -> torch.Tensor | None:
+        stream = eager_stream((x, w, x_scale, w_scale), self._device.index)
+        enter, leave, wanted = launch_hooks()
+        if (stream is None or wanted or x.data_ptr() % 16 or w.data_ptr() % 16
+                or (x_scale.data_ptr() % 16 == 0, w_scale.data_ptr() % 16 == 0) != self._aligned):
+            return None
+        out = torch.empty(self._shape, dtype=self._dtype, device=self._device)
+        compiled = self._compiled
+        self._run(self._programs, 1, 1, stream, compiled.function, compiled.packed_metadata,
+                  None, enter, leave, *self._expanded(0, x),
+                  *self._expanded(1, w), *self._expanded(2, out), x_scale, w_scale, *self._tail)
+        return out
 
 
 def _check_explicit_wgmma(config: GemmConfig, x, w, out, block: int) -> None:
@@ -262,7 +400,5 @@ def batched_gemm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.T
     if config is not None and config.wgmma:
         _check_explicit_wgmma(config, x, w, out, block)
     configs.check_split(cfg, k // block)
-    args = (cfg.block_m, cfg.block_n, cfg.split_k, cfg.swap_ab, cfg.num_warps, cfg.num_stages,
-            cfg.tma, cfg.programs_per_sm, cfg.wgmma)
-    run_mutating(_batched_gemm_a8w8_mxscale_op, (out,), x, w, xs, ws, out, *args)
+    run_mutating(_batched_gemm_a8w8_mxscale_op, (out,), x, w, xs, ws, out, *_fields(cfg))
     return out

@@ -75,7 +75,7 @@ def eager_quant(o, positions, cos_cache, sin_cache, num_groups: int, quant_group
     key, _, _, _, args = _quant_launch(o, positions, cos_cache, sin_cache, x_fp8, x_scale,
                                        quant_group_size, float(amax_floor),
                                        configs.quant_config(s))
-    bound = bind(key, args, _QUANT_TENSORS)
+    bound = bind(key, args, _QUANT_TENSORS, checked=4)
     if bound is None:
         return None
 

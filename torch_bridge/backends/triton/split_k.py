@@ -18,12 +18,15 @@ _ALIGN = 4  # int32 counters per 16 bytes
 
 
 class CounterPool:
-    """One device's tile counters, handed out in ranges per stream (or per captured launch)."""
+    """One device's tile counters, handed out in ranges per stream (or per captured launch),
+    and the fp32 parts buffer of each stream."""
 
     def __init__(self, device: torch.device):
+        self.device = device
         self.counters = torch.zeros(SPLIT_COUNTERS, dtype=torch.int32, device=device)
         self.used = 0
         self.by_stream: dict[int, torch.Tensor] = {}
+        self.parts_by_stream: dict[int, torch.Tensor] = {}
         self.lock = threading.Lock()  # threads launching on different streams get disjoint ranges
 
     def _take(self, tiles: int) -> torch.Tensor | None:
@@ -48,6 +51,17 @@ class CounterPool:
                     self.by_stream[stream] = mine
             return mine
 
+    def parts(self, numel: int, stream: int) -> torch.Tensor:
+        """``numel`` fp32 elements of ``stream``'s parts buffer (grown when a launch needs
+        more): launches on one stream never overlap, so they share it, as they share their
+        counters. A buffer given up is freed to the caching allocator on its stream."""
+        with self.lock:
+            mine = self.parts_by_stream.get(stream)
+            if mine is None or mine.numel() < numel:
+                mine = self.parts_by_stream[stream] = torch.empty(
+                    numel, dtype=torch.float32, device=self.device)
+            return mine[:numel]
+
 
 COUNTER_POOLS: dict[torch.device, CounterPool] = {}
 _FALLBACK_LOGGED: set[str] = set()
@@ -56,9 +70,10 @@ _FALLBACK_LOGGED: set[str] = set()
 def split_scratch(out: torch.Tensor, split_k: int,
                   tiles: int) -> tuple[int, torch.Tensor, torch.Tensor]:
     """``(split_k, parts, counters)`` for one pointer-kernel launch writing ``out [M, G, N]``
-    in ``tiles`` output tiles: fp32 ``parts [split_k, M, G, N]`` and int32 counters; without
-    split-K, ``(1, out, out)`` (unused). Runs unsplit, logged once, when no counters can be had:
-    the pool is created on the first split launch outside CUDA-graph capture, and a long run of
+    in ``tiles`` output tiles: fp32 ``parts [split_k, M, G, N]`` (the stream's buffer when
+    eager, the launch's own when captured) and int32 counters; without split-K,
+    ``(1, out, out)`` (unused). Runs unsplit, logged once, when no counters can be had: the
+    pool is created on the first split launch outside CUDA-graph capture, and a long run of
     captures can use it up."""
     if split_k == 1:
         return 1, out, out
@@ -78,6 +93,7 @@ def split_scratch(out: torch.Tensor, split_k: int,
             _FALLBACK_LOGGED.add(why)
             log.warning("woa: triton GEMM runs without split-K (slower at small M): %s", why)
         return 1, out, out
-    m, g, n = out.shape
-    parts = torch.empty((split_k, m, g, n), dtype=torch.float32, device=out.device)
-    return split_k, parts, counters
+    shape = (split_k, *out.shape)
+    if stream is None:
+        return split_k, torch.empty(shape, dtype=torch.float32, device=out.device), counters
+    return split_k, pool.parts(split_k * out.numel(), stream).view(shape), counters
