@@ -85,6 +85,7 @@ def test_wgmma_relaunch_passes_every_argument_in_kernel_order(monkeypatch):
     # A profiler's hook: the launch metadata is built for it, as on Triton's own path.
     monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda metadata: None)
     monkeypatch.setattr(gemm, "COMPILED_WGMMA", {})
+    monkeypatch.setattr(gemm, "sm_count", lambda index: 4)  # the interpreter's, on a GPU too
     g, n, k = 2, 256, 512
     w, ws = _fp8(g, n, k), torch.full((g, n // 128, k // 128), 127, dtype=torch.uint8)
     for m in (64, 128, 80, 72):
