@@ -67,6 +67,27 @@ def test_jax_rows_time_back_to_back_calls(bench):
     assert by["chain_fp8_jax_cb"]["check"] == "skipped: command buffers exist on GPUs only"
 
 
+def test_back_to_back_cycles_the_sets_for_a_steady_loop(monkeypatch):
+    """Each repetition makes ``BACK_TO_BACK_CALLS`` calls over the sets in turn (two or four
+    sets alone would time the first dispatch and the final wait, not a loop)."""
+    import jax
+    import jax.numpy as jnp
+
+    from torch_bridge.bench.jax_providers import BACK_TO_BACK_CALLS, JaxTimed
+
+    seen = []
+    monkeypatch.setattr(jax, "jit", lambda fn: lambda a, bump: seen.append(a) or jnp.zeros(1))
+    timed = JaxTimed(step=None, args=["set0", "set1", "set2"], bump_only=None)
+    times = timed.back_to_back_us(2)
+    assert len(times) == 2 and all(t > 0 for t in times)
+    warm = seen[:3]
+    assert warm == ["set0", "set1", "set2"]
+    assert seen[3:] == [f"set{i % 3}" for i in range(BACK_TO_BACK_CALLS)] * 2
+    seen.clear()
+    timed.back_to_back_us(1, calls=1)  # never fewer calls than sets
+    assert seen[3:] == ["set0", "set1", "set2"]
+
+
 @on_cpu
 def test_host_cost_mode_times_each_public_op_beside_torch(bench):
     rc, rows = bench("--host-cost", "--reps", "1")

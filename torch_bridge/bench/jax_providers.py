@@ -1,7 +1,9 @@
 """JAX providers: ``torch_bridge.jax_ops`` under ``jax.jit``, timed two ways.
 
-``us``: wall clock per call of back-to-back calls of one jitted function (one call per input
-set, no wait in between, one wait at the end): what a JAX user's step loop pays, host included.
+``us``: wall clock per call of ``BACK_TO_BACK_CALLS`` back-to-back calls of one jitted function
+(cycling over the input sets, no wait in between, one wait at the end): what a JAX user's step
+loop pays, host included. Enough calls that the first call's dispatch and the final wait, which
+a steady loop hides, weigh little.
 ``device_us`` (GPU): device time per call inside one jitted program, an unrolled loop of
 ``LOOP_CALLS + 1`` calls less a loop of one (best of 5 each), less the same measurement of
 the loop around its input change alone. Each trip changes an input by a zero XLA cannot see
@@ -17,6 +19,7 @@ from collections.abc import Callable
 from .problem import Skip, check_close
 
 LOOP_CALLS = 20
+BACK_TO_BACK_CALLS = 20
 
 
 @dataclasses.dataclass
@@ -27,20 +30,21 @@ class JaxTimed:
     args: list
     bump_only: Callable
 
-    def back_to_back_us(self, reps: int) -> list[float]:
-        """Wall microseconds per call, ``len(args)`` calls per repetition."""
+    def back_to_back_us(self, reps: int, calls: int = BACK_TO_BACK_CALLS) -> list[float]:
+        """Wall microseconds per call, ``calls`` calls per repetition over the sets in turn."""
         import jax
         import jax.numpy as jnp
 
         f = jax.jit(self.step)
         zero = jnp.int32(0)
+        order = [self.args[i % len(self.args)] for i in range(max(calls, len(self.args)))]
         jax.block_until_ready([f(a, zero) for a in self.args])
         out = []
         for _ in range(reps):
             t0 = time.perf_counter()
-            r = [f(a, zero) for a in self.args]
+            r = [f(a, zero) for a in order]
             jax.block_until_ready(r)
-            out.append((time.perf_counter() - t0) * 1e6 / len(self.args))
+            out.append((time.perf_counter() - t0) * 1e6 / len(order))
         return out
 
     def device_us(self) -> float | None:

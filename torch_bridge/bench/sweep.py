@@ -20,7 +20,8 @@ def time_calls(timed, *, on_gpu: bool, reps: int, graph: bool = True,
                clock: timing.Clock = "burst") -> dict:
     """Time a provider's calls; returns the row fields ``timer``, ``clock``, ``us`` and more."""
     if isinstance(timed, JaxTimed):
-        times = timed.back_to_back_us(reps if on_gpu else min(reps, 3))
+        times = (timed.back_to_back_us(reps) if on_gpu
+                 else timed.back_to_back_us(min(reps, 3), calls=len(timed.args)))
         out = {"timer": "jit", "clock": None, "us": timing.median(times), "times_us": times}
         if on_gpu:
             out["device_us"] = timed.device_us()
