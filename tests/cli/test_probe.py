@@ -21,6 +21,8 @@ def test_probe_table_lists_every_backend_per_op(woa, reads_well):
     assert "TRITON_INTERPRET" in " ".join(proc.stdout.split())
     assert next(r for r in rows if r[:2] == ["batched_gemm_a8w8_mxscale", "torch"])[2] == "yes"
     assert "torch 2." in proc.stdout and "jax 0." in proc.stdout  # versions
+    assert ("jax_ops: Triton kernels launch through buffer_callback (JAX's default backend is "
+            "cpu; the native route needs cuda)") in " ".join(proc.stdout.split())
 
 
 def test_probe_json_to_stdout(woa):
@@ -34,6 +36,8 @@ def test_probe_json_to_stdout(woa):
     aiter = report["ops"]["wo_a"]["aiter"]
     assert aiter["ok"] is False and "AITER" in aiter["reason"]
     assert report["env"]["TRITON_INTERPRET"] == "(unset)"
+    assert report["jax_route"] == {
+        "native": False, "reason": "JAX's default backend is cpu; the native route needs cuda"}
 
 
 @pytest.mark.parametrize("env, fragments", [

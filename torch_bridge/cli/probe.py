@@ -1,4 +1,5 @@
-"""``woa probe``: every backend per op, whether it runs here and why not, with versions."""
+"""``woa probe``: every backend per op, whether it runs here and why not, with versions, and
+how ``torch_bridge.jax_ops`` launches the Triton kernels from JAX."""
 
 from __future__ import annotations
 
@@ -71,6 +72,15 @@ def check_environment() -> dict[str, str]:
     return {k: os.environ.get(k, "(unset)") for k in names}
 
 
+def jax_route() -> dict[str, Any]:
+    """How ``jax_ops`` launches the Triton backend here: natively (our XLA custom call; on CUDA
+    this builds its handler once) or through ``buffer_callback``, and why."""
+    from .. import jax_ops
+
+    reason = jax_ops.native_route_reason("triton")
+    return {"native": reason is None, "reason": reason}
+
+
 def add_parser(sub) -> None:
     """Register ``woa probe`` with the subcommand parsers ``sub``."""
     p = sub.add_parser("probe", help="which backend runs here, and why not",
@@ -95,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
     payload = {"command": "probe", "device": dev, "device_type": device_type,
                "versions": versions(), "env": env,
                "available": {b: {"ok": ok, "reason": why} for b, (ok, why) in avail.items()},
+               "jax_route": jax_route(),
                "ops": {op: {b: {"ok": ok, "reason": why} for b, (ok, why) in per.items()}
                        for op, per in table.items()}}
     output.write_json(args.json, payload)
@@ -104,11 +115,15 @@ def run(args: argparse.Namespace) -> int:
     installed = ", ".join(f"{k} {v}" for k, v in ver.items() if v is not None)
     missing = ", ".join(k for k, v in ver.items() if v is None) or "none"
     arch = f" ({dev['arch']}, {dev['runtime']})" if dev.get("arch") else ""
+    route = payload["jax_route"]
+    jax_note = ("jax_ops: Triton kernels launch natively (woa_triton_launch custom call)"
+                if route["native"] else f"jax_ops: Triton kernels launch through buffer_callback "
+                f"({route['reason']})")
     rows = [[op, backend, "yes" if ok else "no", why]
             for op, per in table.items() for backend, (ok, why) in per.items()]
     output.print_table(
         f"woa probe on {dev['name']}{arch}: backends for a DeepSeek V4 call on {device_type}",
         ["op", "backend", "runs", "why"], rows,
-        notes=[f"versions: {installed}; not installed: {missing}",
+        notes=[f"versions: {installed}; not installed: {missing}", jax_note,
                "environment: " + ", ".join(f"{k}={v}" for k, v in env.items())])
     return ExitCode.OK
