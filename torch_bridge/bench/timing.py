@@ -19,6 +19,9 @@ BURST_FILL_US = 300.0
 #: The sustained clock: GPU work per replay, and seconds of replays before timing.
 SUSTAINED_FILL_US = 20_000.0
 SUSTAINED_WARM_S = 1.0
+#: Eager calls per timed repetition (over the input sets in turn): enough that the first call's
+#: launch latency and the final wait, which a steady loop hides, weigh little.
+EAGER_CALLS = 20
 
 Clock = Literal["burst", "sustained"]
 
@@ -32,9 +35,9 @@ def time_cuda(fns: Sequence[Callable[[], object]], *, reps: int = 20, warmup: in
     """Microseconds per call of each replay of ``fns`` (one call per input set, in order).
 
     ``graph``: the calls are captured in a CUDA graph (no launch gaps, as a serving loop replays
-    them) and replayed ``reps`` times between two events; else launched eagerly between the
-    events. Rotating through several input sets keeps each call's inputs out of L2 when the sets
-    together exceed it.
+    them) and replayed ``reps`` times between two events; else ``EAGER_CALLS`` calls (over the
+    sets in turn) are launched eagerly between the events. Rotating through several input sets
+    keeps each call's inputs out of L2 when the sets together exceed it.
     """
     import torch
 
@@ -42,7 +45,7 @@ def time_cuda(fns: Sequence[Callable[[], object]], *, reps: int = 20, warmup: in
         f()
     torch.cuda.synchronize()
     fill = SUSTAINED_FILL_US if clock == "sustained" else BURST_FILL_US
-    copies = 1
+    copies, calls = 1, len(fns)
     if graph:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -66,8 +69,11 @@ def time_cuda(fns: Sequence[Callable[[], object]], *, reps: int = 20, warmup: in
             g = capture(copies)
         run = g.replay
     else:
+        order = [fns[i % len(fns)] for i in range(max(EAGER_CALLS, len(fns)))]
+        calls = len(order)
+
         def run():
-            for f in fns:
+            for f in order:
                 f()
     for _ in range(warmup):
         run()
@@ -76,7 +82,7 @@ def time_cuda(fns: Sequence[Callable[[], object]], *, reps: int = 20, warmup: in
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < SUSTAINED_WARM_S:
             _event_us(run)
-    return [_event_us(run) / (len(fns) * copies) for _ in range(reps)]
+    return [_event_us(run) / (calls * copies) for _ in range(reps)]
 
 
 def _event_us(run: Callable[[], object]) -> float:
