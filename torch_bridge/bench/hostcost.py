@@ -70,28 +70,42 @@ def _calls(p: problem.Problem, on_gpu: bool) -> dict:
 
 def run_host_cost(sweep: problem.Sweep, *, on_gpu: bool, reps: int, seed: int,
                   progress) -> list[dict]:
-    """One row per call and (G, M): ``us`` is the host time per call (median of ``reps``)."""
+    """One row per call and (G, M): ``us`` is the host time per call (median of ``reps``).
+
+    The repetitions go round the calls in turn (one timing of each per round), so drift of the
+    host's speed during the run reaches every call alike instead of the ones timed first.
+    """
     import torch
 
     sync = torch.cuda.synchronize if on_gpu else None
     calls = 200 if on_gpu else 3
+    rounds = reps if on_gpu else 3
     rows = []
     todo = [(g, m) for g in sweep.groups for m in sweep.ms]
     task = progress.add_task("host cost", total=len(todo))
     for g, m in todo:
+        progress.update(task, description=f"host cost G={g} M={m}")
         p = problem.make_problem(sweep, g, m, "cuda" if on_gpu else "cpu", seed)
+        builders = _calls(p, on_gpu)
+        fns, skipped = {}, {}
+        for name, build in builders.items():
+            try:
+                fns[name] = build()
+            except Skip as e:
+                skipped[name] = e
+        times: dict[str, list[float]] = {name: [] for name in fns}
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                times[name] += timing.host_us(fn, calls=calls, reps=1, sync=sync)
         new = []
-        for name, build in _calls(p, on_gpu).items():
-            progress.update(task, description=f"host cost G={g} M={m} {name}")
+        for name in builders:
             row = {"mode": "host_cost", "kind": "host", "provider": name, "G": g, "M": m,
                    "N": sweep.n, "K": sweep.k, "timer": "host", "clock": None,
                    "calls": calls}
-            try:
-                times = timing.host_us(build(), calls=calls, reps=reps if on_gpu else 3,
-                                       sync=sync)
-                row.update(us=timing.median(times), times_us=times, check="-")
-            except Skip as e:
-                row.update(us=None, check=f"skipped: {e}")
+            if name in skipped:
+                row.update(us=None, check=f"skipped: {skipped[name]}")
+            else:
+                row.update(us=timing.median(times[name]), times_us=times[name], check="-")
             new.append(row)
         ref = next((r["us"] for r in new if r["provider"] == REFERENCE and r["us"]), None)
         for r in new:
