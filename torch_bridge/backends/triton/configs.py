@@ -308,6 +308,33 @@ def tile_programs(m: int, g: int, n: int, block_m: int, block_n: int, programs_p
 SMEM_BYTES = 227 * 1024 - 256
 
 
+@dataclasses.dataclass(frozen=True)
+class WgmmaLaunch:
+    """One wgmma GEMM launch, as the torch and JAX launchers make it: the grid (``programs``),
+    the ``(shape, strides, tile)`` of the x, w and y descriptors, and the constexprs."""
+
+    programs: int
+    views: tuple[tuple[tuple[int, int], tuple[int, int], tuple[int, int]], ...]
+    constexprs: dict
+
+
+def wgmma_launch(m: int, g: int, n: int, k: int, block: int, cfg: GemmConfig, *,
+                 out_bytes: int, sms: int, x_row: int, y_row: int,
+                 scale_strides: tuple[int, int, int, int]) -> WgmmaLaunch:
+    """The wgmma kernel's launch for ``x [M, G, K]`` (rows ``x_row`` apart, (G, K) packed),
+    ``w [G, N, K]`` contiguous, ``y [M, G, N]`` (rows ``y_row`` apart) and scales with strides
+    ``(x_scale M, x_scale G, w_scale G, w_scale N)``, on a GPU of ``sms`` SMs."""
+    bm, bn = cfg.block_m, cfg.block_n
+    programs = tile_programs(m, g, n, bm, bn, cfg.programs_per_sm, sms)
+    stages = wgmma_stages(cfg.num_stages, k // block, bm, bn, block, out_bytes)
+    sxsm, sxsg, swsg, swsn = scale_strides
+    views = (((m, g * k), (x_row, 1), (bm, block)), ((g * n, k), (k, 1), (bn, block)),
+             ((m, g * n), (y_row, 1), (bm, bn)))
+    return WgmmaLaunch(programs, views, dict(
+        SXSM=sxsm, SXSG=sxsg, SWSG=swsg, SWSN=swsn, G=g, N=n, K=k, STAGES=stages,
+        num_warps=cfg.num_warps, SWAP_AB=cfg.swap_ab))
+
+
 def wgmma_stages(requested: int, k_blocks: int, block_m: int, block_n: int, block: int,
                  out_bytes: int) -> int:
     """The wgmma kernel's pipeline depth: ``requested``, at most one stage per K block and as

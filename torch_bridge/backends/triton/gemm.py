@@ -218,18 +218,6 @@ def _gemm_plan(x, w, x_scale, w_scale, out, cfg: GemmConfig):
         SYM=out.stride(0), SYG=out.stride(1), **common)
 
 
-_GL_DTYPES = {torch.float8_e4m3fn: "float8e4nv", torch.bfloat16: "bfloat16",
-              torch.float32: "float32"}
-
-
-@functools.cache
-def _smem_layout(tile: tuple[int, int], dtype: torch.dtype):
-    """The swizzled shared-memory layout of a TMA tile (slow to build, so built once)."""
-    from triton.experimental.gluon import language as gl
-
-    return gl.NVMMASharedLayout.get_default_for(list(tile), getattr(gl, _GL_DTYPES[dtype]))
-
-
 #: Compiled wgmma GEMMs by launch key (see ``_wgmma_launch``): Triton's own launch path
 #: re-derives the specialization on every call, several times a launch's host time.
 COMPILED_WGMMA: dict[tuple, object] = {}
@@ -241,27 +229,25 @@ _WGMMA_TENSORS = ("x_desc", "w_desc", "y_desc", "xs_ptr", "ws_ptr")
 def _wgmma_launch(x, w, x_scale, w_scale, out, block_m, block_n, block, num_warps, num_stages,
                   programs_per_sm, swap_ab):
     """``(compile key, programs, descriptor views, the other arguments by name)`` of one wgmma
-    launch; a view is the ``(shape, strides, tile)`` of x, w or out's descriptor."""
+    launch (``configs.wgmma_launch``); a view is the ``(shape, strides, tile)`` of x, w or
+    out's descriptor."""
     m, g, k = x.shape
     n = w.shape[1]
-    programs = configs.tile_programs(m, g, n, block_m, block_n, programs_per_sm,
-                                     sm_count(x.device.index))
-    stages = configs.wgmma_stages(num_stages, k // block, block_m, block_n, block,
-                                  out.element_size())
-    args = dict(SXSM=x_scale.stride(0), SXSG=x_scale.stride(1), SWSG=w_scale.stride(0),
-                SWSN=w_scale.stride(1), G=g, N=n, K=k, STAGES=stages, num_warps=num_warps,
-                SWAP_AB=swap_ab)
+    plan = configs.wgmma_launch(
+        m, g, n, k, block, GemmConfig(block_m, block_n, 1, swap_ab, num_warps, num_stages,
+                                      programs_per_sm=programs_per_sm, wgmma=True),
+        out_bytes=out.element_size(), sms=sm_count(x.device.index), x_row=x.stride(0),
+        y_row=out.stride(0), scale_strides=(x_scale.stride(0), x_scale.stride(1),
+                                            w_scale.stride(0), w_scale.stride(1)))
+    programs, args = plan.programs, plan.constexprs
     # Everything Triton specializes this kernel on: the constexprs, the descriptors' tiles and
     # dtypes, the integers' value classes (== 1, % 16) and the scale pointers' alignment; the
     # row strides are in too (the descriptors' shapes and strides are runtime values).
     key = (x.device.index, block_m, block_n, x.dtype, out.dtype, x.stride(0), out.stride(0),
            *args.values(), m == 1, m % 16 == 0, programs == 1, programs % 16 == 0,
            x_scale.data_ptr() % 16 == 0, w_scale.data_ptr() % 16 == 0)
-    views = (([m, g * k], [x.stride(0), 1], (block_m, block)),
-             ([g * n, k], [k, 1], (block_n, block)),
-             ([m, g * n], [out.stride(0), 1], (block_m, block_n)))
-    return key, programs, views, dict(xs_ptr=x_scale, ws_ptr=w_scale, M=m,
-                                      num_programs=programs, **args)
+    return key, programs, plan.views, dict(xs_ptr=x_scale, ws_ptr=w_scale, M=m,
+                                           num_programs=programs, **args)
 
 
 def _descriptor(t: torch.Tensor, view: tuple):
@@ -269,8 +255,11 @@ def _descriptor(t: torch.Tensor, view: tuple):
     versions)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    from .wgmma_kernels import smem_layout
+
     shape, strides, tile = view
-    return TensorDescriptor(t, shape, strides, list(tile), _smem_layout(tile, t.dtype))
+    return TensorDescriptor(t, list(shape), list(strides), list(tile),
+                            smem_layout(tile, str(t.dtype).removeprefix("torch.")))
 
 
 def _launch_wgmma(x, w, x_scale, w_scale, out, **shape) -> None:

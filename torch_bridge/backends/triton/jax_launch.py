@@ -168,33 +168,23 @@ def gemm_call(m: int, g: int, n: int, k: int, block: int, n_blocks: int, *, dtyp
                       cfg.num_stages, tuple(constexprs.items()))
 
 
-_GL_DTYPES = {"float8_e4m3fn": "float8e4nv", "bfloat16": "bfloat16", "float32": "float32"}
-
-
-def _smem_layout(tile: tuple[int, int], dtype):
-    from triton.experimental.gluon import language as gl
-
-    gl_dtype = getattr(gl, _GL_DTYPES[np.dtype(dtype).name])
-    return gl.NVMMASharedLayout.get_default_for(list(tile), gl_dtype)
-
-
 def _wgmma_call(m, g, n, k, block, n_blocks, dtype, cfg, sms) -> KernelCall:
-    """The wgmma kernel's launch, with the torch launcher's descriptors, grid and stages."""
+    """The wgmma kernel's launch (``configs.wgmma_launch``, as the torch launcher makes it)."""
     from . import wgmma_kernels
 
-    bm, bn, kb = cfg.block_m, cfg.block_n, k // block
-    programs = configs.tile_programs(m, g, n, bm, bn, cfg.programs_per_sm, sms)
-    stages = configs.wgmma_stages(cfg.num_stages, kb, bm, bn, block, np.dtype(dtype).itemsize)
-    fp8 = jnp.float8_e4m3fn
-    x = xla_ffi.Desc(0, (m, g * k), g * k, (bm, block), _smem_layout((bm, block), fp8))
-    w = xla_ffi.Desc(1, (g * n, k), k, (bn, block), _smem_layout((bn, block), fp8))
-    y = xla_ffi.Desc(4, (m, g * n), g * n, (bm, bn), _smem_layout((bm, bn), dtype))
-    constexprs = dict(SXSM=g * kb, SXSG=kb, SWSG=n_blocks * kb, SWSN=kb, G=g, N=n, K=k,
-                      STAGES=stages, num_warps=cfg.num_warps, SWAP_AB=cfg.swap_ab)
+    kb = k // block
+    plan = configs.wgmma_launch(m, g, n, k, block, cfg, out_bytes=np.dtype(dtype).itemsize,
+                                sms=sms, x_row=g * k, y_row=g * n,
+                                scale_strides=(g * kb, kb, n_blocks * kb, kb))
+    names = ("float8_e4m3fn", "float8_e4m3fn", np.dtype(dtype).name)
+    x, w, y = (xla_ffi.Desc(index, shape, strides[0], tile,
+                            wgmma_kernels.smem_layout(tile, name))
+               for index, (shape, strides, tile), name in zip((0, 1, 4), plan.views, names,
+                                                              strict=True))
     return KernelCall(wgmma_kernels.batched_gemm_a8w8_mxscale_wgmma_kernel,
-                      (x, w, y, Ref(2), Ref(3), m, programs),
-                      (jax.ShapeDtypeStruct((m, g, n), dtype),), (programs,), cfg.num_warps,
-                      None, tuple(constexprs.items()))
+                      (x, w, y, Ref(2), Ref(3), m, plan.programs),
+                      (jax.ShapeDtypeStruct((m, g, n), dtype),), (plan.programs,),
+                      cfg.num_warps, None, tuple(plan.constexprs.items()))
 
 
 # ---------------------------------------------------------------------------------------------

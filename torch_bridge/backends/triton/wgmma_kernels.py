@@ -11,6 +11,8 @@ raw pointers. Importing it needs a Triton with Gluon's Hopper dialect (3.5 or ne
 
 from __future__ import annotations
 
+import functools
+
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -25,6 +27,16 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 # async_store and later removed the old names.
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+
+#: Gluon element types by dtype name (torch's and NumPy's names agree for these).
+_GL_DTYPES = {"float8_e4m3fn": gl.float8e4nv, "bfloat16": gl.bfloat16, "float32": gl.float32}
+
+
+@functools.cache
+def smem_layout(tile: tuple[int, int], dtype_name: str):
+    """The swizzled shared-memory layout of a TMA tile of ``dtype_name`` (slow to build, so
+    built once); the torch and JAX launchers' descriptors use it."""
+    return gl.NVMMASharedLayout.get_default_for(list(tile), _GL_DTYPES[dtype_name])
 
 
 @gluon.jit
