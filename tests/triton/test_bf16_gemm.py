@@ -47,6 +47,17 @@ def _checkpoint(rng, g, n, k):
     return weight, scale, torch.from_numpy(np.array(w_bf16)).to(torch.bfloat16).to(DEVICE)
 
 
+#: ``(H, Dh, G, N)`` of ``_small_chain``: two groups of two 128-lane heads, 64 rope lanes.
+_SMALL = (4, 128, 2, 32)
+
+
+def _small_chain(rng):
+    """``(o [3, H, Dh], positions, cos, sin, w [G, N, K])`` of a small BF16 chain call."""
+    h, dh, g, n = _SMALL
+    o, pos, cos, sin = rope_case(rng, s=3, h=h, dh=dh, rd=64)
+    return o, pos, cos, sin, _checkpoint(rng, g, n, h * dh // g)[2]
+
+
 def _run(o, pos, cos, sin, w, cfg: Bf16GemmConfig):
     """The fused launch with its tails buffer exposed: ``(y [S, G, N], tails [S, H, rd])``."""
     s, h, _ = o.shape
@@ -129,9 +140,8 @@ def test_strided_o_is_read_in_place(rng):
 def test_the_rule_picks_the_path_and_both_agree(rng, monkeypatch):
     """``configs.bf16_gemm_chosen`` alone decides between the GEMM from ``o`` and the rotated copy
     with cuBLAS (torch's GEMM here); in place is always the rotation of ``o`` itself."""
-    h, dh, rd, g, n = 4, 128, 64, 2, 32
-    o, pos, cos, sin = rope_case(rng, s=3, h=h, dh=dh, rd=rd)
-    _, _, w = _checkpoint(rng, g, n, h * dh // g)
+    h, dh, g, n = _SMALL
+    o, pos, cos, sin, w = _small_chain(rng)
     runs = []
     real = chain._wo_a_bf16_plan
     monkeypatch.setattr(_common, "PLANS", {})
@@ -151,9 +161,8 @@ def test_the_rule_picks_the_path_and_both_agree(rng, monkeypatch):
 
 def test_plan_is_reused_and_keyed_on_layout(rng, monkeypatch):
     """A repeated call reuses its launch plan; a padded ``o`` or another config gets its own."""
-    h, dh, rd, g, n = 4, 128, 64, 2, 32
-    o, pos, cos, sin = rope_case(rng, s=3, h=h, dh=dh, rd=rd)
-    _, _, w = _checkpoint(rng, g, n, h * dh // g)
+    h, dh, g, n = _SMALL
+    o, pos, cos, sin, w = _small_chain(rng)
     made = []
     real = chain._wo_a_bf16_plan
     monkeypatch.setattr(_common, "PLANS", {})
@@ -170,9 +179,8 @@ def test_plan_is_reused_and_keyed_on_layout(rng, monkeypatch):
 
 
 def test_zero_tokens_and_heads_the_gemm_cannot_tile(rng):
-    h, dh, rd, g, n = 4, 128, 64, 2, 32
-    o, pos, cos, sin = rope_case(rng, s=3, h=h, dh=dh, rd=rd)
-    _, _, w = _checkpoint(rng, g, n, h * dh // g)
+    h, dh, g, n = _SMALL
+    o, pos, cos, sin, w = _small_chain(rng)
     assert launch.wo_a_bf16(o[:0], pos[:0], cos, sin, w, g, fused=True).shape == (0, g, n)
     # Head dim 24, rope dim 8: no K tile of 16 lanes lies on one side of the rope boundary.
     o, pos, cos, sin = rope_case(rng, s=3, h=4, dh=24, rd=8)
@@ -188,9 +196,8 @@ def test_zero_tokens_and_heads_the_gemm_cannot_tile(rng):
 
 
 def test_bad_inputs_give_clear_errors(rng):
-    h, dh, rd, g, n = 4, 128, 64, 2, 32
-    o, pos, cos, sin = rope_case(rng, s=3, h=h, dh=dh, rd=rd)
-    _, _, w = _checkpoint(rng, g, n, h * dh // g)
+    h, dh, g, n = _SMALL
+    o, pos, cos, sin, w = _small_chain(rng)
     with pytest.raises(ValueError, match="num_groups = 4 groups of K"):
         launch.wo_a_bf16(o, pos, cos, sin, w, 4)
     with pytest.raises(ValueError, match="inplace=True"):
