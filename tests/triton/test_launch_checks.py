@@ -376,3 +376,64 @@ def test_launch_hooks_pass_empty_chains_as_none_and_want_metadata_only_for_a_hoo
     assert _common.launch_hooks() == (None, leave, True)
     monkeypatch.setattr(knobs.runtime, "launch_enter_hook", None)
     assert _common.launch_hooks() == (None, leave, False)
+
+
+def _cuda_launcher(layout: str, raw: list, **fields):
+    """A stand-in for Triton's ``CudaLauncher`` of one C-launch layout: ``"3.6"`` (the
+    arguments spread out) or ``"3.7"`` (annotations, signature, then one tuple)."""
+    if layout == "3.6":
+        class CudaLauncher:
+            def __call__(self, gridX, gridY, gridZ, stream, function, *args):
+                raise AssertionError("the Python step must be skipped")
+    else:
+        class CudaLauncher:
+            arg_annotations, kernel_signature = "annotations", "signature"
+
+            def __call__(self, gridX, gridY, gridZ, stream, function, kernel_metadata,
+                         launch_metadata, launch_enter_hook, launch_exit_hook, *args):
+                raise AssertionError("the Python step must be skipped")
+    run = CudaLauncher()
+    run.launch = lambda *args: raw.append(args)
+    run.launch_cooperative_grid, run.launch_pdl = "coop", "pdl"
+    run.global_scratch_size = run.profile_scratch_size = 0
+    for name, value in fields.items():
+        setattr(run, name, value)
+
+    class Compiled:
+        function, packed_metadata = "function", "metadata"
+
+        def launch_metadata(self, grid, stream, *args):
+            return ("launch metadata", grid, stream, len(args))
+    compiled = Compiled()
+    compiled.run = run
+    return compiled
+
+
+@pytest.mark.parametrize("layout", ["3.6", "3.7"])
+def test_raw_launch_calls_the_c_launch_in_its_layout(layout):
+    """``_common.raw_launch`` passes what Triton's step would (no scratch: ``None`` twice) in
+    the C launch's order, with launch metadata only when a hook wants it."""
+    raw = []
+    go = _common.raw_launch(_cuda_launcher(layout, raw))
+    go(3, 2, 1, 7, [1, 2], "enter", "leave", False)
+    go(3, 2, 1, 7, [1, 2], "enter", "leave", True)
+    meta = ("launch metadata", (3, 2, 1), 7, 2)
+    if layout == "3.6":
+        assert raw == [(3, 2, 1, 7, "function", "coop", "pdl", None, None, "metadata", None,
+                        "enter", "leave", 1, 2),
+                       (3, 2, 1, 7, "function", "coop", "pdl", None, None, "metadata", meta,
+                        "enter", "leave", 1, 2)]
+    else:
+        assert raw == [(3, 2, 1, 7, "function", "coop", "pdl", "metadata", None, "enter",
+                        "leave", None, None, "annotations", "signature", (1, 2)),
+                       (3, 2, 1, 7, "function", "coop", "pdl", "metadata", meta, "enter",
+                        "leave", None, None, "annotations", "signature", (1, 2))]
+
+
+def test_raw_launch_leaves_kernels_with_scratch_and_unknown_launchers_to_triton():
+    assert _common.raw_launch(_cuda_launcher("3.7", [], global_scratch_size=64)) is None
+    assert _common.raw_launch(_cuda_launcher("3.7", [], profile_scratch_size=8)) is None
+    assert _common.raw_launch(_cuda_launcher("3.7", [], gsan_enabled=True)) is None
+    odd = _cuda_launcher("3.6", [], arg_annotations="a layout of neither kind")
+    assert _common.raw_launch(odd) is None
+    assert _common.raw_launch(_stand_in_compiled([])()) is None  # not a CudaLauncher

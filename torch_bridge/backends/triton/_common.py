@@ -190,14 +190,14 @@ class Bound:
     device) with their plan key.
     """
 
-    __slots__ = ("_compiled", "_grid", "_template", "_slots", "_checked", "_aligned", "_device",
+    __slots__ = ("_go", "_grid", "_template", "_slots", "_checked", "_aligned", "_device",
                  "_stream")
 
     def __init__(self, compiled, tail: tuple, grid: tuple[int, ...], args: tuple,
                  slots: tuple[int, ...], stream: int | None = None, checked: int | None = None):
         if any(isinstance(a, torch.Tensor) for i, a in enumerate(args) if i not in slots):
             raise ValueError("Bound: every tensor argument must be in a slot")
-        self._compiled = compiled
+        self._go = raw_launch(compiled) or triton_launch(compiled)
         self._grid = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
         # No tensor of the binding call is kept: a prefill's o would stay alive with it.
         self._template = [None if i in slots else a for i, a in enumerate(args)] + list(tail)
@@ -210,13 +210,17 @@ class Bound:
     def __call__(self, tensors: tuple) -> bool:
         inputs = tensors[:self._checked]
         stream = eager_stream(inputs, self._device, self._stream)
-        if stream is None or tuple(t.data_ptr() % 16 == 0 for t in inputs) != self._aligned:
+        if stream is None or tuple(p % 16 == 0 for p in map(_DATA_PTR, inputs)) != self._aligned:
             return False
         ordered = self._template.copy()
         for i, t in zip(self._slots, tensors, strict=True):
             ordered[i] = t
-        _run_compiled(self._compiled, self._grid, ordered, stream)
+        enter, leave, wanted = launch_hooks()
+        self._go(*self._grid, stream, ordered, enter, leave, wanted)
         return True
+
+
+_DATA_PTR = torch.Tensor.data_ptr
 
 
 def bind(plan_key: tuple, args: tuple, slots: tuple[int, ...], stream: int | None = None,
@@ -273,6 +277,55 @@ def _run_compiled(compiled, grid: tuple[int, ...], ordered, stream: int | None =
     compiled.run(grid[0], g1, g2, stream, compiled.function, compiled.packed_metadata,
                  compiled.launch_metadata(grid, stream, *ordered) if wanted else None,
                  enter, leave, *ordered)
+
+
+def triton_launch(compiled, run=None):
+    """``go(gx, gy, gz, stream, args, enter, leave, wanted)`` through Triton's own launcher
+    (``run``: a stand-in for ``compiled.run``, as ``descriptor_launcher`` makes)."""
+    run = run or compiled.run
+
+    def go(gx, gy, gz, stream, args, enter, leave, wanted):
+        run(gx, gy, gz, stream, compiled.function, compiled.packed_metadata,
+                     compiled.launch_metadata((gx, gy, gz), stream, *args) if wanted else None,
+                     enter, leave, *args)
+    return go
+
+
+def raw_launch(compiled, run=None):
+    """``go(gx, gy, gz, stream, args, enter, leave, wanted)``: the compiled kernel's C launch
+    called directly, without the Python step of Triton's launcher, else ``None``.
+
+    Triton's ``CudaLauncher.__call__`` first allocates the kernel's global and profile scratch;
+    for a kernel that needs neither (and no sanitizer) the step passes ``None`` for both, and
+    it costs a tenth of an eager op's host time. Two layouts of the C launch are known: Triton
+    3.6 (the kernel's arguments spread out after the scratch) and 3.7 to 3.9 (scratch, argument
+    annotations, kernel signature, then the arguments as one tuple); any other launcher, or a
+    kernel with scratch, gets ``None`` and callers keep Triton's path. ``run``: as for
+    ``triton_launch``.
+    """
+    run = run or compiled.run
+    code = getattr(type(run).__call__, "__code__", None)
+    if (type(run).__name__ != "CudaLauncher" or code is None
+            or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1)
+            or getattr(run, "gsan_enabled", False)):
+        return None
+    c_launch, coop, pdl = run.launch, run.launch_cooperative_grid, run.launch_pdl
+    function, packed = compiled.function, compiled.packed_metadata
+    meta = compiled.launch_metadata
+    if code.co_argcount == 10 and hasattr(run, "arg_annotations"):  # 3.7 to 3.9
+        annotations, signature = run.arg_annotations, run.kernel_signature
+
+        def go(gx, gy, gz, stream, args, enter, leave, wanted):
+            c_launch(gx, gy, gz, stream, function, coop, pdl, packed,
+                     meta((gx, gy, gz), stream, *args) if wanted else None, enter, leave,
+                     None, None, annotations, signature, tuple(args))
+        return go
+    if code.co_argcount == 6 and not hasattr(run, "arg_annotations"):  # 3.6
+        def go(gx, gy, gz, stream, args, enter, leave, wanted):
+            c_launch(gx, gy, gz, stream, function, coop, pdl, None, None, packed,
+                     meta((gx, gy, gz), stream, *args) if wanted else None, enter, leave, *args)
+        return go
+    return None
 
 
 def descriptor_launcher(compiled):

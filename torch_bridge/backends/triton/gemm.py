@@ -24,9 +24,11 @@ from ._common import (
     on_device_of,
     output,
     plan,
+    raw_launch,
     rows_contiguous,
     run_mutating,
     signature,
+    triton_launch,
 )
 from .configs import GemmConfig
 from .split_k import split_scratch
@@ -294,7 +296,8 @@ class WgmmaBound:
 
     def __init__(self, compiled, run, expand, programs: int, views: tuple, tail: tuple,
                  out: torch.Tensor, scales_aligned: tuple[bool, bool]):
-        self._compiled, self._run, self._expand = compiled, run, expand
+        self._go = raw_launch(compiled, run) or triton_launch(compiled, run)
+        self._expand = expand
         self._programs, self._views, self._tail = programs, views, tail
         self._shape, self._dtype, self._device = tuple(out.shape), out.dtype, out.device
         self._aligned = scales_aligned
@@ -331,10 +334,9 @@ class WgmmaBound:
                 or (x_scale.data_ptr() % 16 == 0, w_scale.data_ptr() % 16 == 0) != self._aligned):
             return None
         out = torch.empty(self._shape, dtype=self._dtype, device=self._device)
-        compiled = self._compiled
-        self._run(self._programs, 1, 1, stream, compiled.function, compiled.packed_metadata,
-                  None, enter, leave, *self._expanded(0, x),
-                  *self._expanded(1, w), *self._expanded(2, out), x_scale, w_scale, *self._tail)
+        self._go(self._programs, 1, 1, stream,
+                 (*self._expanded(0, x), *self._expanded(1, w), *self._expanded(2, out), x_scale,
+                  w_scale, *self._tail), enter, leave, False)
         return out
 
 
