@@ -34,6 +34,11 @@ _CARRIER = {1: ("uint8", torch.uint8), 2: ("int16", torch.int16)}
 _IS_JAX: dict[type, bool] = {torch.Tensor: False, torch.nn.Parameter: False, type(None): False}
 
 
+#: Argument types that are never JAX arrays, the ones an eager call passes.
+_PLAIN_TYPES = frozenset({torch.Tensor, torch.nn.Parameter, type(None), int, float, bool, str,
+                          torch.dtype})
+
+
 def is_jax_array(x: Any) -> bool:
     """Whether ``x`` is a JAX array (checked by module name, so JAX is never imported here)."""
     kind = type(x)
@@ -57,6 +62,9 @@ def jax_io(*, outputs: tuple[str, ...] = ()):
     def wrap(fn):
         @functools.wraps(fn)
         def call(*args, **kwargs):
+            if _PLAIN_TYPES.issuperset(map(type, args)) and (
+                    not kwargs or _PLAIN_TYPES.issuperset(map(type, kwargs.values()))):
+                return fn(*args, **kwargs)  # the common case, checked at C speed
             if not (any(map(is_jax_array, args)) or any(map(is_jax_array, kwargs.values()))):
                 return fn(*args, **kwargs)
             for name in outputs:

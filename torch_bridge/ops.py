@@ -48,12 +48,6 @@ def tensor_signature(t) -> tuple | None:
     return _NOT_A_TENSOR
 
 
-def _typed(*options) -> tuple:
-    """Options as signature parts: with their types, since ``2.0 == 2`` and ``True == 1`` would
-    otherwise let a value the checks reject reuse the plan of one they accepted."""
-    return tuple((type(v), v) for v in options)
-
-
 def backend_signature(backend) -> Any:
     """The backend request as a signature part (``WOA_BACKEND`` counts when it is ``auto``)."""
     if backend in (None, "auto"):
@@ -212,10 +206,10 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
     key = quant_key(o, positions, cos_cache, sin_cache, num_groups, quant_group_size,
                     scale_layout, backend, x_fp8, x_scale, fp8_dtype, amax_floor)
     eager = _bound(key)
-    if eager:  # bound for new outputs only: the scales are float8_e8m0fnu
+    if eager:  # bound for new outputs only (the scales come as float8_e8m0fnu)
         got = eager(o, positions, cos_cache, sin_cache)
         if got is not None:
-            return got[0], got[1].view(torch.float8_e8m0fnu)
+            return got
     fresh = x_fp8 is None and x_scale is None
     plan = _lookup(key)
     if plan is None:
@@ -250,9 +244,12 @@ def quant_key(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, 
               backend, x_fp8, x_scale, fp8_dtype, amax_floor) -> tuple:
     """The call signature of an ``inverse_rope_group_quant`` call: its plan's key."""
     sig = tensor_signature
+    # Options go in with their types: 2.0 == 2 and True == 1 would otherwise let a value the
+    # checks reject reuse the plan of one they accepted.
     return ("quant", sig(o), sig(positions), sig(cos_cache), sig(sin_cache),
-            *_typed(num_groups, quant_group_size, scale_layout, fp8_dtype, amax_floor),
-            backend_signature(backend), sig(x_fp8), sig(x_scale))
+            type(num_groups), num_groups, type(quant_group_size), quant_group_size,
+            type(scale_layout), scale_layout, type(fp8_dtype), fp8_dtype, type(amax_floor),
+            amax_floor, backend_signature(backend), sig(x_fp8), sig(x_scale))
 
 
 def _plan_quant(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, scale_layout,
@@ -385,7 +382,7 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype: torch.dtype = torch
 def gemm_key(x, w, x_scale, w_scale, dtype, backend, out) -> tuple:
     """The call signature of a ``batched_gemm_a8w8_mxscale`` call: its plan's key."""
     sig = tensor_signature
-    return ("gemm", sig(x), sig(w), sig(x_scale), sig(w_scale), *_typed(dtype),
+    return ("gemm", sig(x), sig(w), sig(x_scale), sig(w_scale), type(dtype), dtype,
             backend_signature(backend), sig(out))
 
 

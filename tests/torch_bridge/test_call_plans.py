@@ -9,7 +9,7 @@ from tb_cases import gemm_operands, np_to_torch, rope_case, wo_a_checkpoint
 
 import torch_bridge as tb
 from torch_bridge import _dispatch
-from woa_jax import checks
+from woa_jax import AITER_AMAX_FLOOR, checks
 
 
 @pytest.fixture
@@ -120,10 +120,9 @@ def test_a_bound_eager_launcher_serves_repeats_of_its_signature_only(monkeypatch
     tb.inverse_rope_group_quant(*args, 2, 64, backend="torch")
     assert asked == ["inverse_rope_group_quant"] and list(ops._EAGER.values()) == [None]
     (key,) = ops._EAGER
-    marker = (torch.zeros(1), torch.zeros(1, dtype=torch.uint8))
+    marker = (torch.zeros(1), torch.zeros(1, dtype=torch.float8_e8m0fnu))
     ops._EAGER[key] = lambda *a: marker
-    q, sc = tb.inverse_rope_group_quant(*args, 2, 64, backend="torch")
-    assert q is marker[0] and sc.dtype == torch.float8_e8m0fnu
+    assert tb.inverse_rope_group_quant(*args, 2, 64, backend="torch") == marker
     ops._EAGER[key] = lambda *a: None  # refused: the op's own path
     q, sc = tb.inverse_rope_group_quant(*args, 2, 64, backend="torch")
     assert torch.equal(q.view(torch.uint8), want[0].view(torch.uint8))
@@ -195,11 +194,10 @@ def test_the_gemm_op_binds_a_direct_launcher_for_new_outputs_and_byte_scales(mon
     assert ops._EAGER == {}
 
 
-def test_wo_a_fp8_chains_the_ops_direct_launchers_and_still_checks_its_arguments(monkeypatch):
-    """The function form keeps, per prepared layer and signature, the chain of the two ops'
-    direct launchers (here stand-ins): repeats take it; the GEMM's refusal after the quant
-    ran is finished by the GEMM op; bad arguments raise on every call."""
-    from torch_bridge import projection
+def test_wo_a_fp8_runs_the_ops_direct_launchers_and_still_checks_its_arguments(monkeypatch):
+    """On a backend without a chain of its own the function form runs the two ops, so repeats
+    take each op's direct launcher (here stand-ins); the GEMM's refusal after the quant ran is
+    finished by the GEMM op; bad arguments raise on every call."""
     from torch_bridge.backends import torch_ref
 
     rng = np.random.default_rng(2)
@@ -211,10 +209,12 @@ def test_wo_a_fp8_chains_the_ops_direct_launchers_and_still_checks_its_arguments
     def launcher(op, *a):
         def run(*args):
             launched.append(op)
-            if op == "inverse_rope_group_quant":
+            if op == "inverse_rope_group_quant":  # scales as float8_e8m0fnu, as the op's
                 q, scale = torch_ref.BACKEND.inverse_rope_group_quant(*args, 2, 128)
-                return q, scale.view(torch.uint8)
-            return None if gemm_refuses else torch_ref.BACKEND.batched_gemm_a8w8_mxscale(*args)
+                return q, scale.view(torch.float8_e8m0fnu)
+            x, w, xs, ws = args
+            return None if gemm_refuses else torch_ref.BACKEND.batched_gemm_a8w8_mxscale(
+                x, w, xs.view(torch.uint8), ws.view(torch.uint8))
         return run
 
     monkeypatch.setattr(torch_ref.BACKEND, "eager_ops",
@@ -223,15 +223,60 @@ def test_wo_a_fp8_chains_the_ops_direct_launchers_and_still_checks_its_arguments
     gemm_refuses = False
     want = tb.wo_a_fp8(o, pos, cos, sin, w, sc, 2, backend="torch")
     assert launched == []
-    (proj,) = [p for p in projection._PREPARED.values() if p._weight2d is w]
-    assert [k[0] for k, v in proj._eager.items() if v is not None] == ["wo_a_fp8"]
     assert torch.equal(tb.wo_a_fp8(o, pos, cos, sin, w, sc, 2, backend="torch"), want)
     assert launched == ["inverse_rope_group_quant", "batched_gemm_a8w8_mxscale"]
     gemm_refuses = True
     assert torch.equal(tb.wo_a_fp8(o, pos, cos, sin, w, sc, 2, backend="torch"), want)
+    assert launched[2:] == ["inverse_rope_group_quant", "batched_gemm_a8w8_mxscale"]
     with pytest.raises(ValueError, match="num_groups"):
         tb.wo_a_fp8(o, pos, cos, sin, w, sc, 2.0, backend="torch")
     with pytest.raises(ValueError, match="fewer than S=3"):
         tb.wo_a_fp8(o, pos[:2], cos, sin, w, sc, 2, backend="torch")
     with pytest.raises(TypeError, match="backend must be"):
         tb.wo_a_fp8(o, pos, cos, sin, w, sc, 2, backend=["torch"])
+
+
+def test_wo_a_fp8_runs_the_chain_of_the_backend_that_takes_both_ops(monkeypatch):
+    """Where one backend takes both ops and has a chain of its own (triton: fused at decode),
+    the function form runs that chain, as ``WoAProjection`` does, and keeps the chain's direct
+    launcher for repeats (a refusal goes back to the chain); a signature is planned once, and
+    another signature or a backend the GEMM does not share gets its own plan."""
+    from torch_bridge import projection
+    from torch_bridge.backends import torch_ref
+
+    rng = np.random.default_rng(3)
+    c = rope_case(rng, s=3, h=4, dh=128, rd=64, num_groups=2, gs=128)
+    w, sc = (np_to_torch(a) for a in wo_a_checkpoint(rng, g=2, n=128, k=256))
+    o, pos, cos, sin = c.torch()
+    want = tb.wo_a_fp8(o, pos, cos, sin, w, sc, 2, backend="torch")
+    _dispatch.reset_caches()  # the plan above was made for the backend without a chain
+    be = torch_ref.BACKEND
+    ran = []
+
+    def chain(o, positions, cos_cache, sin_cache, w, ws, g, *, amax_floor, dtype):
+        ran.append("chain")
+        x, xs = be.inverse_rope_group_quant(o, positions, cos_cache, sin_cache, g, 128,
+                                            amax_floor=amax_floor)
+        return be.batched_gemm_a8w8_mxscale(x, w, xs, ws, dtype=dtype)
+
+    def launcher(op, o, positions, cos_cache, sin_cache, w, ws, g, amax_floor):
+        assert op == "wo_a_fp8" and amax_floor == AITER_AMAX_FLOOR
+        return lambda o, positions: ran.append("bound") or (None if refuse else want)
+
+    monkeypatch.setattr(be, "ops", be.ops | {"wo_a_fp8"})
+    monkeypatch.setattr(be, "eager_ops", frozenset({"wo_a_fp8"}))
+    monkeypatch.setattr(be, "wo_a_fp8", chain, raising=False)
+    monkeypatch.setattr(be, "eager_launcher", launcher, raising=False)
+    refuse = False
+    for _ in range(2):
+        assert torch.equal(tb.wo_a_fp8(o, pos, cos, sin, w, sc, 2, backend="torch"), want)
+    assert ran == ["chain", "bound"]
+    refuse = True
+    assert torch.equal(tb.wo_a_fp8(o, pos, cos, sin, w, sc, 2, backend="torch"), want)
+    assert ran[2:] == ["bound", "chain"]
+    (proj,) = [p for p in projection._PREPARED.values() if p._weight2d is w]
+    assert list(proj._chains.values()) == [be]
+    tb.wo_a_fp8(o[:2], pos, cos, sin, w, sc, 2, backend="torch")
+    assert len(proj._chains) == 2
+    with pytest.raises(ValueError, match="fewer than S=3"):
+        tb.wo_a_fp8(o, pos[:2], cos, sin, w, sc, 2, backend="torch")

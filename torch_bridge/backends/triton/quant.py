@@ -59,8 +59,9 @@ _QUANT_TENSORS = (0, 1, 2, 3, 9, 10)
 def eager_quant(o, positions, cos_cache, sin_cache, num_groups: int, quant_group_size: int,
                 amax_floor: float, fp8_dtype: torch.dtype):
     """For plain eager calls that repeat this call's signature (the ops layer checks that) with
-    new outputs: ``run(o, positions, cos_cache, sin_cache) -> (x_fp8, x_scale bytes) | None``,
-    the compiled kernel launched directly (``None``: this call needs Triton's path). ``None``
+    new outputs: ``run(o, positions, cos_cache, sin_cache) -> (x_fp8, x_scale) | None``, the
+    compiled kernel launched directly (``None``: this call needs Triton's path). ``x_scale`` is
+    made as float8_e8m0fnu, the public op's dtype (the kernel takes its address only). ``None``
     when there is nothing to bind: no launch of this signature yet, or operands that the
     launcher would first repack."""
     s, h, dh = o.shape
@@ -78,10 +79,11 @@ def eager_quant(o, positions, cos_cache, sin_cache, num_groups: int, quant_group
     bound = bind(key, args, _QUANT_TENSORS, checked=4)
     if bound is None:
         return None
+    e8m0 = torch.float8_e8m0fnu
 
     def run(o, positions, cos_cache, sin_cache):
         x_fp8 = torch.empty(shape_q, dtype=fp8_dtype, device=device)
-        x_scale = torch.empty(shape_s, dtype=torch.uint8, device=device)
+        x_scale = torch.empty(shape_s, dtype=e8m0, device=device)
         if bound((o, positions, cos_cache, sin_cache, x_fp8, x_scale)):
             return x_fp8, x_scale
         return None
