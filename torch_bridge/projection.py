@@ -147,6 +147,8 @@ class WoAProjection:
         self._last: tuple | None = None
         self._per_device: dict[tuple, torch.Tensor] = {}
         self._plans: dict[tuple, _Plan] = {}
+        #: ``wo_a_fp8`` (the function) per call signature: the backend running its chain.
+        self._chains: dict[tuple, _dispatch.Backend | None] = {}
         #: Call signature -> the backend's direct eager launcher of the chain (or None).
         self._eager: dict[tuple, Any] = {}
         _LAYERS.add(self)
@@ -283,6 +285,7 @@ class WoAProjection:
 
     def _forget_plans(self) -> None:
         self._plans.clear()
+        self._chains.clear()
         self._eager.clear()
         self._paths.clear()
 
@@ -476,15 +479,16 @@ def _prepared(weight, weight_scale, num_groups: int, cos_cache, sin_cache, **opt
     tensors, so a pointer cannot be reused for other data while cached); a model with many
     layers should hold one ``WoAProjection`` per layer.
     """
-    tensors = (weight, weight_scale, cos_cache, sin_cache)
-    if not all(t is None or isinstance(t, torch.Tensor) for t in tensors):
+    if not all(map(_is_tensor, (weight, cos_cache, sin_cache))) or not (
+            weight_scale is None or _is_tensor(weight_scale)):
         return WoAProjection(weight, weight_scale, num_groups, cos_cache, sin_cache,
                              rope_dim=None, **options)
     # Typed like the ops' signatures: 2.0 == 2 and True == 1 would otherwise reuse a layer
-    # whose checks accepted another value.
-    key = (type(num_groups), num_groups, *((k, type(v), v) for k, v in sorted(options.items())),
-           *(None if t is None else (t.data_ptr(), t._version, t.shape, t.stride(), t.dtype,
-                                     t.device) for t in tensors))
+    # whose checks accepted another value. Spelled out: this runs on every call.
+    key = (type(num_groups), num_groups, tuple(options.items()),
+           tuple(map(type, options.values())), _state(weight),
+           None if weight_scale is None else _state(weight_scale), _state(cos_cache),
+           _state(sin_cache))
     try:
         hit = _PREPARED.get(key)
     except TypeError:  # an unhashable option: the layer's checks name it
@@ -500,14 +504,26 @@ def _prepared(weight, weight_scale, num_groups: int, cos_cache, sin_cache, **opt
     return proj
 
 
+def _is_tensor(t) -> bool:
+    return isinstance(t, torch.Tensor)
+
+
+def _state(t: torch.Tensor) -> tuple:
+    """What ``_prepared`` reuses a layer by: the data's address and version, and the
+    signature."""
+    return t.data_ptr(), t._version, t.shape, t.stride(), t.dtype, t.device
+
+
 @interop.jax_io()
 def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_groups: int, *,
              backend: BackendName = "auto", amax_floor: float = AITER_AMAX_FLOOR):
-    """The FP8 chain as two dispatched ops (``woa_jax.wo_a_fp8``'s arguments) -> ``[S, G, N]``.
+    """The FP8 chain as a function (``woa_jax.wo_a_fp8``'s arguments) -> ``[S, G, N]`` bf16.
 
     Unlike ``WoAProjection`` this never falls back to BF16: each op takes the first backend of
-    aiter, triton, torch that accepts it (or the named one). A repeat of a call signature with
-    the same, unmodified weight and tables launches the two ops' direct eager launchers.
+    aiter, triton, torch that accepts it (or the named one). Where one backend takes both ops
+    and runs the chain itself (triton: one fused kernel at decode sizes), the chain runs there,
+    as ``WoAProjection`` runs it; else the two dispatched ops run one after the other. A repeat
+    of a call signature with the same, unmodified weight and tables launches directly.
 
     Args:
       o, positions, cos_cache, sin_cache: as ``inverse_rope_group_quant``.
@@ -537,36 +553,47 @@ def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_group
             return out
     if proj.fp8_unavailable:
         raise ValueError(f"the FP8 chain cannot run: {proj.fp8_unavailable}")
-    fp8 = proj.weight_fp8.dtype
-    x, xs = ops.inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups,
-                                         proj.block, backend=backend, fp8_dtype=fp8,
-                                         amax_floor=amax_floor)
     w, ws = proj.weight_fp8, proj.weight_scale_e8m0
-    if x.shape[2] != w.shape[2]:
-        raise ValueError(f"o gives group width {x.shape[2]}, the weight K={w.shape[2]}")
-    y = ops.batched_gemm_a8w8_mxscale(x, w, xs, ws, backend=backend)
-    if key not in proj._eager:
-        quant = ops.bound_launcher(ops.quant_key(
-            o, positions, cos_cache, sin_cache, num_groups, proj.block, "row", backend, None,
-            None, fp8, amax_floor))
-        gemm = ops.bound_launcher(ops.gemm_key(x, w, xs, ws, torch.bfloat16, backend, None))
-        proj._keep_eager(key, _chained(quant, gemm, cos_cache, sin_cache, w, ws, backend))
-    return y
+    chain = _chain_backend(proj, key, o, positions, cos_cache, sin_cache, backend)
+    if chain is None:
+        x, xs = ops.inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups,
+                                             proj.block, backend=backend, fp8_dtype=w.dtype,
+                                             amax_floor=amax_floor)
+        return ops.batched_gemm_a8w8_mxscale(x, w, xs, ws, backend=backend)
+    out = chain.wo_a_fp8(o, positions, cos_cache, sin_cache, w, ws, num_groups,
+                         amax_floor=amax_floor, dtype=torch.bfloat16)
+    if key not in proj._eager and "wo_a_fp8" in chain.eager_ops:
+        proj._keep_eager(key, chain.eager_launcher("wo_a_fp8", o, positions, cos_cache,
+                                                   sin_cache, w, ws, num_groups, amax_floor))
+    return out
 
 
-def _chained(quant, gemm, cos_cache, sin_cache, w, ws, backend):
-    """``wo_a_fp8``'s direct eager launcher: the ops' own direct launchers of the quant and the
-    GEMM, one after the other (``None`` where either op has none)."""
-    if not (quant and gemm):
-        return None
-
-    def run(o, positions):
-        got = quant(o, positions, cos_cache, sin_cache)
-        if got is None:
-            return None
-        x, xs = got
-        y = gemm(x, w, xs, ws)
-        # The quant launched: the GEMM's own path finishes a call its launcher refuses.
-        return y if y is not None else ops.batched_gemm_a8w8_mxscale(x, w, xs, ws,
-                                                                     backend=backend)
-    return run
+def _chain_backend(proj: WoAProjection, key: tuple, o, positions, cos_cache, sin_cache,
+                   backend) -> _dispatch.Backend | None:
+    """``wo_a_fp8``'s plan for one call signature (validated on first sight, then kept): the
+    backend that takes both ops and runs the chain itself, else ``None`` (the ops run one by
+    one; also for S = 0)."""
+    plans = proj._chains
+    try:
+        if key in plans:
+            return plans[key]
+    except TypeError:  # an unhashable backend: the quant's checks below name it
+        pass
+    fp8 = proj.weight_fp8.dtype
+    quant = ops._plan_quant(o, positions, cos_cache, sin_cache, proj.num_groups, proj.block,
+                            "row", backend, None, None, fp8, proj.amax_floor)
+    ops.one_device(o=o, weight=proj.weight_fp8)
+    s, g, d = quant.shape
+    if d != proj.k:
+        raise ValueError(f"o gives group width {d}, the weight K={proj.k}")
+    chain = None
+    if quant.backend is not None and "wo_a_fp8" in quant.backend.ops:
+        x = torch.empty((s, g, d), dtype=fp8, device="meta")
+        case = ops.gemm_case(x, proj.weight_fp8, proj.block, torch.bfloat16,
+                             device_type=o.device.type, x_k_contiguous=True)
+        if _dispatch.select("batched_gemm_a8w8_mxscale", case, backend) is quant.backend:
+            chain = quant.backend
+    if len(plans) >= _PLAN_LIMIT:
+        del plans[next(iter(plans))]
+    plans[key] = chain
+    return chain

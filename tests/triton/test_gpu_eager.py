@@ -160,26 +160,39 @@ def test_split_k_direct_launch_stays_on_its_stream_and_out_of_captures():
         assert torch.equal(captured.view(torch.int16), want.view(torch.int16)), f"seed {seed}"
 
 
-@pytest.mark.parametrize("g", [16, 2])
-def test_wo_a_fp8_function_direct_launch_gives_the_ops_bits(g):
-    """The function form chains the two ops' bound launches: the bits of the quant op and
-    the GEMM op run on their own paths (output buffers given)."""
+@pytest.mark.parametrize("g,s", [(16, 1), (2, 1), (16, 64), (2, 40)])
+def test_wo_a_fp8_function_runs_the_chain_and_launches_it_directly(g, s):
+    """The function form runs the triton chain as the layer does (fused at decode, else quant
+    then GEMM): its first call and the bound repeats give the chain's bits."""
     import torch_bridge as tb
+    from torch_bridge import projection
+    from torch_bridge.backends.triton import launch
 
     seed = new_seed()
     w, ws = checkpoint(g, seed)
-    o, pos, cos, sin = rope_inputs(1, g, seed, rope_dtype=torch.float32)
-    tb.wo_a_fp8(o, pos, cos, sin, w, ws, g)
+    o, pos, cos, sin = rope_inputs(s, g, seed, rope_dtype=torch.float32)
+    w3, ws3 = w.view(g, -1, w.shape[1]), ws.view(g, -1, ws.shape[1])
+    first = tb.wo_a_fp8(o, pos, cos, sin, w, ws, g)
+    assert torch.equal(first, launch.wo_a_fp8(o, pos, cos, sin, w3, ws3, g)), f"seed {seed}"
+    (proj,) = [p for p in projection._PREPARED.values() if p._weight2d is w]
+    assert any(fn is not None for fn in proj._eager.values()), "nothing bound"
     for trial in range(3):
-        o2, pos2, _, _ = rope_inputs(1, g, seed + trial + 1)
+        o2, pos2, _, _ = rope_inputs(s, g, seed + trial + 1)
         y = tb.wo_a_fp8(o2, pos2, cos, sin, w, ws, g)
-        q, sc = tb.inverse_rope_group_quant(o2, pos2, cos, sin, g, 128,
-                                            x_scale=torch.empty((1, g, 32), dtype=torch.uint8,
-                                                                device="cuda"))
-        want = tb.batched_gemm_a8w8_mxscale(q, w.view(g, -1, w.shape[1]), sc,
-                                            ws.view(g, -1, ws.shape[1]),
-                                            out=torch.empty_like(y))
+        want = launch.wo_a_fp8(o2, pos2, cos, sin, w3, ws3, g)
         assert torch.equal(y.view(torch.int16), want.view(torch.int16)), f"seed {seed}"
+
+
+def test_bound_launches_call_tritons_c_launch_directly():
+    """On this Triton the bound launches skip the Python step of Triton's launcher
+    (``_common.raw_launch`` knows its layout) for the kernels launched here."""
+    import torch_bridge as tb
+    from torch_bridge.backends.triton import _common
+
+    o, pos, cos, sin = rope_inputs(2, 2, new_seed())
+    tb.inverse_rope_group_quant(o, pos, cos, sin, 2, 128)
+    compiled = [c for c, _ in _common.COMPILED.values()]
+    assert compiled and all(_common.raw_launch(c) is not None for c in compiled)
 
 
 def test_split_fused_layer_direct_launch_leaves_other_streams_and_captures_to_the_op():

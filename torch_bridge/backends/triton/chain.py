@@ -83,20 +83,24 @@ def eager_wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: i
                    amax_floor: float):
     """For plain eager calls of ``wo_a_fp8`` (bf16 out, default launch shape) that repeat this
     signature with new outputs: ``run(o, positions) -> out | None`` with this call's tables and
-    weight, the fused kernel launched directly (``None``: this call needs the op's path). The
-    prologue's activations and split-K's scratch are kept for the launches on the current
-    stream (``_common.Bound``): each launch writes and reads them back itself, and launches on
-    one stream never overlap. ``None`` where the chain does not fuse, before its first launch,
-    or for operands the launcher would first repack."""
+    weight (``None``: this call needs the op's path), or ``None`` before the chain's first
+    launch of this signature or for operands the launcher would first repack.
+
+    Where the chain fuses, the fused kernel is launched directly; the prologue's activations and
+    split-K's scratch are kept for the launches on the current stream (``_common.Bound``): each
+    launch writes and reads them back itself, and launches on one stream never overlap. Else the
+    quant's and the GEMM's direct launchers run one after the other (``eager_quant``,
+    ``eager_gemm``), as ``wo_a_fp8`` launches them."""
     s, h, dh = o.shape
     g, n, k = w.shape
     block = k // w_scale.shape[2]
     if (not o.is_cuda or s == 0 or last_dims_contiguous(o) is not o
-            or configs.fused_blocker(dh, 2 * cos_cache.shape[1], block, None)
-            or not configs.fused_chosen(s, g, n, k, block)
             or any(t.stride(-1) != 1 for t in (positions, cos_cache, sin_cache))
             or not w.is_contiguous() or not w_scale.is_contiguous()):
         return None
+    if (configs.fused_blocker(dh, 2 * cos_cache.shape[1], block, None)
+            or not configs.fused_chosen(s, g, n, k, block)):
+        return _eager_unfused(o, positions, cos_cache, sin_cache, w, w_scale, amax_floor)
     cfg = configs.fused_config(s, g, n, k, block)
     ws = as_bytes(w_scale)
     device = o.device
@@ -118,6 +122,34 @@ def eager_wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: i
                   *(scratch or (out, out)))):
             return out
         return None
+    return run
+
+
+def _eager_unfused(o, positions, cos_cache, sin_cache, w, w_scale, amax_floor: float):
+    """``eager_wo_a_fp8`` where the chain does not fuse: the quant's direct launcher, then the
+    GEMM's (``None`` where either has none)."""
+    from .gemm import eager_gemm
+    from .quant import eager_quant
+
+    s = o.shape[0]
+    g, _, k = w.shape
+    block = k // w_scale.shape[2]
+    quant = eager_quant(o, positions, cos_cache, sin_cache, g, block, amax_floor, w.dtype)
+    gemm = quant and eager_gemm(
+        torch.empty((s, g, k), dtype=w.dtype, device=o.device), w,
+        torch.empty((s, g, k // block), dtype=torch.float8_e8m0fnu, device=o.device), w_scale,
+        torch.bfloat16)
+    if not gemm:
+        return None
+
+    def run(o, positions):
+        got = quant(o, positions, cos_cache, sin_cache)
+        if got is None:
+            return None
+        x, xs = got
+        y = gemm(x, w, xs, w_scale)
+        # The quant launched: the GEMM's own path finishes a call its launcher refuses.
+        return y if y is not None else batched_gemm_a8w8_mxscale(x, w, xs, w_scale)
     return run
 
 
