@@ -139,6 +139,7 @@ def test_split_k_direct_launch_stays_on_its_stream_and_out_of_captures():
 
     seed = new_seed()
     x, w, xs, ws = gemm_inputs(1, 2, N, HPG * DH, seed)
+    ops._EAGER.clear()  # bind on the side stream, whatever ran this signature before
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
