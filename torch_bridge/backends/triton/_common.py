@@ -359,6 +359,17 @@ def descriptor_launcher(compiled):
     return run, expand
 
 
+def row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The contiguous strides of ``shape``. The direct launchers allocate their outputs with
+    ``torch.empty_strided(shape, row_major(shape), ...)``: it parses its arguments in about
+    1 us less host time than ``torch.empty`` (H200 host)."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
 def as_bytes(scale: torch.Tensor) -> torch.Tensor:
     """E8M0 scales as uint8 (Triton takes no ``float8_e8m0fnu`` arguments)."""
     return scale.view(torch.uint8) if scale.dtype != torch.uint8 else scale

@@ -29,6 +29,7 @@ from ._common import (
     plan,
     quant_constants,
     round_products,
+    row_major,
     rows_contiguous,
     run_mutating,
     signature,
@@ -115,9 +116,10 @@ def eager_wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: i
         return None
     scratch = args[11:] if key[1] > 1 else None
     shape = tuple(out.shape)
+    strides = row_major(shape)
 
     def run(o, positions):
-        out = torch.empty(shape, dtype=torch.bfloat16, device=device)
+        out = torch.empty_strided(shape, strides, dtype=torch.bfloat16, device=device)
         if bound((o, positions, cos_cache, sin_cache, w, ws, x_fp8, x_scale, out,
                   *(scratch or (out, out)))):
             return out

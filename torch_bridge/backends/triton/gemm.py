@@ -25,6 +25,7 @@ from ._common import (
     output,
     plan,
     raw_launch,
+    row_major,
     rows_contiguous,
     run_mutating,
     signature,
@@ -175,8 +176,10 @@ def eager_gemm(x, w, x_scale, w_scale, dtype: torch.dtype):
     if bound is None:
         return None
 
+    strides = row_major(shape)
+
     def run(x, w, x_scale, w_scale):
-        out = torch.empty(shape, dtype=dtype, device=device)
+        out = torch.empty_strided(shape, strides, dtype=dtype, device=device)
         if bound((x, w, x_scale, w_scale, out, *(scratch or (out, out)))):
             return out
         return None
@@ -300,6 +303,7 @@ class WgmmaBound:
         self._expand = expand
         self._programs, self._views, self._tail = programs, views, tail
         self._shape, self._dtype, self._device = tuple(out.shape), out.dtype, out.device
+        self._strides = row_major(self._shape)
         self._aligned = scales_aligned
         self._kept: tuple[dict, dict, dict] = ({}, {}, {})
 
@@ -333,7 +337,8 @@ class WgmmaBound:
         if (stream is None or wanted or x.data_ptr() % 16 or w.data_ptr() % 16
                 or (x_scale.data_ptr() % 16 == 0, w_scale.data_ptr() % 16 == 0) != self._aligned):
             return None
-        out = torch.empty(self._shape, dtype=self._dtype, device=self._device)
+        out = torch.empty_strided(self._shape, self._strides, dtype=self._dtype,
+                                  device=self._device)
         self._go(self._programs, 1, 1, stream,
                  (*self._expanded(0, x), *self._expanded(1, w), *self._expanded(2, out), x_scale,
                   w_scale, *self._tail), enter, leave, False)

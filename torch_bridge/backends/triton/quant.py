@@ -18,6 +18,7 @@ from ._common import (
     plan,
     quant_constants,
     round_products,
+    row_major,
     rows_contiguous,
     run_mutating,
     signature,
@@ -80,10 +81,11 @@ def eager_quant(o, positions, cos_cache, sin_cache, num_groups: int, quant_group
     if bound is None:
         return None
     e8m0 = torch.float8_e8m0fnu
+    strides_q, strides_s = row_major(shape_q), row_major(shape_s)
 
     def run(o, positions, cos_cache, sin_cache):
-        x_fp8 = torch.empty(shape_q, dtype=fp8_dtype, device=device)
-        x_scale = torch.empty(shape_s, dtype=e8m0, device=device)
+        x_fp8 = torch.empty_strided(shape_q, strides_q, dtype=fp8_dtype, device=device)
+        x_scale = torch.empty_strided(shape_s, strides_s, dtype=e8m0, device=device)
         if bound((o, positions, cos_cache, sin_cache, x_fp8, x_scale)):
             return x_fp8, x_scale
         return None
