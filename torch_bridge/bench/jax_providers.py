@@ -4,10 +4,12 @@
 (cycling over the input sets, no wait in between, one wait at the end): what a JAX user's step
 loop pays, host included. Enough calls that the first call's dispatch and the final wait, which
 a steady loop hides, weigh little.
-``device_us`` (GPU): device time per call inside one jitted program, an unrolled loop of
+``device_us`` (GPU): time per call inside one jitted program, an unrolled loop of
 ``LOOP_CALLS + 1`` calls less a loop of one (best of 5 each), less the same measurement of
 the loop around its input change alone. Each trip changes an input by a zero XLA cannot see
-through, so no call is hoisted, and feeds one output element to the next.
+through, so no call is hoisted, and feeds one output element to the next. It is the kernels'
+time plus the gaps XLA leaves between the loop's launches, which the kernels do not hide at
+decode sizes (a CUDA-graph replay of the torch calls has no such gaps).
 """
 
 from __future__ import annotations
