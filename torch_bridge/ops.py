@@ -206,11 +206,11 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
     key = quant_key(o, positions, cos_cache, sin_cache, num_groups, quant_group_size,
                     scale_layout, backend, x_fp8, x_scale, fp8_dtype, amax_floor)
     eager = _bound(key)
-    if eager:  # bound for new outputs only (the scales come as float8_e8m0fnu)
-        got = eager(o, positions, cos_cache, sin_cache)
+    if eager:  # row layout only; new scales come as float8_e8m0fnu
+        got = eager(o, positions, cos_cache, sin_cache, x_fp8, x_scale)
         if got is not None:
             return got
-    fresh = x_fp8 is None and x_scale is None
+    given_fp8, given_scale = x_fp8, x_scale
     plan = _lookup(key)
     if plan is None:
         plan = _plan_quant(o, positions, cos_cache, sin_cache, num_groups, quant_group_size,
@@ -230,9 +230,9 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
         o, positions, cos_cache, sin_cache, num_groups, quant_group_size, amax_floor=amax_floor,
         x_fp8=x_fp8, x_scale=row_buf)
     byte = byte.view(torch.uint8)
-    if row and fresh and key not in _EAGER:
+    if row and key not in _EAGER:
         _bind_eager(key, plan, "inverse_rope_group_quant", o, positions, cos_cache, sin_cache,
-                    num_groups, quant_group_size, amax_floor, plan.fp8)
+                    num_groups, quant_group_size, amax_floor, plan.fp8, given_fp8, given_scale)
     if row:
         return q, (x_scale if x_scale is not None else byte.view(plan.scale_dtype))
     out = x_scale.view(torch.uint8) if x_scale is not None else None
@@ -358,7 +358,7 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype: torch.dtype = torch
     key = gemm_key(x, w, x_scale, w_scale, dtype, backend, out)
     eager = _bound(key)
     if eager:
-        got = eager(x, w, x_scale, w_scale)
+        got = eager(x, w, x_scale, w_scale, out)
         if got is not None:
             return got
     plan = _lookup(key)
@@ -374,8 +374,8 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype: torch.dtype = torch
     y = plan.backend.batched_gemm_a8w8_mxscale(x, w, x_scale.view(torch.uint8),
                                                w_scale.view(torch.uint8), dtype=dtype, out=out)
     # Float scales are converted (and checked) on every call: no direct launch for them.
-    if out is None and not any(plan.float_scales) and key not in _EAGER:
-        _bind_eager(key, plan, "batched_gemm_a8w8_mxscale", x, w, x_scale, w_scale, dtype)
+    if not any(plan.float_scales) and key not in _EAGER:
+        _bind_eager(key, plan, "batched_gemm_a8w8_mxscale", x, w, x_scale, w_scale, dtype, out)
     return y
 
 

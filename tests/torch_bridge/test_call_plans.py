@@ -105,7 +105,8 @@ def test_projection_follows_woa_backend_and_reset(triton_off, monkeypatch):
 def test_a_bound_eager_launcher_serves_repeats_of_its_signature_only(monkeypatch):
     """After a signature's first call the op asks its backend once for a direct launcher
     (none from the torch backend); a bound launcher then serves plain repeats, a refusal
-    (``None``) falls through to the op's path, and calls with output buffers never use it."""
+    (``None``) falls through to the op's path, and calls with output buffers are signatures
+    of their own, whose launcher is given the buffers."""
     from torch_bridge import ops
     from torch_bridge.backends import torch_ref
 
@@ -126,9 +127,14 @@ def test_a_bound_eager_launcher_serves_repeats_of_its_signature_only(monkeypatch
     ops._EAGER[key] = lambda *a: None  # refused: the op's own path
     q, sc = tb.inverse_rope_group_quant(*args, 2, 64, backend="torch")
     assert torch.equal(q.view(torch.uint8), want[0].view(torch.uint8))
-    out = tb.inverse_rope_group_quant(*args, 2, 64, backend="torch",
-                                      x_scale=torch.empty_like(want[1]))
-    assert torch.equal(out[0].view(torch.uint8), want[0].view(torch.uint8))
+    scale = torch.empty_like(want[1])
+    out = tb.inverse_rope_group_quant(*args, 2, 64, backend="torch", x_scale=scale)
+    assert torch.equal(out[0].view(torch.uint8), want[0].view(torch.uint8)) and out[1] is scale
+    assert asked == ["inverse_rope_group_quant"] * 2 and len(ops._EAGER) == 2
+    (given,) = [k for k in ops._EAGER if k != key]
+    ops._EAGER[given] = lambda *a: a[4:]
+    assert tb.inverse_rope_group_quant(*args, 2, 64, backend="torch", x_scale=scale) == (
+        None, scale)
     _dispatch.reset_caches()
     assert ops._EAGER == {}
 
@@ -160,10 +166,11 @@ def test_the_layer_keeps_one_eager_launcher_per_signature(monkeypatch):
     assert torch.equal(layer(o, pos), want)
 
 
-def test_the_gemm_op_binds_a_direct_launcher_for_new_outputs_and_byte_scales(monkeypatch):
-    """After a signature's first call the GEMM op asks its backend once for a direct launcher;
-    calls with ``out`` or float scales (converted and checked on every call) never use one, a
-    refusal (``None``) falls through to the op's path, and ``reset_caches`` forgets it."""
+def test_the_gemm_op_binds_a_direct_launcher_for_byte_scales(monkeypatch):
+    """After a signature's first call the GEMM op asks its backend once for a direct launcher
+    (calls with ``out`` are signatures of their own, whose launcher is given ``out``); calls
+    with float scales (converted and checked on every call) never use one, a refusal
+    (``None``) falls through to the op's path, and ``reset_caches`` forgets it."""
     from torch_bridge import ops
     from torch_bridge.backends import torch_ref
 
@@ -176,14 +183,16 @@ def test_the_gemm_op_binds_a_direct_launcher_for_new_outputs_and_byte_scales(mon
     want = tb.batched_gemm_a8w8_mxscale(x, w, xs, ws, backend="torch")
     tb.batched_gemm_a8w8_mxscale(x, w, xs, ws, backend="torch")
     assert [op for op, _ in asked] == ["batched_gemm_a8w8_mxscale"]
-    assert asked[0][1][:4] == (x, w, xs, ws) and asked[0][1][4] == torch.bfloat16
-    tb.batched_gemm_a8w8_mxscale(x, w, xs, ws, backend="torch", out=torch.empty_like(want))
+    assert asked[0][1][:4] == (x, w, xs, ws) and asked[0][1][4:] == (torch.bfloat16, None)
+    out = torch.empty_like(want)
+    tb.batched_gemm_a8w8_mxscale(x, w, xs, ws, backend="torch", out=out)
+    assert len(asked) == 2 and asked[1][1][5] is out
     floats = torch_ref.e8m0_decode(xs)
     for _ in range(2):
         assert torch.equal(tb.batched_gemm_a8w8_mxscale(x, w, floats, ws, backend="torch"), want)
-    assert len(asked) == 1
-    (key,) = ops._EAGER
-    assert key == ops.gemm_key(x, w, xs, ws, torch.bfloat16, "torch", None)
+    assert len(asked) == 2
+    key = ops.gemm_key(x, w, xs, ws, torch.bfloat16, "torch", None)
+    assert set(ops._EAGER) == {key, ops.gemm_key(x, w, xs, ws, torch.bfloat16, "torch", out)}
     marker = torch.zeros(1)
     ops._EAGER[key] = lambda *a: marker
     assert tb.batched_gemm_a8w8_mxscale(x, w, xs, ws, backend="torch") is marker
@@ -210,9 +219,9 @@ def test_wo_a_fp8_runs_the_ops_direct_launchers_and_still_checks_its_arguments(m
         def run(*args):
             launched.append(op)
             if op == "inverse_rope_group_quant":  # scales as float8_e8m0fnu, as the op's
-                q, scale = torch_ref.BACKEND.inverse_rope_group_quant(*args, 2, 128)
+                q, scale = torch_ref.BACKEND.inverse_rope_group_quant(*args[:4], 2, 128)
                 return q, scale.view(torch.float8_e8m0fnu)
-            x, w, xs, ws = args
+            x, w, xs, ws, _ = args
             return None if gemm_refuses else torch_ref.BACKEND.batched_gemm_a8w8_mxscale(
                 x, w, xs.view(torch.uint8), ws.view(torch.uint8))
         return run

@@ -27,6 +27,7 @@ pytestmark = pytest.mark.gpu
 def test_quant_op_direct_launch_gives_the_op_paths_bytes(g):
     import torch_bridge as tb
     from torch_bridge import ops
+    from torch_bridge.backends.triton import launch
 
     seed = new_seed()
     o, pos, cos, sin = rope_inputs(3, g, seed)
@@ -36,8 +37,7 @@ def test_quant_op_direct_launch_gives_the_op_paths_bytes(g):
     for trial in range(3):  # fresh inputs of the same signature take the bound launch
         o2, pos2, cos2, sin2 = rope_inputs(3, g, seed + trial + 1)
         q, sc = tb.inverse_rope_group_quant(o2, pos2, cos2, sin2, g, 128)
-        want_q, want_sc = tb.inverse_rope_group_quant(o2, pos2, cos2, sin2, g, 128,
-                                                      x_scale=torch.empty_like(sc))
+        want_q, want_sc = launch.inverse_rope_group_quant(o2, pos2, cos2, sin2, g, 128)
         assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)), f"seed {seed}"
         assert torch.equal(sc.view(torch.uint8), want_sc.view(torch.uint8)), f"seed {seed}"
         assert sc.dtype == first[1].dtype == torch.float8_e8m0fnu
@@ -112,6 +112,7 @@ def test_gemm_op_direct_launch_gives_the_op_paths_bits(g, m):
     op's path."""
     import torch_bridge as tb
     from torch_bridge import ops
+    from torch_bridge.backends.triton import launch
 
     seed = new_seed()
     x, w, xs, ws = gemm_inputs(m, g, N, HPG * DH, seed)
@@ -121,7 +122,7 @@ def test_gemm_op_direct_launch_gives_the_op_paths_bits(g, m):
     for trial in range(3):
         x2, w2, xs2, ws2 = gemm_inputs(m, g, N, HPG * DH, seed + trial + 1)
         for y in (bound(x2, w2, xs2, ws2), tb.batched_gemm_a8w8_mxscale(x2, w2, xs2, ws2)):
-            want = tb.batched_gemm_a8w8_mxscale(x2, w2, xs2, ws2, out=torch.empty_like(y))
+            want = launch.batched_gemm_a8w8_mxscale(x2, w2, xs2, ws2, out=torch.empty_like(y))
             assert torch.equal(y.view(torch.int16), want.view(torch.int16)), f"seed {seed}"
     flat = torch.empty(x.numel() + 16, dtype=torch.uint8, device="cuda")
     shifted = flat[1:x.numel() + 1].view(torch.float8_e4m3fn).view(x.shape)
@@ -129,6 +130,56 @@ def test_gemm_op_direct_launch_gives_the_op_paths_bits(g, m):
     assert bound(shifted, w, xs, ws) is None
     again = tb.batched_gemm_a8w8_mxscale(shifted, w, xs, ws)
     assert torch.equal(again.view(torch.int16), first.view(torch.int16)), f"seed {seed}"
+
+
+@pytest.mark.parametrize("g,m", [(16, 1), (2, 1), (16, 64)])
+def test_gemm_op_with_out_launches_directly_into_it(g, m):
+    """Calls with ``out`` bind a launch of their own (wgmma at G 16, split-K at G 2): it
+    writes the given buffer (the launcher's bits, the version bumped); a misaligned ``out``
+    takes the op's path."""
+    import torch_bridge as tb
+    from torch_bridge import ops
+    from torch_bridge.backends.triton import launch
+
+    seed = new_seed()
+    x, w, xs, ws = gemm_inputs(m, g, N, HPG * DH, seed)
+    out = torch.empty((m, g, N), dtype=torch.bfloat16, device="cuda")
+    assert tb.batched_gemm_a8w8_mxscale(x, w, xs, ws, out=out) is out
+    assert ops.bound_launcher(ops.gemm_key(x, w, xs, ws, torch.bfloat16, "auto", out)), \
+        "nothing bound"
+    for trial in range(3):
+        x2, w2, xs2, ws2 = gemm_inputs(m, g, N, HPG * DH, seed + trial + 1)
+        target = out if trial % 2 else torch.empty_like(out)
+        version = target._version
+        assert tb.batched_gemm_a8w8_mxscale(x2, w2, xs2, ws2, out=target) is target
+        assert target._version > version
+        want = launch.batched_gemm_a8w8_mxscale(x2, w2, xs2, ws2, out=torch.empty_like(out))
+        assert torch.equal(target.view(torch.int16), want.view(torch.int16)), f"seed {seed}"
+    flat = torch.empty(out.numel() + 8, dtype=torch.bfloat16, device="cuda")
+    shifted = flat[1:out.numel() + 1].view(out.shape)
+    tb.batched_gemm_a8w8_mxscale(x, w, xs, ws, out=shifted)
+    want = launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, out=torch.empty_like(out))
+    assert torch.equal(shifted.view(torch.int16), want.view(torch.int16)), f"seed {seed}"
+
+
+@pytest.mark.parametrize("scale_dtype", [torch.uint8, torch.float8_e8m0fnu])
+def test_quant_op_with_buffers_launches_directly_into_them(scale_dtype):
+    import torch_bridge as tb
+    from torch_bridge.backends.triton import launch
+
+    seed = new_seed()
+    o, pos, cos, sin = rope_inputs(3, 2, seed)
+    q = torch.empty((3, 2, 4096), dtype=torch.float8_e4m3fn, device="cuda")
+    sc = torch.empty((3, 2, 32), dtype=scale_dtype, device="cuda")
+    for trial in range(3):
+        o2, pos2, cos2, sin2 = rope_inputs(3, 2, seed + trial)
+        versions = q._version, sc._version
+        got = tb.inverse_rope_group_quant(o2, pos2, cos2, sin2, 2, 128, x_fp8=q, x_scale=sc)
+        assert got[0] is q and got[1] is sc
+        assert q._version > versions[0] and sc._version > versions[1]
+        want_q, want_sc = launch.inverse_rope_group_quant(o2, pos2, cos2, sin2, 2, 128)
+        assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)), f"seed {seed}"
+        assert torch.equal(sc.view(torch.uint8), want_sc.view(torch.uint8)), f"seed {seed}"
 
 
 def test_split_k_direct_launch_stays_on_its_stream_and_out_of_captures():

@@ -337,6 +337,14 @@ def test_bound_wgmma_gemm_keeps_descriptor_expansions_per_base_address(monkeypat
     with FakeTensorMode():
         assert bound(x, w, xs, ws) is None
     assert len(raw) == 2
+    # A given output is written (its map kept per address, its version bumped); a misaligned
+    # one takes the op's path.
+    version = out._version
+    for _ in range(2):
+        assert bound(x, w, xs, ws, out) is out
+    assert out._version == version + 2 and len(raw) == 4 and made.count((out.data_ptr(), 2)) == 1
+    outs = torch.empty((m * g * n + 8,), dtype=torch.bfloat16)
+    assert bound(x, w, xs, ws, outs[1:m * g * n + 1].view(m, g, n)) is None
 
 
 def test_split_k_parts_are_the_streams_when_eager_and_the_launchs_own_when_captured(

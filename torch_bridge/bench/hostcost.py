@@ -1,7 +1,8 @@
 """``--host-cost``: host time per eager call, calls back to back with no wait in between.
 
-Each public op and the layer object (FP8 chain and BF16 fallback) beside what a torch user
-compares them with: one ``torch._scaled_mm`` (sm_90), ``torch.bmm`` and a bare Triton launch.
+Each public op (also given its output buffers) and the layer object (FP8 chain and BF16
+fallback) beside what a torch user compares them with: one ``torch._scaled_mm`` (sm_90),
+``torch.bmm`` and a bare Triton launch.
 The first call (validation, plans, compilation) is not timed; later calls with the same shapes
 are. On a GPU the device work queues behind the host, so the figure is the host's alone while
 the host is slower than the device; on CPU the Triton rows run the interpreter.
@@ -53,11 +54,17 @@ def _calls(p: problem.Problem, on_gpu: bool) -> dict:
         return lambda: torch._scaled_mm(xg, p.w[0].t(), scale_a=sa, scale_b=sb,
                                         out_dtype=torch.bfloat16)
 
+    q, sc, y = torch.empty_like(p.x), torch.empty_like(p.xs), torch.empty(
+        (p.m, p.g, p.w.shape[1]), dtype=torch.bfloat16, device=p.x.device)
     return {
         "inverse_rope_group_quant": lambda: lambda: tb.inverse_rope_group_quant(
             p.o, p.pos, p.cos_bf16, p.sin_bf16, p.g, 128),
+        "inverse_rope_group_quant, buffers": lambda: lambda: tb.inverse_rope_group_quant(
+            p.o, p.pos, p.cos_bf16, p.sin_bf16, p.g, 128, x_fp8=q, x_scale=sc),
         "batched_gemm_a8w8_mxscale": lambda: lambda: tb.batched_gemm_a8w8_mxscale(
             p.x, p.w, p.xs, p.ws),
+        "batched_gemm_a8w8_mxscale, out": lambda: lambda: tb.batched_gemm_a8w8_mxscale(
+            p.x, p.w, p.xs, p.ws, out=y),
         "wo_a_fp8": lambda: lambda: tb.wo_a_fp8(p.o, p.pos, p.cos32, p.sin32, w2, ws2, p.g),
         "wo_a_bf16": lambda: lambda: tb.wo_a_bf16(p.o, p.pos, p.cos32, p.sin32, w2, ws2, p.g),
         "WoAProjection FP8": lambda: lambda: fp8_layer(p.o, p.pos),

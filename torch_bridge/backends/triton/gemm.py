@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 
 import torch
+from torch.autograd.graph import increment_version
 
 from . import configs, kernels
 from ._common import (
@@ -147,42 +148,50 @@ def _pointer_launch(key, x, w, x_scale, w_scale, out, grid, split, constexprs):
 _POINTER_TENSORS = (0, 1, 2, 3, 5, 6, 7)
 
 
-def eager_gemm(x, w, x_scale, w_scale, dtype: torch.dtype):
-    """For plain eager calls that repeat this call's signature (the ops layer checks that) with
-    a new output: ``run(x, w, x_scale, w_scale) -> out | None``, the compiled kernel launched
-    directly (``None``: this call needs the op's path). Split-K's scratch is the current
+def eager_gemm(x, w, x_scale, w_scale, dtype: torch.dtype, out: torch.Tensor | None = None):
+    """For plain eager calls that repeat this call's signature (the ops layer checks that):
+    ``run(x, w, x_scale, w_scale, out=None) -> out | None``, the compiled kernel launched
+    directly (``None``: this call needs the op's path). ``out``: bind for calls that pass an
+    output buffer like it (its 16-byte alignment is checked on each call, its version bumped
+    as the op's path does); else each call gets a new output. Split-K's scratch is the current
     stream's, kept for the launches on that stream. ``None`` when there is nothing to bind: no
     launch of this signature yet, the TMA kernel (prefill sizes, not host-bound), or operands
     that the launcher would first repack."""
     m, g, k = x.shape
     n = w.shape[1]
-    if not x.is_cuda or m == 0 or any(t.stride(-1) != 1 for t in (x, w, x_scale, w_scale)):
+    if (not x.is_cuda or m == 0 or any(t.stride(-1) != 1 for t in (x, w, x_scale, w_scale))
+            or (out is not None and out.stride(-1) != 1)):
         return None
     device = x.device
     cfg = configs.gemm_config(m, g, n, k, k // x_scale.shape[2],
                               wgmma=wgmma_available(device.index)[0])
     shape = (m, g, n)
-    out = torch.empty(shape, dtype=dtype, device=device)
+    given = out is not None
+    y = out if given else torch.empty(shape, dtype=dtype, device=device)
     xs, ws = as_bytes(x_scale), as_bytes(w_scale)
-    key, path, grid, split, constexprs = _gemm_launch(x, w, xs, ws, out, _fields(cfg))
+    key, path, grid, split, constexprs = _gemm_launch(x, w, xs, ws, y, _fields(cfg))
     if path == "wgmma":
-        return WgmmaBound.of(x, w, xs, ws, out, constexprs)
+        return WgmmaBound.of(x, w, xs, ws, y, constexprs)
     if path != "pointer":
         return None
-    grid, args, _, plan_key = _pointer_launch(key, x, w, xs, ws, out, grid, split, constexprs)
+    grid, args, _, plan_key = _pointer_launch(key, x, w, xs, ws, y, grid, split, constexprs)
     split = plan_key[1]
     scratch = args[6:] if split > 1 else ()
-    bound = bind(plan_key, args, _POINTER_TENSORS, current_stream() if scratch else None, 4)
+    bound = bind(plan_key, args, _POINTER_TENSORS, current_stream() if scratch else None,
+                 5 if given else 4)
     if bound is None:
         return None
 
     strides = row_major(shape)
 
-    def run(x, w, x_scale, w_scale):
-        out = torch.empty_strided(shape, strides, dtype=dtype, device=device)
-        if bound((x, w, x_scale, w_scale, out, *(scratch or (out, out)))):
-            return out
-        return None
+    def run(x, w, x_scale, w_scale, out=None):
+        y = out if out is not None else torch.empty_strided(shape, strides, dtype=dtype,
+                                                            device=device)
+        if not bound((x, w, x_scale, w_scale, y, *(scratch or (y, y)))):
+            return None
+        if out is not None:
+            increment_version(out)
+        return y
     return run
 
 
@@ -283,15 +292,17 @@ def _launch_wgmma(x, w, x_scale, w_scale, out, **shape) -> None:
 
 
 class WgmmaBound:
-    """A compiled wgmma GEMM bound like ``_common.Bound``, with x, w, the scales and a new
-    output open: ``__call__(x, w, x_scale, w_scale) -> out | None``.
+    """A compiled wgmma GEMM bound like ``_common.Bound``, with x, w, the scales and the output
+    open: ``__call__(x, w, x_scale, w_scale, out=None) -> out | None`` (a new output unless one
+    of the bound signature is given).
 
     It launches past Triton's descriptor step (``descriptor_launcher``): each descriptor's
     expansion is kept per base address (the rest of it is fixed by the signature), so a repeat
     builds no descriptor and no CUtensorMap. ``None`` where the op's path is needed:
-    ``eager_stream`` refuses, x or w is not 16-byte aligned (the op then runs another kernel),
-    a scale's alignment differs (another specialization), or a launch hook wants Triton's
-    launch metadata (built from the unexpanded arguments).
+    ``eager_stream`` refuses (a given output counts as an input), x, w or a given output is not
+    16-byte aligned (the op then runs another kernel), a scale's alignment differs (another
+    specialization), or a launch hook wants Triton's launch metadata (built from the
+    unexpanded arguments).
     """
 
     #: Expansions kept per descriptor: more base addresses than a model's layers.
@@ -331,18 +342,23 @@ class WgmmaBound:
             found = kept[t.data_ptr()] = self._expand(i, _descriptor(t, self._views[i]))
         return found
 
-    def __call__(self, x, w, x_scale, w_scale) -> torch.Tensor | None:
-        stream = eager_stream((x, w, x_scale, w_scale), self._device.index)
+    def __call__(self, x, w, x_scale, w_scale, out=None) -> torch.Tensor | None:
+        stream = eager_stream((x, w, x_scale, w_scale) if out is None
+                              else (x, w, x_scale, w_scale, out), self._device.index)
         enter, leave, wanted = launch_hooks()
         if (stream is None or wanted or x.data_ptr() % 16 or w.data_ptr() % 16
+                or (out is not None and out.data_ptr() % 16)
                 or (x_scale.data_ptr() % 16 == 0, w_scale.data_ptr() % 16 == 0) != self._aligned):
             return None
-        out = torch.empty_strided(self._shape, self._strides, dtype=self._dtype,
-                                  device=self._device)
+        y = out if out is not None else torch.empty_strided(self._shape, self._strides,
+                                                            dtype=self._dtype,
+                                                            device=self._device)
         self._go(self._programs, 1, 1, stream,
-                 (*self._expanded(0, x), *self._expanded(1, w), *self._expanded(2, out), x_scale,
+                 (*self._expanded(0, x), *self._expanded(1, w), *self._expanded(2, y), x_scale,
                   w_scale, *self._tail), enter, leave, False)
-        return out
+        if out is not None:
+            increment_version(out)
+        return y
 
 
 def _check_explicit_wgmma(config: GemmConfig, x, w, out, block: int) -> None:

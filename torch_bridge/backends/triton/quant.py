@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import torch
+from torch.autograd.graph import increment_version
 
 from woa_jax import AITER_AMAX_FLOOR
 
@@ -58,13 +59,16 @@ _QUANT_TENSORS = (0, 1, 2, 3, 9, 10)
 
 
 def eager_quant(o, positions, cos_cache, sin_cache, num_groups: int, quant_group_size: int,
-                amax_floor: float, fp8_dtype: torch.dtype):
-    """For plain eager calls that repeat this call's signature (the ops layer checks that) with
-    new outputs: ``run(o, positions, cos_cache, sin_cache) -> (x_fp8, x_scale) | None``, the
-    compiled kernel launched directly (``None``: this call needs Triton's path). ``x_scale`` is
-    made as float8_e8m0fnu, the public op's dtype (the kernel takes its address only). ``None``
-    when there is nothing to bind: no launch of this signature yet, or operands that the
-    launcher would first repack."""
+                amax_floor: float, fp8_dtype: torch.dtype, x_fp8: torch.Tensor | None = None,
+                x_scale: torch.Tensor | None = None):
+    """For plain eager calls that repeat this call's signature (the ops layer checks that):
+    ``run(o, positions, cos_cache, sin_cache, x_fp8=None, x_scale=None) -> (x_fp8, x_scale) |
+    None``, the compiled kernel launched directly (``None``: this call needs Triton's path).
+    ``x_fp8``, ``x_scale``: bind for calls that pass output buffers like these (their 16-byte
+    alignment is checked on each call, their versions bumped as the op's path does); an
+    output not given is made new, the scales as float8_e8m0fnu, the public op's dtype (the
+    kernel takes their address only). ``None`` when there is nothing to bind: no launch of
+    this signature yet, or operands that the launcher would first repack."""
     s, h, dh = o.shape
     if (not o.is_cuda or s == 0 or last_dims_contiguous(o) is not o
             or any(t.stride(-1) != 1 for t in (positions, cos_cache, sin_cache))):
@@ -72,23 +76,29 @@ def eager_quant(o, positions, cos_cache, sin_cache, num_groups: int, quant_group
     d = h * dh // num_groups
     shape_q, shape_s = (s, num_groups, d), (s, num_groups, d // quant_group_size)
     device = o.device
-    x_fp8 = torch.empty(shape_q, dtype=fp8_dtype, device=device)
-    x_scale = torch.empty(shape_s, dtype=torch.uint8, device=device)
-    key, _, _, _, args = _quant_launch(o, positions, cos_cache, sin_cache, x_fp8, x_scale,
+    given = x_fp8 is not None or x_scale is not None
+    q = x_fp8 if x_fp8 is not None else torch.empty(shape_q, dtype=fp8_dtype, device=device)
+    sc = (as_bytes(x_scale) if x_scale is not None
+          else torch.empty(shape_s, dtype=torch.uint8, device=device))
+    key, _, _, _, args = _quant_launch(o, positions, cos_cache, sin_cache, q, sc,
                                        quant_group_size, float(amax_floor),
                                        configs.quant_config(s))
-    bound = bind(key, args, _QUANT_TENSORS, checked=4)
+    bound = bind(key, args, _QUANT_TENSORS, checked=6 if given else 4)
     if bound is None:
         return None
     e8m0 = torch.float8_e8m0fnu
     strides_q, strides_s = row_major(shape_q), row_major(shape_s)
 
-    def run(o, positions, cos_cache, sin_cache):
-        x_fp8 = torch.empty_strided(shape_q, strides_q, dtype=fp8_dtype, device=device)
-        x_scale = torch.empty_strided(shape_s, strides_s, dtype=e8m0, device=device)
-        if bound((o, positions, cos_cache, sin_cache, x_fp8, x_scale)):
-            return x_fp8, x_scale
-        return None
+    def run(o, positions, cos_cache, sin_cache, x_fp8=None, x_scale=None):
+        q = (x_fp8 if x_fp8 is not None
+             else torch.empty_strided(shape_q, strides_q, dtype=fp8_dtype, device=device))
+        sc = (x_scale if x_scale is not None
+              else torch.empty_strided(shape_s, strides_s, dtype=e8m0, device=device))
+        if not bound((o, positions, cos_cache, sin_cache, q, sc)):
+            return None
+        if given:
+            increment_version([t for t in (x_fp8, x_scale) if t is not None])
+        return q, sc
     return run
 
 
