@@ -102,7 +102,7 @@ def test_wgmma_relaunch_passes_every_argument_in_kernel_order(monkeypatch):
     assert grid == (4,) and list(kwargs) == list(real.arg_names)
     args = relaunches[-1]
     assert args[:9] == (4, 1, 1, 1234, "function", "metadata",
-                        ("launch metadata", (4,), 1234, len(real.arg_names)),
+                        ("launch metadata", (4, 1, 1), 1234, len(real.arg_names)),
                         knobs.runtime.launch_enter_hook, None)
     values = dict(zip(real.arg_names, args[9:], strict=True))
     assert isinstance(values["x_desc"], TensorDescriptor)
@@ -155,7 +155,7 @@ def test_relaunch_goes_straight_to_the_compiled_kernel_per_specialization(monkey
     assert len(first_launches) == 5 and len(relaunches) == 1
     assert first_launches[0] == ((3, 2), (x, 32, y), {"BLOCK": 16})
     assert relaunches[0] == (3, 2, 1, 99, "function", "metadata",
-                             ("launch metadata", (3, 2), 99, 5), knobs.runtime.launch_enter_hook,
+                             ("launch metadata", (3, 2, 1), 99, 5), knobs.runtime.launch_enter_hook,
                              None, x, 48, y, 16, True)
 
 

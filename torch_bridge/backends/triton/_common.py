@@ -267,16 +267,13 @@ def launch_hooks() -> tuple[object, object, bool]:
             enter is not None and (entering or leaving))
 
 
-def _run_compiled(compiled, grid: tuple[int, ...], ordered, stream: int | None = None) -> None:
-    """The launch step of Triton's own path (3.6 to 3.9), profiler hooks included."""
-    if stream is None:
-        stream = current_stream()
-    g1 = grid[1] if len(grid) > 1 else 1
-    g2 = grid[2] if len(grid) > 2 else 1
+def _run_compiled(compiled, grid: tuple[int, ...], ordered) -> None:
+    """The launch step of Triton's own path (3.6 to 3.9) on the current stream, profiler hooks
+    included."""
     enter, leave, wanted = launch_hooks()
-    compiled.run(grid[0], g1, g2, stream, compiled.function, compiled.packed_metadata,
-                 compiled.launch_metadata(grid, stream, *ordered) if wanted else None,
-                 enter, leave, *ordered)
+    triton_launch(compiled)(grid[0], grid[1] if len(grid) > 1 else 1,
+                            grid[2] if len(grid) > 2 else 1, current_stream(), ordered, enter,
+                            leave, wanted)
 
 
 def triton_launch(compiled, run=None):
@@ -286,8 +283,8 @@ def triton_launch(compiled, run=None):
 
     def go(gx, gy, gz, stream, args, enter, leave, wanted):
         run(gx, gy, gz, stream, compiled.function, compiled.packed_metadata,
-                     compiled.launch_metadata((gx, gy, gz), stream, *args) if wanted else None,
-                     enter, leave, *args)
+            compiled.launch_metadata((gx, gy, gz), stream, *args) if wanted else None,
+            enter, leave, *args)
     return go
 
 
@@ -296,8 +293,8 @@ def raw_launch(compiled, run=None):
     called directly, without the Python step of Triton's launcher, else ``None``.
 
     Triton's ``CudaLauncher.__call__`` first allocates the kernel's global and profile scratch;
-    for a kernel that needs neither (and no sanitizer) the step passes ``None`` for both, and
-    it costs a tenth of an eager op's host time. Two layouts of the C launch are known: Triton
+    for a kernel that needs neither (and no sanitizer) the step only passes ``None`` for both,
+    at a cost an eager call feels. Two layouts of the C launch are known: Triton
     3.6 (the kernel's arguments spread out after the scratch) and 3.7 to 3.9 (scratch, argument
     annotations, kernel signature, then the arguments as one tuple); any other launcher, or a
     kernel with scratch, gets ``None`` and callers keep Triton's path. ``run``: as for
@@ -361,8 +358,8 @@ def descriptor_launcher(compiled):
 
 def row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
     """The contiguous strides of ``shape``. The direct launchers allocate their outputs with
-    ``torch.empty_strided(shape, row_major(shape), ...)``: it parses its arguments in about
-    1 us less host time than ``torch.empty`` (H200 host)."""
+    ``torch.empty_strided(shape, row_major(shape), ...)``, whose arguments parse faster than
+    ``torch.empty``'s."""
     strides, step = [], 1
     for size in reversed(shape):
         strides.append(step)
