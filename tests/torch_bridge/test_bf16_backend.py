@@ -124,7 +124,7 @@ def test_gpu_fallback_runs_the_triton_rotation_with_the_torch_bits(rope_dtype, s
     from torch_bridge.backends.triton import chain, configs
 
     in_place = proj(o.clone(), pos, overwrite_o=True)
-    if configs.bf16_gemm_chosen(s, g, 1024, h * dh // g, tma=chain._tma_loads(o)):
+    if configs.bf16_gemm_chosen(s, g, 1024, h * dh // g, tma=chain._tma_loads(o), dh=dh):
         # The default ran the BF16 GEMM from o: the same products, summed in another order.
         assert_close(in_place, y, tolerance="gemm_bf16", name="overwrite_o (cuBLAS)")
     else:  # both rotate, then call the same cuBLAS GEMM

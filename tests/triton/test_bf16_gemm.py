@@ -119,6 +119,34 @@ def test_tails_are_the_rotation_bits_at_every_tile(rng, cfg, rope_dtype, pos_dty
                  tolerance="gemm_bf16")
 
 
+#: Whole-head layouts of ``HEADS`` (the one-launch chain's).
+WHOLE_HEADS = [c for c in HEADS if (c[0] * c[1] // c[3]) % c[1] == 0]
+
+
+@pytest.mark.parametrize("s", [1, 17])
+@pytest.mark.parametrize("h,dh,rd,g", WHOLE_HEADS, ids=lambda v: str(v))
+def test_one_launch_chain_matches_the_oracle_and_rotates_with_inverse_ropes_bits(
+        rng, s, h, dh, rd, g):
+    """``rotate``: within ``gemm_bf16`` of the oracle, ``o`` unchanged; with one-hot weight rows
+    (each output is one lane of A times 1) the outputs are ``inverse_rope``'s lanes, bit for
+    bit, NoPE and rope lanes alike."""
+    o, pos, cos, sin = rope_case(rng, s=s, h=h, dh=dh, rd=rd, rope_dtype=torch.float32)
+    k = h * dh // g
+    cfg = Bf16GemmConfig(16, 16, min(64, rd), num_stages=2, rotate=True)
+    weight, scale, w = _checkpoint(rng, g, 48, k)
+    before = o.clone()
+    y = launch.wo_a_bf16(o, pos, cos, sin, w, g, config=cfg)
+    _unchanged(o, before)
+    assert_close(y, woa_jax.wo_a_bf16(*jx(o, pos, cos, sin, weight, scale), g),
+                 tolerance="gemm_bf16")
+    lanes = torch.cat([torch.arange(0, k, 7), torch.arange(dh - rd, dh)]).to(DEVICE)
+    one_hot = torch.zeros((g, lanes.numel(), k), dtype=torch.bfloat16, device=DEVICE)
+    one_hot[:, torch.arange(lanes.numel()), lanes] = 1
+    y = launch.wo_a_bf16(o, pos, cos, sin, one_hot, g, config=cfg)
+    want = launch.inverse_rope(o, pos, cos, sin).reshape(s, g, k)[:, :, lanes]
+    assert_bitwise_equal(to_numpy(y).view(np.uint16), to_numpy(want).view(np.uint16), name="y")
+
+
 def test_strided_o_is_read_in_place(rng):
     """Padded token and head strides: the GEMM reads ``o`` where it lies (no copy of ``o``),
     and the TMA config, which needs packed heads, falls back to pointer loads."""
@@ -138,24 +166,27 @@ def test_strided_o_is_read_in_place(rng):
 
 
 def test_the_rule_picks_the_path_and_both_agree(rng, monkeypatch):
-    """``configs.bf16_gemm_chosen`` alone decides between the GEMM from ``o`` and the rotated copy
-    with cuBLAS (torch's GEMM here); in place is always the rotation of ``o`` itself."""
+    """``configs.bf16_gemm_chosen`` alone decides between the GEMM from ``o`` (the one-launch
+    chain at these 3 tokens) and the rotated copy with cuBLAS (torch's GEMM here); in place is
+    always the rotation of ``o`` itself."""
     h, dh, g, n = _SMALL
     o, pos, cos, sin, w = _small_chain(rng)
     runs = []
-    real = chain._wo_a_bf16_plan
     monkeypatch.setattr(_common, "PLANS", {})
-    monkeypatch.setattr(chain, "_wo_a_bf16_plan", lambda *a: runs.append(1) or real(*a))
+    for name in ("_wo_a_bf16_plan", "_rotating_plan"):
+        real = getattr(chain, name)
+        monkeypatch.setattr(chain, name,
+                            lambda *a, name=name, real=real: runs.append(name) or real(*a))
     monkeypatch.setattr(configs, "bf16_gemm_chosen", lambda *a, **k: True)
     y = launch.wo_a_bf16(o, pos, cos, sin, w, g)
-    assert runs == [1]
+    assert runs == ["_rotating_plan"]
     monkeypatch.setattr(configs, "bf16_gemm_chosen", lambda *a, **k: False)
     y_copy = launch.wo_a_bf16(o, pos, cos, sin, w, g)
-    assert runs == [1]
+    assert len(runs) == 1
     assert_close(y, y_copy, tolerance="gemm_bf16")
     x = o.clone()
     y_inplace = launch.wo_a_bf16(x, pos, cos, sin, w, g, inplace=True)
-    assert runs == [1] and not torch.equal(x, o)
+    assert len(runs) == 1 and not torch.equal(x, o)
     assert_close(y_inplace, y_copy, tolerance="gemm_bf16")
 
 
@@ -164,9 +195,10 @@ def test_plan_is_reused_and_keyed_on_layout(rng, monkeypatch):
     h, dh, g, n = _SMALL
     o, pos, cos, sin, w = _small_chain(rng)
     made = []
-    real = chain._wo_a_bf16_plan
     monkeypatch.setattr(_common, "PLANS", {})
-    monkeypatch.setattr(chain, "_wo_a_bf16_plan", lambda *a: made.append(a[-1]) or real(*a))
+    for name in ("_wo_a_bf16_plan", "_rotating_plan"):
+        real = getattr(chain, name)
+        monkeypatch.setattr(chain, name, lambda *a, real=real: made.append(a[-1]) or real(*a))
     y = launch.wo_a_bf16(o, pos, cos, sin, w, g, fused=True)
     assert_bitwise_equal(launch.wo_a_bf16(o, pos, cos, sin, w, g, fused=True), y)
     assert len(made) == 1
@@ -218,6 +250,12 @@ def test_bad_inputs_give_clear_errors(rng):
         Bf16GemmConfig(24, 64)
     with pytest.raises(ValueError, match="num_stages"):
         Bf16GemmConfig(16, 64, num_stages=0)
+    with pytest.raises(ValueError, match="tma=True and rotate=True"):
+        Bf16GemmConfig(16, 64, tma=True, rotate=True)
+    with pytest.raises(ValueError, match="whole heads"):
+        launch.wo_a_bf16(*rope_case(rng, s=3, h=1, dh=256, rd=64),
+                         _checkpoint(rng, 2, 16, 128)[2], 2,
+                         config=Bf16GemmConfig(16, 16, 64, rotate=True))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,13 +276,26 @@ def test_every_chosen_shape_is_a_valid_tile(target):
             assert cfg.num_stages * (cfg.block_m + cfg.block_n) * cfg.block_k * 2 <= 32768
 
 
-def test_the_gemm_from_o_runs_from_256_tokens_and_2048_rows_with_tma_loads():
-    """The TMA kernel from 256 tokens and 2048 (token, group) rows; below, and without TMA
-    loads (the pointer kernel trails cuBLAS), the rotated copy and cuBLAS."""
-    for (s, g), want in {(255, 16): False, (256, 16): True, (256, 8): True, (255, 8): False,
+def test_the_gemm_from_o_runs_at_decode_and_from_256_tokens_with_tma_loads():
+    """On Hopper the one-launch chain up to 16 tokens (64 at G = 16), the TMA kernel from 256
+    tokens and 2048 (token, group) rows, the rotated copy and cuBLAS between; without TMA loads
+    always the copy. The decode tiles rotate, no other tile does; in one wave of programs they
+    keep more stages in flight."""
+    for (s, g), want in {(1, 16): True, (16, 2): True, (17, 8): False, (64, 16): True,
+                         (64, 2): False, (65, 16): False,
+                         (255, 16): False, (256, 16): True, (256, 8): True, (255, 8): False,
                          (512, 2): False, (1024, 2): True, (8192, 2): True}.items():
-        assert configs.bf16_gemm_chosen(s, g, 1024, 4096, tma=True) == want, (s, g)
-        assert not configs.bf16_gemm_chosen(s, g, 1024, 4096, tma=False)
+        assert configs.bf16_gemm_chosen(s, g, 1024, 4096, tma=True, dh=512) == want, (s, g)
+        assert not configs.bf16_gemm_chosen(s, g, 1024, 4096, tma=False, dh=512)
+        if want and s <= 64:  # groups inside heads, or no head dim: no one-launch chain
+            assert not configs.bf16_gemm_chosen(s, g, 1024, 256, tma=True, dh=512)
+            assert not configs.bf16_gemm_chosen(s, g, 1024, 4096, tma=True)
+        for target in ("cuda", "hip"):
+            cfg = configs.bf16_gemm_config(s, g, 1024, 4096, 64, target, target == "cuda")
+            assert cfg.rotate == (s <= 64), (s, g, target)
+    stages = {g: configs.bf16_gemm_config(1, g, 1024, 4096, 64, "cuda", True)
+              for g in (16, 8, 2)}
+    assert [(c.block_n, c.num_stages) for c in stages.values()] == [(64, 5), (64, 8), (16, 12)]
 
 
 def test_hopper_tma_tiles():
@@ -312,18 +363,26 @@ _SCRIPT = textwrap.dedent("""
     g, n, k, h, dh, rd = 16, 1024, 4096, 128, 512, 64
     ptr_sig = {"o_ptr": "*bf16", "r_ptr": "*bf16", "w_ptr": "*bf16", "M": "i32",
                "y_ptr": "*bf16"}
+    one_sig = {"o_ptr": "*bf16", "pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
+               "w_ptr": "*bf16", "M": "i32", "n_pos_rows": "i32", "y_ptr": "*bf16"}
 
-    def ptr_cx(cfg):
-        return dict(SOM=h * dh, SOH=dh, SWG=n * k, SWN=k, SYM=g * n, SYG=n, H=h, DH=dh, RD=rd,
-                    N=n, K=k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                    DOT_IN_FP32=False)
+    def ptr_cx(cfg, target="cuda"):
+        if cfg.rotate:
+            return one_sig, bf16_kernels.wo_a_bf16_kernel, dict(
+                SOM=h * dh, SOH=dh, SCP=rd // 2, SSP=rd // 2, SWG=n * k, SWN=k, SYM=g * n, SYG=n,
+                HPG=k // dh, DH=dh, RD=rd, N=n, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                BLOCK_K=cfg.block_k, DOT_IN_FP32=False,
+                ROUND_PRODUCTS=configs.round_products("bfloat16", "float32", target))
+        return ptr_sig, bf16_kernels.bf16_rope_gemm_kernel, dict(
+            SOM=h * dh, SOH=dh, SWG=n * k, SWN=k, SYM=g * n, SYG=n, H=h, DH=dh, RD=rd, N=n, K=k,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT_IN_FP32=False)
 
     sm90 = GPUTarget("cuda", 90, 32)
     for s in (8192, 1):
         cfg = configs.bf16_gemm_config(s, g, n, k)
-        ptx = build(sm90, bf16_kernels.bf16_rope_gemm_kernel, ptr_sig, ptr_cx(cfg),
-                    tuple(ptr_sig), cfg).asm["ptx"]
-        print("sm90 pointer", s, "wgmma.mma_async" in ptx or "mma.sync" in ptx,
+        sig, kernel, cx = ptr_cx(cfg)
+        ptx = build(sm90, kernel, sig, cx, tuple(sig), cfg).asm["ptx"]
+        print("sm90 pointer", s, cfg.rotate, "wgmma.mma_async" in ptx or "mma.sync" in ptx,
               "cp.async.cg.shared.global" in ptx and ", 0x10," in ptx)
     cfg = configs.Bf16GemmConfig(128, 256, 64, 8, 3, tma=True)
     sig = {"o_desc": "tensordesc<bf16[128, 64]>", "r_desc": "tensordesc<bf16[128, 64]>",
@@ -336,19 +395,20 @@ _SCRIPT = textwrap.dedent("""
     for arch in ("gfx942", "gfx950"):
         for s in (8192, 64, 1):
             cfg = configs.bf16_gemm_config(s, g, n, k, 64, "hip")
-            c = build(GPUTarget("hip", arch, 64), bf16_kernels.bf16_rope_gemm_kernel, ptr_sig,
-                      ptr_cx(cfg), tuple(ptr_sig), cfg)
+            sig, kernel, cx = ptr_cx(cfg, "hip")
+            c = build(GPUTarget("hip", arch, 64), kernel, sig, cx, tuple(sig), cfg)
             mfma = re.findall(r"v_mfma\\w*bf16\\w*", c.asm["amdgcn"])
             print(arch, s, bool(c.asm["hsaco"]), bool(mfma), c.metadata.shared <= 65536)
 """)
 
 
 def test_kernels_compile_for_hopper_and_amd(tmp_path):
-    """The pointer kernel at the chosen Hopper shapes runs tensor-core MMAs fed by 16-byte
-    cp.async copies (the pipelined K loop), the TMA kernel wgmma fed by bulk tensor copies, and
-    the ROCm shapes build for gfx942 / gfx950 with bf16 MFMA within 64 KiB of LDS."""
+    """The pointer kernel at the chosen Hopper shapes (rotating its rope tiles at decode) runs
+    tensor-core MMAs fed by 16-byte cp.async copies (the pipelined K loop), the TMA kernel
+    wgmma fed by bulk tensor copies, and the ROCm shapes build for gfx942 / gfx950 with bf16
+    MFMA within 64 KiB of LDS."""
     lines = run_compile_script(_SCRIPT, tmp_path)
-    assert lines == ["sm90 pointer 8192 True True", "sm90 pointer 1 True True",
+    assert lines == ["sm90 pointer 8192 False True True", "sm90 pointer 1 True True True",
                      "sm90 tma True True"] + [f"{arch} {s} True True True"
                                               for arch in ("gfx942", "gfx950")
                                               for s in (8192, 64, 1)], lines

@@ -6,19 +6,19 @@ section 7).
 
 * Where the triton backend runs (CUDA, or its CPU interpreter) and ``o`` is bf16 with packed
   ``[H, Dh]`` dims and a power-of-two rope width, the chain is the Triton backend's
-  ``launch.wo_a_bf16``. Its Triton rotation has the bits of the torch rotation. By default it
-  rotates only the rope tails into a small buffer and its BF16 GEMM (fp32 accumulation) reads
-  A from ``o`` and that buffer; where ``configs.bf16_gemm_chosen`` says otherwise, and with
-  ``overwrite_o``, the rotation writes a copy of ``o`` (or ``o`` itself) and torch's bf16
-  batched GEMM multiplies it, accumulating in fp32 except where torch allows reduced-precision
-  split-K reductions (``torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction``,
-  on by default).
+  ``launch.wo_a_bf16``. Its Triton rotation has the bits of the torch rotation. Where
+  ``configs.bf16_gemm_chosen`` says so, its BF16 GEMM (fp32 accumulation) reads A from ``o``:
+  at decode sizes in one launch that rotates the rope tiles itself, at prefill sizes after
+  the rope tails are rotated into a small buffer. Elsewhere, and with ``overwrite_o``, the
+  rotation writes a copy of ``o`` (or ``o`` itself) and torch's bf16 batched GEMM multiplies
+  it, accumulating in fp32 except where torch allows reduced-precision split-K reductions
+  (``torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction``, on by default).
 * Elsewhere the rotation is pure torch (``torch_ref.inverse_rope``); on CPU the bf16 operands
   are then upcast to fp32 (exact), so the product is an fp32 contraction with one final rounding,
   like ``woa_jax.wo_a_bf16``.
 
 ``o`` is never written unless the caller passes ``overwrite_o=True``; then the Triton rotation
-works in place (no copy of ``o``) and ``o``'s contents afterwards are unspecified. The two Triton
+works in place (no copy of ``o``) and ``o``'s contents afterwards are unspecified. The Triton
 routes sum the same products in different orders: they agree within ``gemm_bf16``, not bit for
 bit.
 """

@@ -13,6 +13,10 @@ NoPE or all rope, so choosing its source is scalar arithmetic outside the tile l
   per tile inside a pipelined loop, so the K loop is split in two, the group's NoPE tiles from
   ``o`` and then its rope tiles from ``R`` (the sum's order is free: the tolerance is
   ``gemm_bf16``).
+* ``wo_a_bf16_kernel``: the whole chain in one launch, for groups of whole heads: the same two
+  K loops with pointer loads, the second rotating each rope tile of ``o`` itself (the bits of
+  ``kernels.inverse_rope_kernel``). Each loop's addresses are the loop index times constants,
+  which keeps its loads vectorized and pipelined; a per-tile choice of source does not.
 
 Array inputs, runtime scalars, the output, then constexprs.
 """
@@ -22,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .kernels import _round_bf16_rne
+from .kernels import _rotate, _round_bf16_rne
 
 
 @triton.jit
@@ -119,3 +123,63 @@ def bf16_rope_gemm_tma_kernel(
     offs_n = n0 + tl.arange(0, BLOCK_N)
     tl.store(y_ptr + offs_m[:, None].to(tl.int64) * SYM + g * SYG + offs_n[None, :],
              _round_bf16_rne(acc).to(tl.bfloat16), mask=(offs_m < M)[:, None])
+
+
+@triton.jit
+def wo_a_bf16_kernel(
+    o_ptr, pos_ptr, cos_ptr, sin_ptr, w_ptr, M, n_pos_rows,
+    y_ptr,
+    SOM: tl.constexpr, SOH: tl.constexpr,  # o [S, H, Dh] token and head strides (Dh contiguous)
+    SCP: tl.constexpr, SSP: tl.constexpr,  # cos/sin [P, RD / 2] row strides
+    SWG: tl.constexpr, SWN: tl.constexpr,  # w [G, N, K] strides (K contiguous)
+    SYM: tl.constexpr, SYG: tl.constexpr,  # y [S, G, N] strides (N contiguous)
+    HPG: tl.constexpr, DH: tl.constexpr, RD: tl.constexpr, N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ROUND_PRODUCTS: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+):
+    """One ``[BLOCK_M, BLOCK_N]`` tile of group ``program_id(1)``'s ``y = inv_rope(o) @ w^T``.
+
+    Grid ``(cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N), G)``, N tiles fastest; group ``g`` is heads
+    ``[g HPG, (g + 1) HPG)`` (``K = HPG * DH``). The NoPE tiles are multiplied as they lie in
+    ``o``; each rope tile is rotated by -theta in fp32 and rounded to bf16 first, with cos/sin
+    rows at the positions clamped to ``[0, n_pos_rows - 1]``.
+    """
+    NOPE_TILES: tl.constexpr = (DH - RD) // BLOCK_K  # per head
+    ROPE_TILES: tl.constexpr = RD // BLOCK_K
+    HALF: tl.constexpr = BLOCK_K // 2
+    NUM_N: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
+    pid = tl.program_id(0)
+    g = tl.program_id(1).to(tl.int64)
+    offs_m = (pid // NUM_N).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = (pid % NUM_N) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    o_rows = o_ptr + offs_m[:, None] * SOM + g * (HPG * SOH) + offs_k[None, :]
+    w_rows = w_ptr + g * SWG + offs_n[:, None].to(tl.int64) * SWN + offs_k[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for t in range(HPG * NOPE_TILES):
+        head = t // NOPE_TILES
+        d = (t % NOPE_TILES) * BLOCK_K
+        a = tl.load(o_rows + head * SOH + d, mask=m_ok[:, None], other=0.0)
+        b = tl.load(w_rows + head * DH + d, mask=n_ok[:, None], other=0.0)
+        acc = _dot(acc, a, b, DOT_IN_FP32)
+    pos = tl.load(pos_ptr + offs_m, mask=m_ok, other=0).to(tl.int64)
+    pos = tl.minimum(tl.maximum(pos, 0), n_pos_rows - 1)
+    pairs = tl.arange(0, HALF)
+    for t in range(HPG * ROPE_TILES):
+        head = t // ROPE_TILES
+        d = (DH - RD) + (t % ROPE_TILES) * BLOCK_K
+        col = (t % ROPE_TILES) * HALF + pairs
+        c = tl.load(cos_ptr + pos[:, None] * SCP + col[None, :], mask=m_ok[:, None],
+                    other=1.0).to(tl.float32)
+        s = tl.load(sin_ptr + pos[:, None] * SSP + col[None, :], mask=m_ok[:, None],
+                    other=0.0).to(tl.float32)
+        x = tl.load(o_rows + head * SOH + d, mask=m_ok[:, None], other=0.0)
+        lo, hi = tl.split(tl.reshape(x.to(tl.float32), (BLOCK_M, HALF, 2)))
+        v = tl.reshape(tl.join(*_rotate(lo, hi, c, s, ROUND_PRODUCTS)), (BLOCK_M, BLOCK_K))
+        a = _round_bf16_rne(v).to(x.dtype)
+        b = tl.load(w_rows + head * DH + d, mask=n_ok[:, None], other=0.0)
+        acc = _dot(acc, a, b, DOT_IN_FP32)
+    tl.store(y_ptr + offs_m[:, None] * SYM + g * SYG + offs_n[None, :],
+             _round_bf16_rne(acc).to(tl.bfloat16), mask=m_ok[:, None] & n_ok[None, :])

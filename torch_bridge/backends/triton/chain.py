@@ -2,14 +2,17 @@
 
 * ``wo_a_fp8``: one fused kernel at decode sizes (``woa_triton::wo_a_fp8``), else
   ``inverse_rope_group_quant`` then ``batched_gemm_a8w8_mxscale``.
-* ``wo_a_bf16``: by default the rotated rope tails alone, then the BF16 GEMM reading A from ``o``
-  and those tails (``woa_triton::wo_a_bf16``, ``o`` never written); else the rope tail rotated
-  by ``inverse_rope`` into a copy (``woa_triton::inverse_rope``) or in place
-  (``woa_triton::inverse_rope_``), then a cuBLAS bf16 batched GEMM.
+* ``wo_a_bf16``: at decode sizes one kernel that reads ``o`` and rotates its rope tiles itself
+  (``woa_triton::wo_a_bf16_rotating``); at prefill sizes the rotated rope tails alone, then
+  the BF16 GEMM reading A from ``o`` and those tails (``woa_triton::wo_a_bf16``); ``o`` is
+  never written by either. Else the rope tail rotated by ``inverse_rope`` into a copy
+  (``woa_triton::inverse_rope``) or in place (``woa_triton::inverse_rope_``), then a cuBLAS
+  bf16 batched GEMM.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -350,20 +353,44 @@ def _tma_loads(o: torch.Tensor) -> bool:
 
 def eager_wo_a_bf16(o, positions, cos_cache, sin_cache, w_bf16, num_groups: int):
     """For plain eager calls of ``wo_a_bf16`` (not in place, default path) that repeat this
-    signature: ``run(o, positions) -> [S, G, N] | None`` with this call's tables and weight, the
-    rotation's compiled kernel launched directly, then the same cuBLAS call (``None``: this call
-    needs the op's path). The rotated copy is made per call: held across the two launches, it
-    would be shared by threads launching on one stream. ``None`` where the default runs the
-    BF16 GEMM from ``o`` (prefill sizes, not host-bound), before the rotation's first launch,
-    or for operands it would repack."""
+    signature: ``run(o, positions) -> [S, G, N] | None`` with this call's tables and weight
+    (``None``: this call needs the op's path), launching the compiled kernels directly. Where
+    the default is the one-launch chain (decode sizes), its kernel; where it is the rotated
+    copy and cuBLAS, the rotation's kernel and then the same cuBLAS call (the copy made per
+    call: held across the two launches, it would be shared by threads launching on one
+    stream). ``None`` where the default runs the BF16 GEMM with a buffer of rotated tails
+    (prefill sizes, not host-bound), before the kernel's first launch, or for operands the
+    op's path would repack."""
     s, h, dh = o.shape
     g, n, k = w_bf16.shape
     if (not o.is_cuda or s == 0 or o.dtype != torch.bfloat16 or w_bf16.dtype != torch.bfloat16
             or o.stride(2) != 1 or g != num_groups or h * dh != g * k
             or any(t.stride(-1) != 1 for t in (positions, cos_cache, sin_cache))
-            or configs.bf16_gemm_chosen(s, g, n, k, tma=_tma_loads(o))):
+            or not w_bf16.is_contiguous()):
         return None
     device = o.device
+    if configs.bf16_gemm_chosen(s, g, n, k, tma=_tma_loads(o), dh=dh):
+        rd = 2 * cos_cache.shape[1]
+        if configs.bf16_gemm_blocker(dh, rd, k):
+            return None
+        cfg = configs.bf16_gemm_config(s, g, n, k, configs.bf16_block_k_limit(dh, rd, k),
+                                       target(), True)
+        if not cfg.rotate:
+            return None
+        shape = (s, g, n)
+        strides = row_major(shape)
+        key, _, _, args = _rotating_launch(
+            o, positions, cos_cache, sin_cache, w_bf16,
+            torch.empty_strided(shape, strides, dtype=torch.bfloat16, device=device),
+            dataclasses.astuple(cfg))
+        bound = bind(key, args, _ROTATING_TENSORS, checked=2)
+        if bound is None:
+            return None
+
+        def run_one(o, positions):
+            out = torch.empty_strided(shape, strides, dtype=torch.bfloat16, device=device)
+            return out if bound((o, positions, cos_cache, sin_cache, w_bf16, out)) else None
+        return run_one
     # The rotated copy [S, H, Dh] as the [G, S, K] view that the op's path multiplies (the
     # same sizes and strides: the same cuBLAS call).
     view = (g, s, k), (k, g * k, 1)
@@ -404,7 +431,7 @@ def _wo_a_bf16_op(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Ten
     shape = (block_m, block_n, block_k, num_warps, num_stages, tma)
     key = ("wo_a_bf16", *signature(o), *signature(tails), *signature(w), *signature(out), shape,
            tma and bf16_tma_ok(o, w, block_n))
-    path, grid, constexprs = plan(key, lambda: _wo_a_bf16_plan(o, tails, w, out,
+    path, grid, constexprs = plan(key, lambda: _wo_a_bf16_plan(o, cos_cache, sin_cache, w, out,
                                                                Bf16GemmConfig(*shape)))
     s = o.shape[0]
     with on_device_of(o):
@@ -424,11 +451,54 @@ def _wo_a_bf16_op(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Ten
                    key)
 
 
-def _wo_a_bf16_plan(o, tails, w, out, cfg: Bf16GemmConfig):
-    """``(kernel path, grid, constexprs)`` of one BF16 GEMM launch signature."""
+@launcher_op("wo_a_bf16_rotating", mutates_args=("out",))
+def _wo_a_bf16_rotating_op(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
+                           sin_cache: torch.Tensor, w: torch.Tensor, out: torch.Tensor,
+                           block_m: int, block_n: int, block_k: int, num_warps: int,
+                           num_stages: int) -> None:
+    if o.shape[0] == 0:
+        return
+    shape = (block_m, block_n, block_k, num_warps, num_stages, False, True)
+    key, grid, constexprs, args = _rotating_launch(o, positions, cos_cache, sin_cache, w, out,
+                                                   shape)
+    with on_device_of(o):
+        launch(bf16_kernels.wo_a_bf16_kernel, grid, args, constexprs, key)
+
+
+def _rotating_launch(o, positions, cos_cache, sin_cache, w, out, shape: tuple):
+    """``(plan key, grid, constexprs, runtime arguments)`` of one launch of the one-launch
+    chain; ``shape`` is ``Bf16GemmConfig``'s fields in order."""
+    key = ("wo_a_bf16_rotating", *signature(o), *signature(cos_cache), sin_cache.stride(),
+           *signature(w), *signature(out), shape)
+    grid, constexprs = plan(key, lambda: _rotating_plan(o, cos_cache, sin_cache, w, out,
+                                                        Bf16GemmConfig(*shape)))
+    return key, grid, constexprs, (o, positions, cos_cache, sin_cache, w, o.shape[0],
+                                   cos_cache.shape[0], out)
+
+
+#: Where ``_rotating_launch``'s runtime arguments hold the call's tensors.
+_ROTATING_TENSORS = (0, 1, 2, 3, 4, 7)
+
+
+def _rotating_plan(o, cos_cache, sin_cache, w, out, cfg: Bf16GemmConfig):
+    """``(grid, constexprs)`` of one launch signature of the one-launch chain."""
     s, h, dh = o.shape
     g, n, k = w.shape
-    rd = tails.shape[2]
+    return (configs.cdiv(s, cfg.block_m) * configs.cdiv(n, cfg.block_n), g), dict(
+        SOM=o.stride(0), SOH=o.stride(1), SCP=cos_cache.stride(0), SSP=sin_cache.stride(0),
+        SWG=w.stride(0), SWN=w.stride(1), SYM=out.stride(0), SYG=out.stride(1), HPG=k // dh,
+        DH=dh, RD=2 * cos_cache.shape[1], N=n, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, ROUND_PRODUCTS=round_products(o, cos_cache),
+        DOT_IN_FP32=target() == "interpreter", num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
+
+
+def _wo_a_bf16_plan(o, cos_cache, sin_cache, w, out, cfg: Bf16GemmConfig):
+    """``(kernel path, grid, constexprs)`` of one launch signature of the BF16 GEMM that reads
+    the rotated tails."""
+    s, h, dh = o.shape
+    g, n, k = w.shape
+    rd = 2 * cos_cache.shape[1]
     grid = (configs.cdiv(s, cfg.block_m) * configs.cdiv(n, cfg.block_n), g)
     common = dict(SYM=out.stride(0), SYG=out.stride(1), DH=dh, RD=rd, N=n,
                   BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
@@ -446,11 +516,12 @@ def wo_a_bf16(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
               config: Bf16GemmConfig | None = None) -> torch.Tensor:
     """The BF16 chain ``y = inv_rope(o) @ w^T`` per group, fp32 accumulation, bf16 out.
 
-    Not in place, ``o`` is never written. Where ``configs.bf16_gemm_chosen`` says so, the
-    rotated rope tails go to a ``[S, H, rd]`` buffer and the BF16 GEMM
-    (``bf16_kernels``) reads A's NoPE tiles straight from ``o`` and its rope tiles from that
-    buffer; else ``inverse_rope`` writes a rotated copy of ``o`` and cuBLAS multiplies it. In
-    place, ``inverse_rope`` rotates ``o``'s tails and cuBLAS multiplies ``o``.
+    Not in place, ``o`` is never written. Where ``configs.bf16_gemm_chosen`` says so, the BF16
+    GEMM (``bf16_kernels``) reads A's NoPE tiles straight from ``o``; its rope tiles it rotates
+    itself at decode sizes (one launch: ``Bf16GemmConfig.rotate``), else reads them from a
+    ``[S, H, rd]`` buffer of the rotated tails. Elsewhere ``inverse_rope`` writes a rotated copy
+    of ``o`` and cuBLAS multiplies it. In place, ``inverse_rope`` rotates ``o``'s tails and
+    cuBLAS multiplies ``o``. Every route rotates with the same bits.
 
     Args:
       o: ``[S, H, Dh]`` bf16 with Dh contiguous; left unchanged unless ``inplace``.
@@ -461,7 +532,7 @@ def wo_a_bf16(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
       fused: ``None`` runs the BF16 GEMM from ``o`` where ``configs.bf16_gemm_chosen`` says
         so; ``True`` requires it, ``False`` runs the rotated copy and cuBLAS.
       config: the BF16 GEMM's launch shape (implies ``fused``); ``None`` picks
-        ``configs.bf16_gemm_config`` by S and G.
+        ``configs.bf16_gemm_config`` by S and G (it rotates in the GEMM up to 64 tokens).
 
     Returns:
       ``[S, G, N]`` bf16.
@@ -488,7 +559,7 @@ def wo_a_bf16(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
     tma = _tma_loads(o)
     if fused is None:
         fused = config is not None or (not inplace
-                                       and configs.bf16_gemm_chosen(s, g, n, k, tma=tma)
+                                       and configs.bf16_gemm_chosen(s, g, n, k, tma=tma, dh=dh)
                                        and configs.bf16_gemm_blocker(dh, rd, k) is None)
     elif not fused and config is not None:
         raise ValueError("wo_a_bf16: config is the BF16 GEMM's; it needs fused=True or None")
@@ -502,7 +573,15 @@ def wo_a_bf16(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
         raise ValueError(f"wo_a_bf16 cannot run the BF16 GEMM from o here: {blocker}")
     cfg = config or configs.bf16_gemm_config(s, g, n, k, configs.bf16_block_k_limit(dh, rd, k),
                                              target(), tma)
+    if cfg.rotate and k % dh:  # a default decode tile, groups inside heads: the tails buffer
+        cfg = dataclasses.replace(cfg, rotate=False)
     out = torch.empty((s, g, n), dtype=torch.bfloat16, device=o.device)
+    if cfg.rotate:
+        run_mutating(_wo_a_bf16_rotating_op, (out,), o, rows_contiguous(positions),
+                     rows_contiguous(cos_cache), rows_contiguous(sin_cache),
+                     rows_contiguous(w_bf16), out, cfg.block_m, cfg.block_n, cfg.block_k,
+                     cfg.num_warps, cfg.num_stages)
+        return out
     tails = torch.empty((s, h, rd), dtype=torch.bfloat16, device=o.device)
     run_mutating(_wo_a_bf16_op, (tails, out), o, rows_contiguous(positions),
                  rows_contiguous(cos_cache), rows_contiguous(sin_cache),

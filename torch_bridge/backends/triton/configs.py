@@ -405,7 +405,9 @@ def fused_blocker(dh: int, rd: int, block: int,
 class Bf16GemmConfig:
     """Launch shape of the BF16 chain's GEMM: the pointer kernel (``bf16_rope_gemm_kernel``) or,
     with ``tma``, the tensor-descriptor one where the operands allow it (groups of whole heads,
-    N a multiple of ``block_n``, 16-byte aligned rows; else the pointer kernel at this shape)."""
+    N a multiple of ``block_n``, 16-byte aligned rows; else the pointer kernel at this shape).
+    With ``rotate`` the chain is one launch (``wo_a_bf16_kernel``, groups of whole heads): the
+    kernel rotates the rope tiles itself, no buffer of rotated tails."""
 
     block_m: int
     block_n: int
@@ -414,6 +416,7 @@ class Bf16GemmConfig:
     num_warps: int = 4
     num_stages: int = 3
     tma: bool = False
+    rotate: bool = False
 
     def __post_init__(self):
         for field in ("block_m", "block_n", "block_k"):  # tl.dot needs every tile dim >= 16
@@ -421,10 +424,14 @@ class Bf16GemmConfig:
         _check_power_of_two(self, "num_warps", self.num_warps, 1)
         if self.num_stages < 1:
             raise ValueError(f"Bf16GemmConfig.num_stages must be >= 1, got {self.num_stages}")
+        if self.tma and self.rotate:
+            raise ValueError("Bf16GemmConfig: the one-launch chain (rotate) has pointer loads; "
+                             "the TMA kernel reads the rotated tails (tma=True and rotate=True "
+                             "together)")
 
     def label(self) -> str:
         return (f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.num_warps}"
-                f"st{self.num_stages}{'T' if self.tma else ''}")
+                f"st{self.num_stages}{'T' if self.tma else ''}{'R' if self.rotate else ''}")
 
 
 def bf16_block_k_limit(dh: int, rd: int, k: int) -> int:
@@ -447,6 +454,9 @@ def bf16_gemm_blocker(dh: int, rd: int, k: int,
     if config is not None and limit % config.block_k:
         return (f"block_k {config.block_k} must divide head_dim {dh}, rope dim {rd} and K {k} "
                 f"(at most {limit} here)")
+    if config is not None and config.rotate and k % dh:
+        return (f"the one-launch chain (rotate=True) needs groups of whole heads: K {k} is not "
+                f"a multiple of head_dim {dh}")
     return None
 
 
@@ -454,14 +464,27 @@ def bf16_gemm_blocker(dh: int, rd: int, k: int,
 #: (token, group) rows of A, and copies ``o`` for cuBLAS below (``bf16_gemm_chosen``).
 BF16_GEMM_MIN_TOKENS = 256
 BF16_GEMM_MIN_ROWS = 2048
+#: ``wo_a_bf16`` runs the one-launch chain (``Bf16GemmConfig.rotate``) up to this many tokens,
+#: and up to ``BF16_ROTATING_WIDE_TOKENS`` from ``BF16_ROTATING_WIDE_GROUPS`` groups
+#: (``bf16_gemm_chosen``).
+BF16_ROTATING_MAX_TOKENS = 16
+BF16_ROTATING_WIDE_TOKENS = 64
+BF16_ROTATING_WIDE_GROUPS = 16
 
 
-def bf16_gemm_chosen(s: int, g: int, n: int, k: int, *, tma: bool) -> bool:
+def bf16_gemm_chosen(s: int, g: int, n: int, k: int, *, tma: bool,
+                     dh: int | None = None) -> bool:
     """Whether ``wo_a_bf16`` (not in place) runs the BF16 GEMM from ``o`` rather than a rotated
-    copy of ``o`` and cuBLAS: with the TMA kernel (``tma``: the device has tensor-memory loads)
-    from ``BF16_GEMM_MIN_TOKENS`` tokens and ``BF16_GEMM_MIN_ROWS`` rows. Smaller problems make
-    too few programs for its tiles, and copying their ``o`` is cheap; the pointer kernel does
-    not keep up with cuBLAS at any size."""
+    copy of ``o`` and cuBLAS, on a device with tensor-memory loads (``tma``: Hopper, where the
+    rule is measured). For groups of whole heads of ``dh`` lanes, up to
+    ``BF16_ROTATING_MAX_TOKENS`` tokens (``BF16_ROTATING_WIDE_TOKENS`` with enough groups to
+    fill the GPU with its larger token tiles) the one-launch chain: it streams the weight as
+    fast as cuBLAS, and saves the second launch's host time. From ``BF16_GEMM_MIN_TOKENS``
+    tokens and ``BF16_GEMM_MIN_ROWS`` rows the TMA kernel. Between, those tiles make too few
+    programs and copying ``o`` is cheap."""
+    if s <= BF16_ROTATING_MAX_TOKENS or (s <= BF16_ROTATING_WIDE_TOKENS
+                                         and g >= BF16_ROTATING_WIDE_GROUPS):
+        return tma and dh is not None and k % dh == 0
     return tma and s >= BF16_GEMM_MIN_TOKENS and s * g >= BF16_GEMM_MIN_ROWS
 
 
@@ -496,19 +519,23 @@ def bf16_gemm_config(s: int, g: int, n: int, k: int, block_k: int = 64,
 
     Above 64 tokens the largest tile of the ladder that still makes two waves of programs
     (``ONE_WAVE_TILES`` each; the last tile whatever it makes). Up to 64 tokens the problem
-    streams the weight: the token tile is the tokens rounded up to a power of two (16 to 64),
-    64 weight rows per program, halved down to 16 until the programs fill one wave (G = 2);
-    5 stages, 8 for the narrower tiles, which keep fewer bytes in flight per stage.
+    streams the weight, and the tile is the one-launch chain's (``rotate``): the token tile
+    is the tokens rounded up to a power of two (16 to 64), 64 weight rows per program, halved
+    down to 16 until the programs fill one wave (G = 2). Where they make more than a wave, 5
+    stages; in one wave each program streams more of the weight, with 8 stages, 12 for
+    16-row tiles, which keep fewer bytes in flight per stage.
     """
     if s <= 64:
         cfg = Bf16GemmConfig(min(64, max(16, 1 << max(0, s - 1).bit_length())), 64,
                              min(block_k, 32 if target == "hip" else 64), num_warps=4,
-                             num_stages=5)
+                             num_stages=5, rotate=True)
         while cfg.block_n > 16 and _bf16_programs(cfg, s, g, n) < ONE_WAVE_TILES:
             cfg = dataclasses.replace(cfg, block_n=cfg.block_n // 2)
         if target == "hip":
             return dataclasses.replace(cfg, num_stages=2)
-        return cfg if cfg.block_n == 64 else dataclasses.replace(cfg, num_stages=8)
+        if _bf16_programs(cfg, s, g, n) > ONE_WAVE_TILES:
+            return cfg
+        return dataclasses.replace(cfg, num_stages=12 if cfg.block_n == 16 else 8)
     if tma and block_k == 64:
         for cfg in _BF16_TMA_LADDER:
             if _bf16_programs(cfg, s, g, n) >= ONE_WAVE_TILES:
