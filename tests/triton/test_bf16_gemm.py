@@ -276,15 +276,15 @@ def test_every_chosen_shape_is_a_valid_tile(target):
             assert cfg.num_stages * (cfg.block_m + cfg.block_n) * cfg.block_k * 2 <= 32768
 
 
-def test_the_gemm_from_o_runs_at_decode_and_from_256_tokens_with_tma_loads():
-    """On Hopper the one-launch chain up to 16 tokens (64 at G = 16), the TMA kernel from 256
+def test_the_gemm_from_o_runs_at_decode_and_from_128_tokens_with_tma_loads():
+    """On Hopper the one-launch chain up to 16 tokens (64 at G = 16), the TMA kernel from 128
     tokens and 2048 (token, group) rows, the rotated copy and cuBLAS between; without TMA loads
     always the copy. The decode tiles rotate, no other tile does; in one wave of programs they
     keep more stages in flight."""
     for (s, g), want in {(1, 16): True, (16, 2): True, (17, 8): False, (64, 16): True,
-                         (64, 2): False, (65, 16): False,
-                         (255, 16): False, (256, 16): True, (256, 8): True, (255, 8): False,
-                         (512, 2): False, (1024, 2): True, (8192, 2): True}.items():
+                         (64, 2): False, (65, 16): False, (127, 16): False, (128, 16): True,
+                         (128, 8): False, (256, 8): True, (255, 8): False, (512, 2): False,
+                         (1024, 2): True, (8192, 2): True}.items():
         assert configs.bf16_gemm_chosen(s, g, 1024, 4096, tma=True, dh=512) == want, (s, g)
         assert not configs.bf16_gemm_chosen(s, g, 1024, 4096, tma=False, dh=512)
         if want and s <= 64:  # groups inside heads, or no head dim: no one-launch chain
@@ -304,7 +304,7 @@ def test_hopper_tma_tiles():
                        Bf16GemmConfig(128, 128, 64, 4, 5, True),
                        Bf16GemmConfig(64, 128, 64, 4, 4, True))
     for (s, g), want in {(8192, 16): big, (1024, 16): big, (4096, 2): big, (1024, 2): mid,
-                         (256, 16): big, (256, 8): mid, (256, 2): small}.items():
+                         (256, 16): big, (256, 8): mid, (128, 16): mid, (256, 2): small}.items():
         assert configs.bf16_gemm_config(s, g, 1024, 4096, tma=True) == want, (s, g)
 
 

@@ -462,7 +462,7 @@ def bf16_gemm_blocker(dh: int, rd: int, k: int,
 
 #: ``wo_a_bf16`` runs the BF16 GEMM from ``o`` (its TMA kernel) from this many tokens and
 #: (token, group) rows of A, and copies ``o`` for cuBLAS below (``bf16_gemm_chosen``).
-BF16_GEMM_MIN_TOKENS = 256
+BF16_GEMM_MIN_TOKENS = 128
 BF16_GEMM_MIN_ROWS = 2048
 #: ``wo_a_bf16`` runs the one-launch chain (``Bf16GemmConfig.rotate``) up to this many tokens,
 #: and up to ``BF16_ROTATING_WIDE_TOKENS`` from ``BF16_ROTATING_WIDE_GROUPS`` groups
@@ -502,7 +502,7 @@ def _bf16_tile_ladder(target: str) -> tuple[Bf16GemmConfig, ...]:
 
 
 #: The TMA kernel's tiles from the largest down (Hopper). The one-wave 128 x 128 grids (G = 8 at
-#: 256 tokens) stream the weight: five stages keep more of it in flight.
+#: 256 tokens, G = 16 at 128) stream the weight: five stages keep more of it in flight.
 _BF16_TMA_LADDER = (Bf16GemmConfig(128, 256, 64, num_warps=8, num_stages=3, tma=True),
                     Bf16GemmConfig(128, 128, 64, num_warps=4, num_stages=5, tma=True),
                     Bf16GemmConfig(64, 128, 64, num_warps=4, num_stages=4, tma=True))
