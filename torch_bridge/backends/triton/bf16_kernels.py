@@ -42,6 +42,22 @@ def _dot(acc, a, b, DOT_IN_FP32: tl.constexpr):
 
 
 @triton.jit
+def _tile(w_ptr, M, SWG: tl.constexpr, SWN: tl.constexpr, N: tl.constexpr,
+          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The program's output tile on grid ``(M tiles * N tiles, G)``, N tiles fastest:
+    ``(g, offs_m, offs_n, offs_k, m_ok, n_ok, w_rows)``, ``w_rows`` the first K tile of its
+    weight rows."""
+    NUM_N: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
+    pid = tl.program_id(0)
+    g = tl.program_id(1).to(tl.int64)
+    offs_m = (pid // NUM_N).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = (pid % NUM_N) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    w_rows = w_ptr + g * SWG + offs_n[:, None].to(tl.int64) * SWN + offs_k[None, :]
+    return g, offs_m, offs_n, offs_k, offs_m < M, offs_n < N, w_rows
+
+
+@triton.jit
 def bf16_rope_gemm_kernel(
     o_ptr, r_ptr, w_ptr, M,
     y_ptr,
@@ -60,15 +76,8 @@ def bf16_rope_gemm_kernel(
     token (a group may start inside a head when G > H).
     """
     ROPE_FROM: tl.constexpr = DH - RD
-    NUM_N: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
-    pid = tl.program_id(0)
-    g = tl.program_id(1).to(tl.int64)
-    offs_m = (pid // NUM_N).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = (pid % NUM_N) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    m_ok = offs_m < M
-    n_ok = offs_n < N
-    w_rows = w_ptr + g * SWG + offs_n[:, None].to(tl.int64) * SWN + offs_k[None, :]
+    g, offs_m, offs_n, offs_k, m_ok, n_ok, w_rows = _tile(w_ptr, M, SWG, SWN, N, BLOCK_M,
+                                                          BLOCK_N, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kt in range(K // BLOCK_K):
         lane = g * K + kt * BLOCK_K  # the tile's first lane in the token's H * Dh lanes
@@ -147,16 +156,9 @@ def wo_a_bf16_kernel(
     NOPE_TILES: tl.constexpr = (DH - RD) // BLOCK_K  # per head
     ROPE_TILES: tl.constexpr = RD // BLOCK_K
     HALF: tl.constexpr = BLOCK_K // 2
-    NUM_N: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
-    pid = tl.program_id(0)
-    g = tl.program_id(1).to(tl.int64)
-    offs_m = (pid // NUM_N).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = (pid % NUM_N) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    m_ok = offs_m < M
-    n_ok = offs_n < N
+    g, offs_m, offs_n, offs_k, m_ok, n_ok, w_rows = _tile(w_ptr, M, SWG, SWN, N, BLOCK_M,
+                                                          BLOCK_N, BLOCK_K)
     o_rows = o_ptr + offs_m[:, None] * SOM + g * (HPG * SOH) + offs_k[None, :]
-    w_rows = w_ptr + g * SWG + offs_n[:, None].to(tl.int64) * SWN + offs_k[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for t in range(HPG * NOPE_TILES):
         head = t // NOPE_TILES
