@@ -1,8 +1,10 @@
 """The BF16 chain's GEMM from ``o`` (``bf16_kernels``): A's NoPE tiles read from ``o``, its rope
-tiles from a buffer of the rotated tails, ``o`` never written.
+tiles from a buffer of the rotated tails or, in the one-launch chain, rotated by the GEMM
+itself; ``o`` never written.
 
 Tiny shapes under ``TRITON_INTERPRET=1`` on CPU (tests/conftest.py) against ``woa_jax.wo_a_bf16``
-within ``gemm_bf16``; the tails bit for bit against the rotation of ``inverse_rope``; the kernels
+within ``gemm_bf16``; the tails, and the one-launch chain's rotated lanes, bit for bit against
+the rotation of ``inverse_rope``; the kernels
 compiled for sm_90 and AMD Instinct in a subprocess; GPU-marked tests at DeepSeek V4 sizes
 against the cuBLAS path.
 """

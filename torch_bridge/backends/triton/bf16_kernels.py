@@ -26,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .kernels import _rotate, _round_bf16_rne
+from .kernels import _rotated_bf16, _round_bf16_rne
 
 
 @triton.jit
@@ -178,9 +178,7 @@ def wo_a_bf16_kernel(
         s = tl.load(sin_ptr + pos[:, None] * SSP + col[None, :], mask=m_ok[:, None],
                     other=0.0).to(tl.float32)
         x = tl.load(o_rows + head * SOH + d, mask=m_ok[:, None], other=0.0)
-        lo, hi = tl.split(tl.reshape(x.to(tl.float32), (BLOCK_M, HALF, 2)))
-        v = tl.reshape(tl.join(*_rotate(lo, hi, c, s, ROUND_PRODUCTS)), (BLOCK_M, BLOCK_K))
-        a = _round_bf16_rne(v).to(x.dtype)
+        a = _rotated_bf16(x, c, s, BLOCK_M, BLOCK_K, ROUND_PRODUCTS)
         b = tl.load(w_rows + head * DH + d, mask=n_ok[:, None], other=0.0)
         acc = _dot(acc, a, b, DOT_IN_FP32)
     tl.store(y_ptr + offs_m[:, None] * SYM + g * SYG + offs_n[None, :],

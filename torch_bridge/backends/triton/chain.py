@@ -431,7 +431,7 @@ def _wo_a_bf16_op(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Ten
     shape = (block_m, block_n, block_k, num_warps, num_stages, tma)
     key = ("wo_a_bf16", *signature(o), *signature(tails), *signature(w), *signature(out), shape,
            tma and bf16_tma_ok(o, w, block_n))
-    path, grid, constexprs = plan(key, lambda: _wo_a_bf16_plan(o, cos_cache, sin_cache, w, out,
+    path, grid, constexprs = plan(key, lambda: _wo_a_bf16_plan(o, cos_cache, w, out,
                                                                Bf16GemmConfig(*shape)))
     s = o.shape[0]
     with on_device_of(o):
@@ -493,7 +493,7 @@ def _rotating_plan(o, cos_cache, sin_cache, w, out, cfg: Bf16GemmConfig):
         num_stages=cfg.num_stages)
 
 
-def _wo_a_bf16_plan(o, cos_cache, sin_cache, w, out, cfg: Bf16GemmConfig):
+def _wo_a_bf16_plan(o, cos_cache, w, out, cfg: Bf16GemmConfig):
     """``(kernel path, grid, constexprs)`` of one launch signature of the BF16 GEMM that reads
     the rotated tails."""
     s, h, dh = o.shape
@@ -532,7 +532,8 @@ def wo_a_bf16(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
       fused: ``None`` runs the BF16 GEMM from ``o`` where ``configs.bf16_gemm_chosen`` says
         so; ``True`` requires it, ``False`` runs the rotated copy and cuBLAS.
       config: the BF16 GEMM's launch shape (implies ``fused``); ``None`` picks
-        ``configs.bf16_gemm_config`` by S and G (it rotates in the GEMM up to 64 tokens).
+        ``configs.bf16_gemm_config`` by S and G (its tiles up to 64 tokens rotate in the GEMM
+        where groups are whole heads).
 
     Returns:
       ``[S, G, N]`` bf16.

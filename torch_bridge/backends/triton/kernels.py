@@ -105,6 +105,17 @@ def _rotate(a, b, c, s, ROUND_PRODUCTS: tl.constexpr):
 
 
 @triton.jit
+def _rotated_bf16(x, c, s, ROWS: tl.constexpr, WIDTH: tl.constexpr,
+                  ROUND_PRODUCTS: tl.constexpr):
+    """The BF16 chain's rotation of ``x [ROWS, WIDTH]``, all rope lanes (GPT-J pairs), by
+    -theta: fp32 math, rounded to nearest-even in ``x``'s dtype (bf16). ``c``, ``s``:
+    ``[ROWS, WIDTH / 2]``."""
+    a, b = tl.split(tl.reshape(x.to(tl.float32), (ROWS, WIDTH // 2, 2)))
+    v = tl.reshape(tl.join(*_rotate(a, b, c, s, ROUND_PRODUCTS)), (ROWS, WIDTH))
+    return _round_bf16_rne(v).to(x.dtype)
+
+
+@triton.jit
 def _inverse_rope_pairs(x, c, s, is_rope, ROWS: tl.constexpr, GS: tl.constexpr,
                         ROUND_PRODUCTS: tl.constexpr):
     """Rotate the GPT-J pairs of ``x [ROWS, GS]`` (fp32) by -theta where ``is_rope``.
@@ -537,7 +548,6 @@ def inverse_rope_kernel(
     in_row = o_ptr + tok[:, None] * stride_os + head[:, None] * stride_oh + lanes[None, :]
     out_row = y_ptr + tok[:, None] * stride_ys + head[:, None] * stride_yh + lanes[None, :]
     x = tl.load(in_row + ROPE_FROM, mask=row_ok[:, None], other=0.0)
-    a, b = tl.split(tl.reshape(x.to(tl.float32), (BLOCK_R, HALF, 2)))
     pos = tl.load(pos_ptr + tok, mask=row_ok, other=0).to(tl.int64)
     pos = tl.minimum(tl.maximum(pos, 0), n_pos_rows - 1)
     cols = tl.arange(0, HALF)
@@ -558,7 +568,6 @@ def inverse_rope_kernel(
             for c0 in tl.static_range(0, ROPE_FROM, RD):
                 ok = row_ok[:, None] & (c0 + lanes[None, :] < ROPE_FROM)
                 tl.store(out_row + c0, tl.load(in_row + c0, mask=ok), mask=ok)
-    v = tl.reshape(tl.join(*_rotate(a, b, c, s, ROUND_PRODUCTS)), (BLOCK_R, RD))
     if not TAIL_ONLY:
         out_row += ROPE_FROM
-    tl.store(out_row, _round_bf16_rne(v).to(x.dtype), mask=row_ok[:, None])
+    tl.store(out_row, _rotated_bf16(x, c, s, BLOCK_R, RD, ROUND_PRODUCTS), mask=row_ok[:, None])
