@@ -1,0 +1,50 @@
+"""Threads and streams (``pytest -m gpu``): several threads, each on its own CUDA stream, call
+every public entry point at shapes that reach every launch path, while one more thread captures
+and replays CUDA graphs of layers; every output equals its single-threaded reference bit for
+bit."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from _gpu import new_seed, xla_memory  # noqa: E402, F401
+from _stress import build_cases, graph_cases, stress, take_references  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+def _clean(got, seed: int, calls: int, replays: int = 0) -> None:
+    assert not got.errors, f"seed {seed}: {len(got.errors)} errors, first: {got.errors[:3]}"
+    assert not got.mismatches, (f"seed {seed}: {len(got.mismatches)} of {got.calls} calls and "
+                                f"{got.replays} replays wrong: {got.mismatches[:5]}")
+    assert (got.calls, got.replays) == (calls, replays)
+
+
+@pytest.fixture(scope="module")
+def cases():
+    seed = new_seed()
+    found = build_cases(seed)
+    take_references(found)
+    return seed, found
+
+
+def test_threads_on_their_own_streams_get_the_single_threaded_bits(cases):
+    """Six threads call random cases; one more captures layers in CUDA graphs and replays
+    them."""
+    seed, found = cases
+    got = stress(found, threads=6, calls=10_200, seed=seed, graphs=graph_cases(seed),
+                 replays=600)
+    _clean(got, seed, 10_200, 600)
+
+
+def test_decode_calls_beside_prefill_calls(cases):
+    """Decode calls on four streams while two more run the prefill kernels: each decode kernel
+    shares its SMs with a long MMA kernel of another stream, which slows its MMAs down."""
+    seed, found = cases
+    prefill = [c for c in found if c.name.endswith("M1024")]
+    decode = [c for c in found if not c.name.endswith("M1024")]
+    got = stress([decode, decode, prefill], threads=6, calls=6_000, seed=seed + 1)
+    _clean(got, seed, 6_000)
