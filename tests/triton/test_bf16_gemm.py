@@ -373,7 +373,7 @@ _SCRIPT = textwrap.dedent("""
             return one_sig, bf16_kernels.wo_a_bf16_kernel, dict(
                 SOM=h * dh, SOH=dh, SCP=rd // 2, SSP=rd // 2, SWG=n * k, SWN=k, SYM=g * n, SYG=n,
                 HPG=k // dh, DH=dh, RD=rd, N=n, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                BLOCK_K=cfg.block_k, DOT_IN_FP32=False,
+                BLOCK_K=cfg.block_k, DOT_IN_FP32=False, SETTLE_MMA=target == "cuda",
                 ROUND_PRODUCTS=configs.round_products("bfloat16", "float32", target))
         return ptr_sig, bf16_kernels.bf16_rope_gemm_kernel, dict(
             SOM=h * dh, SOH=dh, SWG=n * k, SWN=k, SYM=g * n, SYG=n, H=h, DH=dh, RD=rd, N=n, K=k,
@@ -386,6 +386,18 @@ _SCRIPT = textwrap.dedent("""
         ptx = build(sm90, kernel, sig, cx, tuple(sig), cfg).asm["ptx"]
         print("sm90 pointer", s, cfg.rotate, "wgmma.mma_async" in ptx or "mma.sync" in ptx,
               "cp.async.cg.shared.global" in ptx and ", 0x10," in ptx)
+    # A rotated tile is wgmma's register operand: each loop that feeds one must end with its
+    # MMAs complete (a wait with no MMA pending before the loop's yield).
+    for s in (64, 16, 1):
+        cfg = configs.bf16_gemm_config(s, g, n, k)
+        sig, kernel, cx = ptr_cx(cfg)
+        ttgir = build(sm90, kernel, sig, cx, tuple(sig), cfg).asm["ttgir"]
+        settled = True
+        for body in re.findall(r"scf\.for.*?scf\.yield", ttgir, re.S):
+            if re.search(r"warp_group_dot %\S+, .*dot_op<\{opIdx = 0", body):
+                waits = re.findall(r"warp_group_dot_wait.*?pendings = (\d+)", body)
+                settled &= bool(waits) and waits[-1] == "0"
+        print("sm90 rotating", s, settled)
     cfg = configs.Bf16GemmConfig(128, 256, 64, 8, 3, tma=True)
     sig = {"o_desc": "tensordesc<bf16[128, 64]>", "r_desc": "tensordesc<bf16[128, 64]>",
            "w_desc": "tensordesc<bf16[256, 64]>", "M": "i32", "y_ptr": "*bf16"}
@@ -406,11 +418,13 @@ _SCRIPT = textwrap.dedent("""
 
 def test_kernels_compile_for_hopper_and_amd(tmp_path):
     """The pointer kernel at the chosen Hopper shapes (rotating its rope tiles at decode) runs
-    tensor-core MMAs fed by 16-byte cp.async copies (the pipelined K loop), the TMA kernel
+    tensor-core MMAs fed by 16-byte cp.async copies (the pipelined K loop), keeps no MMA that
+    reads a rotated tile in flight into the next iteration, the TMA kernel
     wgmma fed by bulk tensor copies, and the ROCm shapes build for gfx942 / gfx950 with bf16
     MFMA within 64 KiB of LDS."""
     lines = run_compile_script(_SCRIPT, tmp_path)
     assert lines == ["sm90 pointer 8192 False True True", "sm90 pointer 1 True True True",
+                     "sm90 rotating 64 True", "sm90 rotating 16 True", "sm90 rotating 1 True",
                      "sm90 tma True True"] + [f"{arch} {s} True True True"
                                               for arch in ("gfx942", "gfx950")
                                               for s in (8192, 64, 1)], lines

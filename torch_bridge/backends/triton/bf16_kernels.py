@@ -42,6 +42,21 @@ def _dot(acc, a, b, DOT_IN_FP32: tl.constexpr):
 
 
 @triton.jit
+def _settled(acc, SETTLE_MMA: tl.constexpr):
+    """``acc``, read by an opaque copy where ``SETTLE_MMA`` (CUDA) asks.
+
+    The copy needs the loop's MMAs complete, so none stays in flight into the next iteration.
+    A tile computed in registers is wgmma's register operand; Triton's pipeliner (3.6) lets
+    the next iteration overwrite those registers while earlier wgmmas may still read them
+    (triton-lang/triton#9433): wrong tiles whenever another kernel's MMAs slow the SM down.
+    """
+    if SETTLE_MMA:
+        acc = tl.inline_asm_elementwise("mov.f32 $0, $1;", "=f,f", [acc], dtype=tl.float32,
+                                        is_pure=True, pack=1)
+    return acc
+
+
+@triton.jit
 def _tile(w_ptr, M, SWG: tl.constexpr, SWN: tl.constexpr, N: tl.constexpr,
           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """The program's output tile on grid ``(M tiles * N tiles, G)``, N tiles fastest:
@@ -144,14 +159,15 @@ def wo_a_bf16_kernel(
     SYM: tl.constexpr, SYG: tl.constexpr,  # y [S, G, N] strides (N contiguous)
     HPG: tl.constexpr, DH: tl.constexpr, RD: tl.constexpr, N: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    ROUND_PRODUCTS: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    ROUND_PRODUCTS: tl.constexpr, DOT_IN_FP32: tl.constexpr, SETTLE_MMA: tl.constexpr,
 ):
     """One ``[BLOCK_M, BLOCK_N]`` tile of group ``program_id(1)``'s ``y = inv_rope(o) @ w^T``.
 
     Grid ``(cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N), G)``, N tiles fastest; group ``g`` is heads
     ``[g HPG, (g + 1) HPG)`` (``K = HPG * DH``). The NoPE tiles are multiplied as they lie in
     ``o``; each rope tile is rotated by -theta in fp32 and rounded to bf16 first, with cos/sin
-    rows at the positions clamped to ``[0, n_pos_rows - 1]``.
+    rows at the positions clamped to ``[0, n_pos_rows - 1]``. ``SETTLE_MMA`` (CUDA) completes
+    each rope tile's MMAs before the next tile is rotated (``_settled``).
     """
     NOPE_TILES: tl.constexpr = (DH - RD) // BLOCK_K  # per head
     ROPE_TILES: tl.constexpr = RD // BLOCK_K
@@ -180,6 +196,6 @@ def wo_a_bf16_kernel(
         x = tl.load(o_rows + head * SOH + d, mask=m_ok[:, None], other=0.0)
         a = _rotated_bf16(x, c, s, BLOCK_M, BLOCK_K, ROUND_PRODUCTS)
         b = tl.load(w_rows + head * DH + d, mask=n_ok[:, None], other=0.0)
-        acc = _dot(acc, a, b, DOT_IN_FP32)
+        acc = _settled(_dot(acc, a, b, DOT_IN_FP32), SETTLE_MMA)
     tl.store(y_ptr + offs_m[:, None] * SYM + g * SYG + offs_n[None, :],
              _round_bf16_rne(acc).to(tl.bfloat16), mask=m_ok[:, None] & n_ok[None, :])

@@ -489,8 +489,8 @@ def _rotating_plan(o, cos_cache, sin_cache, w, out, cfg: Bf16GemmConfig):
         SWG=w.stride(0), SWN=w.stride(1), SYM=out.stride(0), SYG=out.stride(1), HPG=k // dh,
         DH=dh, RD=2 * cos_cache.shape[1], N=n, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, ROUND_PRODUCTS=round_products(o, cos_cache),
-        DOT_IN_FP32=target() == "interpreter", num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+        DOT_IN_FP32=target() == "interpreter", SETTLE_MMA=target() == "cuda",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def _wo_a_bf16_plan(o, cos_cache, w, out, cfg: Bf16GemmConfig):
