@@ -63,16 +63,22 @@ def _lookup(key: tuple):
         return None
 
 
-def _remember(key: tuple, plan, table: dict | None = None) -> None:
+def _remember(key: tuple, plan, table: dict | None = None, limit: int = _PLAN_LIMIT) -> None:
     """Keep ``plan`` under ``key`` in ``table`` (the plans by default), oldest out beyond
-    ``_PLAN_LIMIT``; an unhashable key (a bad option, named by validation) is not kept."""
+    ``limit``; an unhashable key (a bad option, named by validation) is not kept.
+
+    Threads may insert at once: an oldest entry another thread took out first, or a table
+    that changed while its oldest key was read, only skips the eviction."""
     table = _PLANS if table is None else table
     try:
         hash(key)
     except TypeError:
         return
-    if len(table) >= _PLAN_LIMIT:
-        del table[next(iter(table))]
+    if len(table) >= limit:
+        try:
+            del table[next(iter(table))]
+        except (KeyError, RuntimeError, StopIteration):
+            pass
     table[key] = plan
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import logging
 import pathlib
+import threading
 import weakref
 from typing import Any, NamedTuple
 
@@ -130,8 +131,11 @@ class WoAProjection:
                 if self.n % self.block != 0:
                     raise ValueError(f"N={self.n} is not a multiple of the {self.block}-row "
                                      "weight block")
-                self.weight_scale_e8m0 = interop.e8m0_bytes(scale).view(
-                    num_groups, self.n // self.block, k // self.block)
+                e8m0 = interop.e8m0_bytes(scale)
+                if e8m0.data_ptr() != scale.data_ptr():  # converted: kept for every stream
+                    _ready_everywhere(e8m0)
+                self.weight_scale_e8m0 = e8m0.view(num_groups, self.n // self.block,
+                                                   k // self.block)
             except ValueError as e:
                 self.fp8_unavailable = f"weight scale unusable by the FP8 path: {e}"
         elif wname in _PLAIN_NAMES:
@@ -229,8 +233,8 @@ class WoAProjection:
                 self._w_bf16 = self._weight2d.to(torch.bfloat16).view(self.num_groups, self.n,
                                                                       self.k)
             else:
-                self._w_bf16 = torch_ref.dequant_wo_a_weight(self._weight2d, self._scale,
-                                                             self.num_groups, torch.bfloat16)
+                self._w_bf16 = _ready_everywhere(torch_ref.dequant_wo_a_weight(
+                    self._weight2d, self._scale, self.num_groups, torch.bfloat16))
         return self._w_bf16
 
     @property
@@ -306,7 +310,8 @@ class WoAProjection:
             src = {"w": lambda: self.weight_fp8, "ws": lambda: self.weight_scale_e8m0,
                    "w_bf16": lambda: self.weight_bf16, "cos": lambda: self.cos_cache,
                    "sin": lambda: self.sin_cache}[what]()
-            self._per_device[key] = src.to(device=device, dtype=dtype or src.dtype).contiguous()
+            made = src.to(device=device, dtype=dtype or src.dtype).contiguous()
+            self._per_device[key] = made if made is src else _ready_everywhere(made)
         return self._per_device[key]
 
     # -- call ----------------------------------------------------------------------------------
@@ -343,9 +348,7 @@ class WoAProjection:
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plan(o, positions)
-            if len(self._plans) >= _PLAN_LIMIT:
-                del self._plans[next(iter(self._plans))]
-            self._plans[key] = plan
+            ops._remember(key, plan, self._plans, _PLAN_LIMIT)
         self._last = key[0]
         if plan.kind == "empty":
             return torch.empty((0, self.num_groups, self.n), dtype=torch.bfloat16,
@@ -382,9 +385,7 @@ class WoAProjection:
     def _keep_eager(self, key: tuple, launcher) -> None:
         """Keep ``launcher`` (or ``None``) for the call signature ``key``, oldest out beyond
         ``_PLAN_LIMIT`` signatures."""
-        if len(self._eager) >= _PLAN_LIMIT:
-            del self._eager[next(iter(self._eager))]
-        self._eager[key] = launcher
+        ops._remember(key, launcher, self._eager, _PLAN_LIMIT)
 
     def _plan(self, o, positions) -> _Plan:
         """Validate a call signature and plan it: the backend and its tensors on ``o``'s device."""
@@ -417,6 +418,23 @@ class WoAProjection:
         kind = checks.dtype_name(self._weight2d)
         return (f"WoAProjection(G={self.num_groups}, N={self.n}, K={self.k}, weight={kind}, "
                 f"block={self.block})")
+
+
+def _ready_everywhere(t: torch.Tensor) -> torch.Tensor:
+    """``t``, made on this thread's stream, once that work is done: a layer keeps it, and
+    launches on every thread's stream read it.
+
+    Raises:
+      RuntimeError: under CUDA-graph capture, where the work would only run at replay.
+    """
+    if t.is_cuda:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                "WoAProjection: the layer's first call on this device and dtype is being "
+                "captured in a CUDA graph; call it once outside capture (it converts the "
+                "weight and tables there) and capture after")
+        torch.cuda.current_stream(t.device).synchronize()
+    return t
 
 
 def _infer_config(t) -> woa_jax.DSV4Config:
@@ -457,6 +475,7 @@ def wo_a_bf16(o, positions, cos_cache, sin_cache, weight, weight_scale, num_grou
 #: Prepared layers of the functional forms, newest last.
 _PREPARED: collections.OrderedDict[tuple, WoAProjection] = collections.OrderedDict()
 _PREPARED_LAYERS = 4
+_PREPARED_LOCK = threading.Lock()
 
 
 def _forget_all_plans() -> None:
@@ -494,13 +513,17 @@ def _prepared(weight, weight_scale, num_groups: int, cos_cache, sin_cache, **opt
     except TypeError:  # an unhashable option: the layer's checks name it
         hit = None
     if hit is not None:
-        _PREPARED.move_to_end(key)
+        try:
+            _PREPARED.move_to_end(key)
+        except KeyError:  # another thread pushed it out meanwhile: it is still valid
+            pass
         return hit
     proj = WoAProjection(weight, weight_scale, num_groups, cos_cache, sin_cache, rope_dim=None,
                          **options)
-    _PREPARED[key] = proj
-    while len(_PREPARED) > _PREPARED_LAYERS:
-        _PREPARED.popitem(last=False)
+    with _PREPARED_LOCK:
+        _PREPARED[key] = proj
+        while len(_PREPARED) > _PREPARED_LAYERS:
+            _PREPARED.popitem(last=False)
     return proj
 
 
@@ -593,7 +616,5 @@ def _chain_backend(proj: WoAProjection, key: tuple, o, positions, cos_cache, sin
                              device_type=o.device.type, x_k_contiguous=True)
         if _dispatch.select("batched_gemm_a8w8_mxscale", case, backend) is quant.backend:
             chain = quant.backend
-    if len(plans) >= _PLAN_LIMIT:
-        del plans[next(iter(plans))]
-    plans[key] = chain
+    ops._remember(key, chain, plans, _PLAN_LIMIT)
     return chain

@@ -73,15 +73,25 @@ def group_quant_e8m0_2d(z: torch.Tensor, block: int = 128, *,
 
 
 _POSITIONS: dict[str, torch.Tensor] = {}
+#: Tables ``_POSITIONS`` outgrew: a launch on another stream may still read one.
+_RETIRED: list[torch.Tensor] = []
 
 
 def _zero_positions(t: int, device: torch.device) -> torch.Tensor:
-    """Cached ``[>= t]`` int32 zeros (the kernel reads a position per token; none is used)."""
+    """Cached ``[>= t]`` int32 zeros (the kernel reads a position per token; none is used).
+
+    Launches on every stream read the table, so it is complete before it is handed out, and a
+    table it outgrows is kept (sizes double: a few small tensors)."""
     key = str(device)
     have = _POSITIONS.get(key)
     if have is None or have.shape[0] < t:
-        have = torch.zeros(max(t, 1024), dtype=torch.int32, device=device)
-        _POSITIONS[key] = have
+        grown = torch.zeros(max(t, 1024, 2 * (0 if have is None else have.shape[0])),
+                            dtype=torch.int32, device=device)
+        if grown.is_cuda and not torch.cuda.is_current_stream_capturing():
+            torch.cuda.current_stream(device).synchronize()
+        if have is not None:
+            _RETIRED.append(have)
+        _POSITIONS[key] = have = grown
     return have
 
 

@@ -48,3 +48,27 @@ def test_decode_calls_beside_prefill_calls(cases):
     decode = [c for c in found if not c.name.endswith("M1024")]
     got = stress([decode, decode, prefill], threads=6, calls=6_000, seed=seed + 1)
     _clean(got, seed, 6_000)
+
+
+def test_capturing_a_layers_first_call_raises_and_leaves_it_usable():
+    """The first call converts the weight on the calling stream; under capture that work
+    would run only at replay, so it raises, and the layer works once called eagerly."""
+    from _gpu import checkpoint, rope_inputs
+
+    import torch_bridge as tb
+
+    seed = new_seed()
+    w, ws = checkpoint(2, seed)
+    o, pos, cos, sin = rope_inputs(4, 2, seed, rope_dtype=torch.float32)
+    layer = tb.WoAProjection(w, ws, 2, cos, sin, backend="bf16")
+    side = torch.cuda.Stream()
+    with pytest.raises(RuntimeError, match="call it once outside capture"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph(), stream=side):
+            layer(o, pos)
+    want = layer(o, pos)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        y = layer(o, pos)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, want), f"seed {seed}"

@@ -230,9 +230,10 @@ def bind(plan_key: tuple, args: tuple, slots: tuple[int, ...], stream: int | Non
     before that launch or under the interpreter. ``grid`` comes from the launch plan of
     ``plan_key``."""
     found = COMPILED.get((plan_key, *map(_specialization, args)))
-    if found is None or plan_key not in BOUND_GRIDS:
+    grid = BOUND_GRIDS.get(plan_key)
+    if found is None or grid is None:
         return None
-    return Bound(found[0], found[1], BOUND_GRIDS[plan_key], args, slots, stream, checked)
+    return Bound(found[0], found[1], grid, args, slots, stream, checked)
 
 
 #: The grid of each launched plan key (``bind``).

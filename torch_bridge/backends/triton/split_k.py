@@ -24,6 +24,8 @@ class CounterPool:
     def __init__(self, device: torch.device):
         self.device = device
         self.counters = torch.zeros(SPLIT_COUNTERS, dtype=torch.int32, device=device)
+        if self.counters.is_cuda:  # zeroed on this stream; launches on every stream use it
+            torch.cuda.current_stream(device).synchronize()
         self.used = 0
         self.by_stream: dict[int, torch.Tensor] = {}
         self.parts_by_stream: dict[int, torch.Tensor] = {}
