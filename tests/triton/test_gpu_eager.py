@@ -274,3 +274,41 @@ def test_split_fused_layer_direct_launch_leaves_other_streams_and_captures_to_th
     torch.cuda.synchronize()
     assert torch.equal(captured, want), f"seed {seed}"
     assert torch.equal(layer(o, pos), want), f"seed {seed}"
+
+
+@pytest.mark.parametrize("g,s", [(16, 1), (2, 1), (16, 64), (2, 1024)])
+def test_tritons_public_launch_gives_the_direct_launches_bits(monkeypatch, g, s):
+    """Without direct launches (a Triton of unknown launch layout, or WOA_DIRECT_LAUNCH=0)
+    every call takes ``kernel[grid](...)``: the layers and the ops give the same bits and
+    bind nothing."""
+    import torch_bridge as tb
+    from torch_bridge import _dispatch
+    from torch_bridge.backends.triton import _common, gemm
+
+    seed = new_seed()
+    w, ws = checkpoint(g, seed)
+    o, pos, cos, sin = rope_inputs(s, g, seed, rope_dtype=torch.float32)
+    wg, wsg = w.view(g, -1, w.shape[1]), ws.view(g, -1, ws.shape[1])
+
+    def run():
+        fp8 = tb.WoAProjection(w, ws, g, cos, sin)
+        bf16 = tb.WoAProjection(w, ws, g, cos, sin, backend="bf16")
+        x, xs = tb.inverse_rope_group_quant(o, pos, cos, sin, g)
+        got = [fp8(o, pos), fp8(o, pos), bf16(o, pos), bf16(o, pos), x.view(torch.uint8), xs,
+               tb.batched_gemm_a8w8_mxscale(x, wg, xs, wsg),
+               tb.batched_gemm_a8w8_mxscale(x, wg, xs, wsg)]
+        return got, fp8, bf16
+
+    direct, _, _ = run()
+    for module in (_common, gemm):
+        monkeypatch.setattr(module, "direct_launches", lambda: (False, "unknown layout"))
+    _dispatch.reset_caches()
+    try:
+        public, fp8, bf16 = run()
+        bound = any(fp8._eager.values()) or any(bf16._eager.values())
+    finally:
+        monkeypatch.undo()
+        _dispatch.reset_caches()  # no plan of this test's unbound launches stays behind
+    for a, b in zip(public, direct, strict=True):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), f"seed {seed}"
+    assert not bound

@@ -445,3 +445,57 @@ def test_raw_launch_leaves_kernels_with_scratch_and_unknown_launchers_to_triton(
     odd = _cuda_launcher("3.6", [], arg_annotations="a layout of neither kind")
     assert _common.raw_launch(odd) is None
     assert _common.raw_launch(_stand_in_compiled([])()) is None  # not a CudaLauncher
+
+
+@pytest.mark.parametrize("version,ok", [("3.6.0", True), ("3.9.1+git0a1b2c", True),
+                                        ("3.5.1", False), ("3.10.0", False), ("4.0.0", False),
+                                        ("nightly", False)])
+def test_direct_launches_only_on_the_triton_releases_of_a_known_layout(monkeypatch, version,
+                                                                       ok):
+    import triton
+
+    monkeypatch.setattr(triton, "__version__", version)
+    _common.direct_launches.cache_clear()
+    try:
+        got, why = _common.direct_launches()
+    finally:
+        _common.direct_launches.cache_clear()
+    assert got is ok
+    assert version in why
+
+
+def test_woa_direct_launch_0_turns_them_off(monkeypatch):
+    from torch_bridge import _dispatch
+
+    monkeypatch.setenv("WOA_DIRECT_LAUNCH", "0")
+    _dispatch.reset_caches()
+    try:
+        assert _common.direct_launches() == (False, "disabled by WOA_DIRECT_LAUNCH=0")
+    finally:
+        monkeypatch.delenv("WOA_DIRECT_LAUNCH")
+        _dispatch.reset_caches()
+    assert _common.direct_launches()[0]
+
+
+def test_an_unknown_launch_layout_takes_tritons_public_launch_on_every_call(monkeypatch):
+    """Outside the known releases a repeat is launched as the first call was, through
+    ``kernel[grid](...)``: nothing compiled is kept, nothing is bound."""
+    monkeypatch.setattr(_common, "interpreter_on", lambda: False)
+    monkeypatch.setattr(_common, "direct_launches", lambda: (False, "an unknown layout"))
+    calls = []
+
+    class Kernel:
+        params = ()
+
+        def __getitem__(self, grid):
+            def run(*args, **constexprs):
+                calls.append((grid, args, constexprs))
+                return _stand_in_compiled([])()
+            return run
+
+    before = dict(_common.COMPILED)
+    for _ in range(3):
+        _common.launch(Kernel(), (4, 2), (1, 2), {"BLOCK": 16}, ("stand-in", 1))
+    assert calls == [((4, 2), (1, 2), {"BLOCK": 16})] * 3
+    assert _common.COMPILED == before
+    assert _common.bind(("stand-in", 1), (1, 2), ()) is None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 
 from ... import _capability
 from ..._dispatch import Case
@@ -62,6 +63,9 @@ class _TritonBackend:
 
     def cache_clear(self) -> None:
         self.is_available.cache_clear()
+        common = sys.modules.get(f"{__name__}._common")
+        if common is not None:
+            common.direct_launches.cache_clear()
 
     def supports(self, op: str, case: Case) -> tuple[bool, str]:
         want = "cpu" if interpreter_on() else "cuda"

@@ -108,6 +108,37 @@ def on_device_of(t: torch.Tensor):
 #: Compiled kernels by launch specialization (``launch``).
 COMPILED: dict[tuple, tuple] = {}
 
+#: The Triton releases (major, minor) whose private launch layout the direct launches call:
+#: ``CompiledKernel.run``'s arguments, ``CudaLauncher``'s C launch and its descriptor step.
+DIRECT_LAUNCH_TRITON = ((3, 6), (3, 9))
+
+
+@functools.cache
+def direct_launches() -> tuple[bool, str]:
+    """Whether repeated launches may call compiled kernels through Triton's private launch
+    layout (``launch``'s repeats, ``Bound``, the wgmma GEMM's): ``(ok, reason)``.
+
+    Only the tested releases (``DIRECT_LAUNCH_TRITON``) do, unless ``WOA_DIRECT_LAUNCH=0``;
+    any other Triton takes ``kernel[grid](...)``, its public launch, on every call: more host
+    time per call, the same kernels and bits.
+    """
+    from ... import _capability
+
+    if not _capability.env_flag("WOA_DIRECT_LAUNCH", True):
+        return False, "disabled by WOA_DIRECT_LAUNCH=0"
+    import triton
+
+    version = triton.__version__
+    try:
+        release = tuple(int(part) for part in version.split(".")[:2])
+    except ValueError:
+        release = None
+    low, high = DIRECT_LAUNCH_TRITON
+    if release is None or not low <= release <= high:
+        return False, (f"Triton {version} is outside the releases whose launch layout is known "
+                       f"({low[0]}.{low[1]} to {high[0]}.{high[1]}): Triton's public launch")
+    return True, f"Triton {version}"
+
 
 def _specialization(a) -> object:
     """What Triton specializes a runtime argument on: a tensor's dtype and 16-byte alignment, an
@@ -125,9 +156,10 @@ def launch(kernel, grid: tuple[int, ...], args: tuple, constexprs: dict, plan_ke
     Triton's own launch path re-derives the specialization from every argument on each call,
     several times the launch's host cost; a repeat of a compiled specialization (``plan_key``,
     which fixes the constexprs, plus ``_specialization`` of each runtime argument) launches the
-    compiled kernel directly. The interpreter always takes Triton's path.
+    compiled kernel directly. The interpreter, and a Triton without ``direct_launches``,
+    always take Triton's path.
     """
-    if interpreter_on():
+    if interpreter_on() or not direct_launches()[0]:
         kernel[grid](*args, **constexprs)
         return
     key = (plan_key, *map(_specialization, args))
@@ -227,8 +259,10 @@ def bind(plan_key: tuple, args: tuple, slots: tuple[int, ...], stream: int | Non
          checked: int | None = None) -> Bound | None:
     """The compiled kernel that ``launch(kernel, grid, args, constexprs, plan_key)`` ran, bound
     with the tensors at ``slots`` left open (``stream``, ``checked``: see ``Bound``); ``None``
-    before that launch or under the interpreter. ``grid`` comes from the launch plan of
-    ``plan_key``."""
+    before that launch, under the interpreter or without ``direct_launches``. ``grid`` comes
+    from the launch plan of ``plan_key``."""
+    if not direct_launches()[0]:
+        return None
     found = COMPILED.get((plan_key, *map(_specialization, args)))
     grid = BOUND_GRIDS.get(plan_key)
     if found is None or grid is None:

@@ -18,6 +18,7 @@ from ._common import (
     bind,
     current_stream,
     descriptor_launcher,
+    direct_launches,
     eager_stream,
     launch,
     launch_hooks,
@@ -283,6 +284,9 @@ def _launch_wgmma(x, w, x_scale, w_scale, out, **shape) -> None:
     descs = {name: _descriptor(t, view)
              for name, t, view in zip(_WGMMA_TENSORS, (x, w, out), views, strict=False)}
     kernel = wgmma_kernels.batched_gemm_a8w8_mxscale_wgmma_kernel
+    if not direct_launches()[0]:
+        kernel[(programs,)](**descs, **rest)
+        return
     compiled = COMPILED_WGMMA.get(key)
     if compiled is None:
         COMPILED_WGMMA[key] = kernel[(programs,)](**descs, **rest)
@@ -321,9 +325,12 @@ class WgmmaBound:
     @classmethod
     def of(cls, x, w, x_scale, w_scale, out, constexprs: dict) -> WgmmaBound | None:
         """The wgmma launch of these operands, bound; ``None`` before its first launch or
-        where Triton's launcher is not the one ``descriptor_launcher`` knows."""
+        where Triton's launcher is not the one ``descriptor_launcher`` knows (or without
+        ``direct_launches``)."""
         from . import wgmma_kernels
 
+        if not direct_launches()[0]:
+            return None
         key, programs, views, rest = _wgmma_launch(x, w, x_scale, w_scale, out, **constexprs)
         compiled = COMPILED_WGMMA.get(key)
         names = tuple(wgmma_kernels.batched_gemm_a8w8_mxscale_wgmma_kernel.arg_names)
