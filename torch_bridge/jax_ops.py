@@ -18,6 +18,7 @@ launches it by one of two routes, chosen at trace time and logged once (logger `
 
 On a CPU-only JAX with no backend asked for, the ops return the ``woa_jax`` oracle (pure JAX);
 pass ``backend="triton"`` with ``TRITON_INTERPRET=1`` to run the callback route on CPU.
+``wo_a_bf16`` (the BF16 fallback) always takes the callback route to the ``bf16`` backend.
 
 Limits: no autodiff (forward only) and no ``vmap``. Cost: the native route adds one kernel
 launch per op to XLA's own dispatch (it never splits K; the torch launcher does at G = 2
@@ -44,7 +45,7 @@ from . import _dispatch, ops
 from ._capability import env_flag
 from ._dispatch import BackendName
 
-__all__ = ["batched_gemm_a8w8_mxscale", "inverse_rope_group_quant", "wo_a_fp8"]
+__all__ = ["batched_gemm_a8w8_mxscale", "inverse_rope_group_quant", "wo_a_bf16", "wo_a_fp8"]
 
 log = logging.getLogger("woa")
 
@@ -174,7 +175,7 @@ def _callback(fn, out_types, command_buffer: bool, *args):
 def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int,
                              quant_group_size: int = 128, *, fp8_dtype=jnp.float8_e4m3fn,
                              amax_floor: float = AITER_AMAX_FLOOR,
-                             backend: BackendName | None = None,
+                             backend: BackendName = "auto",
                              command_buffer: bool | None = None):
     """``woa_jax.inverse_rope_group_quant`` (fused semantics) on a torch backend's kernel.
 
@@ -223,7 +224,7 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
 
 
 def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=jnp.bfloat16, *,
-                              backend: BackendName | None = None,
+                              backend: BackendName = "auto",
                               command_buffer: bool | None = None):
     """``woa_jax.batched_gemm_a8w8_mxscale`` on a torch backend's kernel -> ``[M, G, N]``.
 
@@ -258,7 +259,7 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=jnp.bfloat16, *,
 
 def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_groups: int, *,
              amax_floor: float = AITER_AMAX_FLOOR, dtype=jnp.bfloat16,
-             backend: BackendName | None = None, command_buffer: bool | None = None):
+             backend: BackendName = "auto", command_buffer: bool | None = None):
     """The FP8 chain under ``jax.jit``: fused inverse RoPE + quant, then the block-scaled GEMM.
 
     Same arguments as ``woa_jax.wo_a_fp8`` and ``torch_bridge.wo_a_fp8``. Where the torch
@@ -303,3 +304,39 @@ def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_group
                                      command_buffer=command_buffer)
     return batched_gemm_a8w8_mxscale(x, w, xs, w_scale, dtype=dtype, backend=backend,
                                      command_buffer=command_buffer)
+
+
+def wo_a_bf16(o, positions, cos_cache, sin_cache, weight, weight_scale, num_groups: int):
+    """The BF16 fallback chain under ``jax.jit`` on the ``bf16`` backend's kernels -> ``[S, G, N]``.
+
+    Same arguments as ``woa_jax.wo_a_bf16`` and ``torch_bridge.wo_a_bf16`` (JAX arrays are never
+    written, so there is no ``overwrite_o``). XLA dequantizes the weight (exact, every call: a
+    function keeps no prepared layer; ``torch_bridge.WoAProjection`` does), then the rotation and
+    the BF16 GEMM run as ``torch_bridge``'s BF16 chain runs them, through ``buffer_callback``
+    (never recorded in command buffers: the chain allocates through torch). On a CPU JAX with
+    ``WOA_BACKEND`` unset or ``auto`` this is the oracle.
+
+    Raises:
+      TypeError, ValueError: the oracle's errors for bad shapes, dtypes and scales.
+    """
+    woa_jax.check_wo_a_weight(weight, weight_scale, num_groups)
+    s, h, dh, _ = checks.check_rope_inputs(o, positions, cos_cache, sin_cache)
+    if h * dh != num_groups * weight.shape[1]:
+        raise ValueError(
+            f"o [S, H, Dh] = {tuple(o.shape)} gives G * K = {h * dh}, but the weight expects "
+            f"num_groups * K = {num_groups} * {weight.shape[1]} = {num_groups * weight.shape[1]}")
+    if _use_oracle(None):
+        return woa_jax.wo_a_bf16(o, positions, cos_cache, sin_cache, weight, weight_scale,
+                                 num_groups)
+    w = woa_jax.dequant_wo_a_weight(weight, weight_scale, num_groups, dtype=jnp.bfloat16)
+    g, n, _ = w.shape
+    be = _dispatch.get_backend("bf16")
+
+    def launch(ctx, out, o_b, pos_b, cos_b, sin_b, w_b):
+        with _on_xla_stream(ctx):
+            y = be.wo_a_bf16(_to_torch(o_b), _to_torch(pos_b), _to_torch(cos_b),
+                             _to_torch(sin_b), _to_torch(w_b), num_groups)
+            _to_torch(out).copy_(y)
+
+    return _callback(launch, jax.ShapeDtypeStruct((s, g, n), jnp.bfloat16), False, o,
+                     positions[:s], cos_cache, sin_cache, w)

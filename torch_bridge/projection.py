@@ -539,7 +539,8 @@ def _state(t: torch.Tensor) -> tuple:
 
 @interop.jax_io()
 def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_groups: int, *,
-             backend: BackendName = "auto", amax_floor: float = AITER_AMAX_FLOOR):
+             backend: BackendName = "auto", amax_floor: float = AITER_AMAX_FLOOR,
+             dtype: torch.dtype = torch.bfloat16):
     """The FP8 chain as a function (``woa_jax.wo_a_fp8``'s arguments) -> ``[S, G, N]`` bf16.
 
     Unlike ``WoAProjection`` this never falls back to BF16: each op takes the first backend of
@@ -554,10 +555,12 @@ def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_group
         E8M0 bytes or float powers of two.
       num_groups: G.
       backend, amax_floor: as ``inverse_rope_group_quant``.
+      dtype: ``torch.bfloat16`` (default) or ``torch.float32`` output.
 
     Raises:
       TypeError, ValueError: as ``WoAProjection``; also a ``ValueError`` when the scales cannot
-        run the FP8 chain (not powers of two) or the weight is unquantized.
+        run the FP8 chain (not powers of two) or the weight is unquantized, and a
+        ``TypeError`` for another ``dtype``.
       BackendUnavailableError: the requested backend cannot run an op.
     """
     proj = _prepared(weight, weight_scale, num_groups, cos_cache, sin_cache,
@@ -565,7 +568,7 @@ def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_group
     # The tables and the weight are fixed by the prepared layer's key: o and positions and the
     # backend request make the rest of the signature.
     key = ("wo_a_fp8", ops.tensor_signature(o), ops.tensor_signature(positions),
-           ops.backend_signature(backend))
+           ops.backend_signature(backend), dtype)
     try:
         eager = proj._eager.get(key)
     except TypeError:  # an unhashable backend: the ops' checks name it
@@ -576,16 +579,19 @@ def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_group
             return out
     if proj.fp8_unavailable:
         raise ValueError(f"the FP8 chain cannot run: {proj.fp8_unavailable}")
+    if dtype not in (torch.bfloat16, torch.float32):
+        raise TypeError(f"dtype must be torch.bfloat16 or torch.float32, got {dtype}")
     w, ws = proj.weight_fp8, proj.weight_scale_e8m0
     chain = _chain_backend(proj, key, o, positions, cos_cache, sin_cache, backend)
     if chain is None:
         x, xs = ops.inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups,
                                              proj.block, backend=backend, fp8_dtype=w.dtype,
                                              amax_floor=amax_floor)
-        return ops.batched_gemm_a8w8_mxscale(x, w, xs, ws, backend=backend)
+        return ops.batched_gemm_a8w8_mxscale(x, w, xs, ws, dtype, backend=backend)
     out = chain.wo_a_fp8(o, positions, cos_cache, sin_cache, w, ws, num_groups,
-                         amax_floor=amax_floor, dtype=torch.bfloat16)
-    if key not in proj._eager and "wo_a_fp8" in chain.eager_ops:
+                         amax_floor=amax_floor, dtype=dtype)
+    # The direct launcher makes bf16 outputs (the layer's); fp32 calls take this path.
+    if key not in proj._eager and dtype == torch.bfloat16 and "wo_a_fp8" in chain.eager_ops:
         proj._keep_eager(key, chain.eager_launcher("wo_a_fp8", o, positions, cos_cache,
                                                    sin_cache, w, ws, num_groups, amax_floor))
     return out

@@ -39,3 +39,18 @@ def test_a_modified_or_other_weight_is_prepared_again(inputs, monkeypatch):
     for _ in range(projection._PREPARED_LAYERS + 2):
         projection._prepared(w.clone(), ws, g, cos, sin, backend="bf16")
     assert len(projection._PREPARED) == projection._PREPARED_LAYERS
+
+
+def test_wo_a_fp8_function_gives_fp32_outputs_when_asked(inputs):
+    """``dtype`` as in ``woa_jax.wo_a_fp8`` and ``jax_ops.wo_a_fp8``: float32 outputs agree
+    with the oracle's; bf16 stays the default; any other dtype is a TypeError."""
+    from woa_jax.testing import assert_close
+
+    o, pos, cos, sin, w, ws, g = inputs
+    ref = woa_jax.wo_a_fp8(*woa_jax.example_inputs(tokens=2), dtype=np.float32)
+    y32 = tb.wo_a_fp8(o, pos, cos, sin, w, ws, g, backend="torch", dtype=torch.float32)
+    assert y32.dtype == torch.float32
+    assert_close(y32.numpy(), np.asarray(ref), tolerance="gemm_bf16")
+    assert tb.wo_a_fp8(o, pos, cos, sin, w, ws, g, backend="torch").dtype == torch.bfloat16
+    with pytest.raises(TypeError, match="dtype must be"):
+        tb.wo_a_fp8(o, pos, cos, sin, w, ws, g, backend="torch", dtype=torch.float16)

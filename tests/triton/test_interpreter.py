@@ -545,6 +545,30 @@ def test_jax_entry_points_oracle_and_callback(rng, monkeypatch):
         jax_ops.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, backend="triton")
 
 
+def test_jax_ops_wo_a_bf16_runs_the_bf16_chain_under_jit(rng, monkeypatch):
+    """``jax_ops.wo_a_bf16``: the oracle on a CPU JAX by default; with ``WOA_BACKEND=bf16``
+    the BF16 chain's kernels through ``buffer_callback`` under ``jax.jit``, within the BF16
+    GEMM's tolerance of the oracle; a bad group count gives the oracle's error."""
+    if DEVICE != "cpu":
+        pytest.skip("the CPU oracle fallback exists only on a CPU-only JAX")
+    from torch_bridge import jax_ops
+
+    o, pos, cos, sin = jx(*rope_case(rng, rope_dtype=torch.float32))
+    w = jnp.asarray(rng.standard_normal((256, 1024)).astype(np.float32)).astype(
+        jnp.float8_e4m3fn)
+    ws = jnp.asarray(rng.integers(118, 124, (2, 8)).astype(np.uint8))
+    ref = woa_jax.wo_a_bf16(o, pos, cos, sin, w, ws, 2)
+    monkeypatch.delenv("WOA_BACKEND", raising=False)
+    assert np.array_equal(to_numpy(jax_ops.wo_a_bf16(o, pos, cos, sin, w, ws, 2)),
+                          to_numpy(ref))
+    monkeypatch.setenv("WOA_BACKEND", "bf16")
+    y = jax.jit(lambda *a: jax_ops.wo_a_bf16(*a, 2))(o, pos, cos, sin, w, ws)
+    assert y.dtype == jnp.bfloat16 and y.shape == (3, 2, 128)
+    assert_close(y, ref, tolerance="gemm_bf16")
+    with pytest.raises(ValueError, match="num_groups"):
+        jax_ops.wo_a_bf16(o, pos, cos, sin, w, ws, 4)
+
+
 def test_command_buffer_default(monkeypatch):
     """Unset, ``WOA_JAX_COMMAND_BUFFER`` leaves the callback route unrecorded; set, it decides;
     an explicit argument beats it."""
