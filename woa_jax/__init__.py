@@ -17,6 +17,8 @@ from ._spec import (
     RopeKind,
     ScaleLayout,
     fp8_max,
+    fp8_max_reciprocal,
+    fp8_min_normal_exp,
 )
 from .config import (
     DSV4_CONFIGS,
@@ -97,6 +99,8 @@ __all__ = [
     "example_inputs",
     "forward_rope",
     "fp8_max",
+    "fp8_max_reciprocal",
+    "fp8_min_normal_exp",
     "from_scale_layout",
     "get_config",
     "group_dequant_e8m0",

@@ -69,6 +69,11 @@ def fp8_max_reciprocal(fp8_dtype) -> np.float32:
     return np.float32(1.0) / np.float32(fp8_max(fp8_dtype))
 
 
+def fp8_min_normal_exp(fp8_dtype) -> int:
+    """log2 of the smallest normal of ``fp8_dtype`` (-6 for e4m3fn, -7 for e4m3fnuz)."""
+    return int(ml_dtypes.finfo(check_fp8_dtype(fp8_dtype)).minexp)
+
+
 def check_fp8_dtype(fp8_dtype):
     dt = np.dtype(fp8_dtype)
     if dt not in [np.dtype(d) for d in FP8_DTYPES]:

@@ -10,9 +10,9 @@ reference is meant to be an fp32 contraction.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
+import woa_jax
 from woa_jax import AITER_AMAX_FLOOR
 from woa_jax.checks import E8M0_NAN
 
@@ -20,14 +20,13 @@ from .._dispatch import Case
 
 
 def fp8_max(fp8_dtype: torch.dtype) -> float:
-    """Largest finite value of the fp8 dtype (448 for e4m3fn, 240 for e4m3fnuz), from finfo."""
-    return float(torch.finfo(fp8_dtype).max)
+    """Largest finite value of the fp8 dtype (``woa_jax.fp8_max``)."""
+    return woa_jax.fp8_max(str(fp8_dtype).removeprefix("torch."))
 
 
 def fp8_max_reciprocal(fp8_dtype: torch.dtype) -> float:
-    """fp32(1 / fp8_max), exactly as the kernels multiply by it."""
-    # fp32(1 / fp8_max): 0x3B124925 for e4m3fn, 0x3B888889 for e4m3fnuz.
-    return float(np.float32(1.0) / np.float32(fp8_max(fp8_dtype)))
+    """fp32(1 / fp8_max), exactly as the kernels multiply by it (``woa_jax``'s)."""
+    return float(woa_jax.fp8_max_reciprocal(str(fp8_dtype).removeprefix("torch.")))
 
 
 def inverse_rope(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,

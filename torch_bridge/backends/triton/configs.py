@@ -13,6 +13,8 @@ import math
 
 import numpy as np
 
+import woa_jax
+
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
@@ -87,26 +89,22 @@ def quant_launch(s: int, h: int, dh: int, quant_group_size: int,
                        dict(NQ=nq, BLOCK_R=cfg.block_r))
 
 
-#: Per fp8 format: largest finite value and log2 of the smallest normal.
-_FP8_FORMATS = {"float8_e4m3fn": (448.0, -6), "float8_e4m3fnuz": (240.0, -7)}
-
-
 @functools.cache
 def quant_constants(fp8_name: str, amax_floor: float,
                     hw_cast: bool) -> tuple[tuple[str, object], ...]:
     """The quantizing kernels' constexprs for an fp8 format (``"float8_e4m3fn"`` or
-    ``"float8_e4m3fnuz"``), as ``(name, value)`` pairs; cached, as every launch asks.
+    ``"float8_e4m3fnuz"``), as ``(name, value)`` pairs; cached, as every launch asks. The
+    format's limits are the oracle's (``woa_jax``).
 
     ``hw_cast``: the target's fp32 -> fp8 cast is already round-to-nearest-even (CUDA e4m3fn).
     """
     try:
-        fp8_max, min_normal_exp = _FP8_FORMATS[fp8_name]
-    except KeyError:
+        fp8_max = woa_jax.fp8_max(fp8_name)
+    except TypeError:
         raise ValueError(f"fp8 dtype {fp8_name!r} is not float8_e4m3fn or float8_e4m3fnuz") \
             from None
-    # fp32(1 / fp8_max) is what the kernels multiply by (exactly as the oracle).
-    inv = float(np.float32(1.0) / np.float32(fp8_max))
-    return (("INV_FP8_MAX", inv), ("FP8_MAX", fp8_max), ("FP8_MIN_NORMAL_EXP", min_normal_exp),
+    return (("INV_FP8_MAX", float(woa_jax.fp8_max_reciprocal(fp8_name))), ("FP8_MAX", fp8_max),
+            ("FP8_MIN_NORMAL_EXP", woa_jax.fp8_min_normal_exp(fp8_name)),
             ("AMAX_FLOOR", float(np.float32(amax_floor))), ("HW_CAST", hw_cast))
 
 
