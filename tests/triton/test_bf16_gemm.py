@@ -187,7 +187,7 @@ def test_the_rule_picks_the_path_and_both_agree(rng, monkeypatch):
     assert len(runs) == 1
     assert_close(y, y_copy, tolerance="gemm_bf16")
     x = o.clone()
-    y_inplace = launch.wo_a_bf16(x, pos, cos, sin, w, g, inplace=True)
+    y_inplace = launch.wo_a_bf16(x, pos, cos, sin, w, g, overwrite_o=True)
     assert len(runs) == 1 and not torch.equal(x, o)
     assert_close(y_inplace, y_copy, tolerance="gemm_bf16")
 
@@ -234,10 +234,10 @@ def test_bad_inputs_give_clear_errors(rng):
     o, pos, cos, sin, w = _small_chain(rng)
     with pytest.raises(ValueError, match="num_groups = 4 groups of K"):
         launch.wo_a_bf16(o, pos, cos, sin, w, 4)
-    with pytest.raises(ValueError, match="inplace=True"):
-        launch.wo_a_bf16(o, pos, cos, sin, w, g, inplace=True, fused=True)
-    with pytest.raises(ValueError, match="inplace=True"):
-        launch.wo_a_bf16(o, pos, cos, sin, w, g, inplace=True, config=Bf16GemmConfig(16, 16))
+    with pytest.raises(ValueError, match="overwrite_o=True"):
+        launch.wo_a_bf16(o, pos, cos, sin, w, g, overwrite_o=True, fused=True)
+    with pytest.raises(ValueError, match="overwrite_o=True"):
+        launch.wo_a_bf16(o, pos, cos, sin, w, g, overwrite_o=True, config=Bf16GemmConfig(16, 16))
     with pytest.raises(ValueError, match="needs fused=True or None"):
         launch.wo_a_bf16(o, pos, cos, sin, w, g, fused=False, config=Bf16GemmConfig(16, 16))
     with pytest.raises(ValueError, match="block_k 128 must divide"):
@@ -370,12 +370,12 @@ _SCRIPT = textwrap.dedent("""
 
     def ptr_cx(cfg, target="cuda"):
         if cfg.rotate:
-            return one_sig, bf16_kernels.wo_a_bf16_kernel, dict(
+            return one_sig, bf16_kernels.wo_a_bf16_rotating_kernel, dict(
                 SOM=h * dh, SOH=dh, SCP=rd // 2, SSP=rd // 2, SWG=n * k, SWN=k, SYM=g * n, SYG=n,
                 HPG=k // dh, DH=dh, RD=rd, N=n, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                 BLOCK_K=cfg.block_k, DOT_IN_FP32=False, SETTLE_MMA=target == "cuda",
                 ROUND_PRODUCTS=configs.round_products("bfloat16", "float32", target))
-        return ptr_sig, bf16_kernels.bf16_rope_gemm_kernel, dict(
+        return ptr_sig, bf16_kernels.wo_a_bf16_kernel, dict(
             SOM=h * dh, SOH=dh, SWG=n * k, SWN=k, SYM=g * n, SYG=n, H=h, DH=dh, RD=rd, N=n, K=k,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT_IN_FP32=False)
 
@@ -403,7 +403,7 @@ _SCRIPT = textwrap.dedent("""
            "w_desc": "tensordesc<bf16[256, 64]>", "M": "i32", "y_ptr": "*bf16"}
     cx = dict(SYM=g * n, SYG=n, HPG=8, DH=dh, RD=rd, N=n, BLOCK_M=128, BLOCK_N=256,
               BLOCK_K=64, DOT_IN_FP32=False)
-    ptx = build(sm90, bf16_kernels.bf16_rope_gemm_tma_kernel, sig, cx, ("y_ptr",),
+    ptx = build(sm90, bf16_kernels.wo_a_bf16_tma_kernel, sig, cx, ("y_ptr",),
                 cfg).asm["ptx"]
     print("sm90 tma", "wgmma.mma_async" in ptx, "cp.async.bulk.tensor" in ptx)
     for arch in ("gfx942", "gfx950"):
@@ -471,6 +471,6 @@ def test_rotated_copy_is_the_in_place_rotation(rng, dh, rd):
     before = o.clone()
     copy = launch.inverse_rope(o, pos, cos, sin)
     _unchanged(o, before)
-    in_place = launch.inverse_rope(o.clone(), pos, cos, sin, inplace=True)
+    in_place = launch.inverse_rope(o.clone(), pos, cos, sin, overwrite_o=True)
     assert_bitwise_equal(to_numpy(copy).view(np.uint16), to_numpy(in_place).view(np.uint16),
                          name="copy vs in place")

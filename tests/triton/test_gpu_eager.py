@@ -95,7 +95,7 @@ def test_bf16_layer_direct_launch_gives_the_op_paths_output(g, s):
         assert torch.equal(y, want), f"seed {seed}"
     x = o.clone()
     assert torch.equal(layer(x, pos, overwrite_o=True),
-                       launch.wo_a_bf16(o.clone(), pos, cos, sin, w_bf16, g, inplace=True))
+                       launch.wo_a_bf16(o.clone(), pos, cos, sin, w_bf16, g, overwrite_o=True))
 
 
 def _gemm_key(x, w, xs, ws):

@@ -123,5 +123,5 @@ def test_bf16_chain_rotation_is_the_oracles(s, g, table, rope_dtype):
     y = launch.inverse_rope(o, pos, cos, sin)
     assert torch.equal(_t(o), _t(before)), f"seed {seed}: the copying rotation wrote o"
     assert _differ(y, ref) == 0, f"seed {seed}: the rotated copy differs from the oracle"
-    launch.inverse_rope(o, pos, cos, sin, inplace=True)
+    launch.inverse_rope(o, pos, cos, sin, overwrite_o=True)
     assert _differ(o, ref) == 0, f"seed {seed}: the in-place rotation differs from the oracle"

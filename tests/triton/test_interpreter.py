@@ -77,7 +77,7 @@ def test_strided_positions_are_read_as_values_not_memory(rng):
     q, sc = launch.inverse_rope_group_quant(o, strided, cos, sin, 2, 128)
     assert_quant_equal(q, sc, *woa_jax.inverse_rope_group_quant(*jx(o, pos, cos, sin), 2, 128))
     x = o.clone()
-    launch.inverse_rope(x, strided, cos, sin, inplace=True)
+    launch.inverse_rope(x, strided, cos, sin, overwrite_o=True)
     np.testing.assert_array_equal(to_numpy(x).view(np.uint16), np.asarray(
         woa_jax.inverse_rope(*jx(o, pos, cos.float(), sin.float()))).view(np.uint16))
 
@@ -355,14 +355,14 @@ def test_inverse_rope_in_place_and_copying_give_the_oracle_bits(rng, rope_dtype)
     assert torch.equal(o.view(torch.int16), before.view(torch.int16))
     np.testing.assert_array_equal(to_numpy(y).view(np.uint16), ref)
     x = o.clone()
-    assert launch.inverse_rope(x, pos, cos, sin, inplace=True) is x
+    assert launch.inverse_rope(x, pos, cos, sin, overwrite_o=True) is x
     np.testing.assert_array_equal(to_numpy(x).view(np.uint16), ref)
     padded = torch.zeros((37, 4, 640), dtype=torch.bfloat16, device=DEVICE)[:, :, :512]
     padded.copy_(o)
     np.testing.assert_array_equal(to_numpy(launch.inverse_rope(padded, pos, cos, sin))
                                   .view(np.uint16), ref)
     with pytest.raises(ValueError, match="packed"):
-        launch.inverse_rope(padded, pos, cos, sin, inplace=True)
+        launch.inverse_rope(padded, pos, cos, sin, overwrite_o=True)
     with pytest.raises(TypeError, match="bfloat16"):
         launch.inverse_rope(o.float(), pos, cos, sin)
 
@@ -380,7 +380,7 @@ def test_bf16_chain_matches_the_oracle_and_keeps_o_unless_in_place(rng, inplace)
     rotated = np.asarray(woa_jax.inverse_rope(*jx(o, pos, cos, sin))).view(np.uint16)
     before = o.clone()
     y = launch.wo_a_bf16(o, pos, cos, sin, torch.from_numpy(np.array(w_bf16.astype(
-        jnp.float32))).to(torch.bfloat16).to(DEVICE), g, inplace=inplace)
+        jnp.float32))).to(torch.bfloat16).to(DEVICE), g, overwrite_o=inplace)
     assert_close(y, ref, tolerance="gemm_bf16")
     if inplace:
         np.testing.assert_array_equal(to_numpy(o).view(np.uint16), rotated)
@@ -476,7 +476,7 @@ def test_launchers_bump_version_counters_of_what_they_write(rng):
     t = o.clone()
     scale = torch.ones((), dtype=torch.bfloat16, requires_grad=True)
     total = (t * scale).sum()  # the product saves t for scale's gradient
-    launch.inverse_rope(t, pos, cos, sin, inplace=True)
+    launch.inverse_rope(t, pos, cos, sin, overwrite_o=True)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         total.backward()
 

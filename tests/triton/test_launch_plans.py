@@ -83,6 +83,6 @@ def test_chain_plans_are_reused(rng, made):
     y = launch.inverse_rope(o, pos, cos, sin)
     assert torch.equal(launch.inverse_rope(o, pos, cos, sin), y)
     x = o.clone()
-    launch.inverse_rope(x, pos, cos, sin, inplace=True)  # in place: a plan of its own
+    launch.inverse_rope(x, pos, cos, sin, overwrite_o=True)  # in place: a plan of its own
     assert torch.equal(x, y)
     assert made == ["_wo_a_fp8_plan", "_inverse_rope_plan", "_inverse_rope_plan"]

@@ -94,7 +94,7 @@ class Bf16Backend:
             from .triton import launch
 
             return launch.wo_a_bf16(o, positions, cos_cache, sin_cache,
-                                    w_bf16.to(torch.bfloat16), num_groups, inplace=overwrite_o)
+                                    w_bf16.to(torch.bfloat16), num_groups, overwrite_o=overwrite_o)
         s = o.shape[0]
         x = inverse_rope(o, positions, cos_cache, sin_cache).to(torch.bfloat16)
         x = x.reshape(s, num_groups, -1).transpose(0, 1)  # [G, S, K]

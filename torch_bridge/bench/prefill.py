@@ -42,7 +42,7 @@ def run_prefill(sweep: problem.Sweep, cfg: problem.Prefill, *, on_gpu: bool, pro
 
             def ref(s, p=p, g=g):
                 launch.wo_a_bf16(p.o_work[:s], p.pos[:s], p.cos32, p.sin32, p.w_bf16, g,
-                                 inplace=True)
+                                 overwrite_o=True)
 
             def bf16(s, p=p, layer=layer):
                 layer(p.o[:s], p.pos[:s])

@@ -157,7 +157,7 @@ def chain_bf16_ref(sets, on_gpu):
     y = launch.wo_a_bf16(p0.o, p0.pos, p0.cos32, p0.sin32, p0.w_bf16, p0.g)
     msg = check_close(y, p0, "chain_bf16")
     return [(lambda p=p: launch.wo_a_bf16(p.o_work, p.pos, p.cos32, p.sin32, p.w_bf16, p.g,
-                                          inplace=True)) for p in sets], msg
+                                          overwrite_o=True)) for p in sets], msg
 
 
 def chain_fp8_triton(sets, on_gpu, *, fused=None, config=None):

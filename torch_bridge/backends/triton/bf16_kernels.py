@@ -1,4 +1,5 @@
-"""Triton kernels of the BF16 chain's GEMM (no torch import: any launcher may use them).
+"""Triton kernels of the BF16 chain's GEMM (no torch import: any launcher may use them), each
+named after the op that launches it (``woa_triton::wo_a_bf16``, ``::wo_a_bf16_rotating``).
 
 ``y[s, g, n] = sum_k A[s, g, k] * W[g, n, k]`` with A the inverse-rotated ``o`` viewed as
 ``[S, G, K]``, fp32 accumulation, bf16 out (docs/NUMERICS.md, the BF16 path). A is never
@@ -7,16 +8,17 @@ materialized: its NoPE K tiles are read straight from ``o [S, H, Dh]`` and its r
 tile of BLOCK_K lanes, with BLOCK_K dividing both Dh and RD, lies in one head and is either all
 NoPE or all rope, so choosing its source is scalar arithmetic outside the tile load.
 
-* ``bf16_rope_gemm_kernel``: pointer loads, one K loop whose body is a load and a dot (the
+* ``wo_a_bf16_kernel``: pointer loads, one K loop whose body is a load and a dot (the
   software pipeliner's form); each tile picks its base pointer and row stride.
-* ``bf16_rope_gemm_tma_kernel``: tensor-descriptor (TMA) tiles; a descriptor cannot be picked
+* ``wo_a_bf16_tma_kernel``: tensor-descriptor (TMA) tiles; a descriptor cannot be picked
   per tile inside a pipelined loop, so the K loop is split in two, the group's NoPE tiles from
   ``o`` and then its rope tiles from ``R`` (the sum's order is free: the tolerance is
   ``gemm_bf16``).
-* ``wo_a_bf16_kernel``: the whole chain in one launch, for groups of whole heads: the same two
-  K loops with pointer loads, the second rotating each rope tile of ``o`` itself (the bits of
-  ``kernels.inverse_rope_kernel``). Each loop's addresses are the loop index times constants,
-  which keeps its loads vectorized and pipelined; a per-tile choice of source does not.
+* ``wo_a_bf16_rotating_kernel``: the whole chain in one launch, for groups of whole heads: the
+  same two K loops with pointer loads, the second rotating each rope tile of ``o`` itself (the
+  bits of ``kernels.inverse_rope_kernel``). Each loop's addresses are the loop index times
+  constants, which keeps its loads vectorized and pipelined; a per-tile choice of source does
+  not.
 
 Array inputs, runtime scalars, the output, then constexprs.
 """
@@ -73,7 +75,7 @@ def _tile(w_ptr, M, SWG: tl.constexpr, SWN: tl.constexpr, N: tl.constexpr,
 
 
 @triton.jit
-def bf16_rope_gemm_kernel(
+def wo_a_bf16_kernel(
     o_ptr, r_ptr, w_ptr, M,
     y_ptr,
     SOM: tl.constexpr, SOH: tl.constexpr,  # o [S, H, Dh] token and head strides (Dh contiguous)
@@ -110,7 +112,7 @@ def bf16_rope_gemm_kernel(
 
 
 @triton.jit
-def bf16_rope_gemm_tma_kernel(
+def wo_a_bf16_tma_kernel(
     o_desc, r_desc, w_desc, M,
     y_ptr,
     SYM: tl.constexpr, SYG: tl.constexpr,  # y [S, G, N] strides (N contiguous)
@@ -118,7 +120,7 @@ def bf16_rope_gemm_tma_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
 ):
-    """``bf16_rope_gemm_kernel``'s tile with tensor-descriptor loads, for groups of whole heads.
+    """``wo_a_bf16_kernel``'s tile with tensor-descriptor loads, for groups of whole heads.
 
     ``o_desc`` views ``o`` as ``[S, H * Dh]``, ``r_desc`` ``R`` as ``[S, H * RD]`` and
     ``w_desc`` ``w`` as ``[G * N, K]``, with ``HPG`` heads per group (``K = HPG * Dh``); rows
@@ -150,7 +152,7 @@ def bf16_rope_gemm_tma_kernel(
 
 
 @triton.jit
-def wo_a_bf16_kernel(
+def wo_a_bf16_rotating_kernel(
     o_ptr, pos_ptr, cos_ptr, sin_ptr, w_ptr, M, n_pos_rows,
     y_ptr,
     SOM: tl.constexpr, SOH: tl.constexpr,  # o [S, H, Dh] token and head strides (Dh contiguous)

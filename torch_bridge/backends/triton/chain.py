@@ -297,7 +297,7 @@ def _inverse_rope_inplace_op(o: torch.Tensor, positions: torch.Tensor, cos_cache
     _launch_inverse_rope(o, positions, cos_cache, sin_cache, o)
 
 
-def _check_rotation(o: torch.Tensor, cos_cache: torch.Tensor, inplace: bool) -> None:
+def _check_rotation(o: torch.Tensor, cos_cache: torch.Tensor, overwrite_o: bool) -> None:
     """``inverse_rope``'s requirements on ``o`` and the tables (see there)."""
     rd = 2 * cos_cache.shape[1]
     if rd & (rd - 1) or rd > o.shape[2]:
@@ -305,35 +305,35 @@ def _check_rotation(o: torch.Tensor, cos_cache: torch.Tensor, inplace: bool) -> 
                          f"two (a Triton tile) no larger than head_dim {o.shape[2]}")
     if o.dtype != torch.bfloat16:
         raise TypeError(f"inverse_rope is the BF16 chain's: o must be bfloat16, got {o.dtype}")
-    if o.stride(2) != 1 or (inplace and o.stride(1) != o.shape[2]):
+    if o.stride(2) != 1 or (overwrite_o and o.stride(1) != o.shape[2]):
         raise ValueError(f"inverse_rope needs o with a contiguous Dh dim (and packed [H, Dh] "
                          f"dims in place), got strides {list(o.stride())}")
 
 
 def inverse_rope(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
-                 sin_cache: torch.Tensor, *, inplace: bool = False) -> torch.Tensor:
+                 sin_cache: torch.Tensor, *, overwrite_o: bool = False) -> torch.Tensor:
     """Inverse GPT-J RoPE of the rope tail of each head (fp32 math, bf16 out), the BF16 chain's.
 
-    ``inplace=False`` reads ``o`` once and writes a rotated copy once (NoPE lanes copied);
-    ``inplace=True`` rotates only the tail of ``o`` itself. Both give the same bits.
+    ``overwrite_o=False`` reads ``o`` once and writes a rotated copy once (NoPE lanes copied);
+    ``overwrite_o=True`` rotates only the tail of ``o`` itself. Both give the same bits.
 
     Args:
-      o: ``[S, H, Dh]`` bf16 with Dh contiguous (``inplace``: packed (H, Dh) dims).
+      o: ``[S, H, Dh]`` bf16 with Dh contiguous (``overwrite_o``: packed (H, Dh) dims).
       positions: ``[>= S]`` int32 or int64, clamped to ``[0, P - 1]``.
       cos_cache, sin_cache: ``[P, rd / 2]`` bf16, fp16 or fp32; ``rd`` a power of two (a
         Triton tile) no larger than Dh.
-      inplace: rotate ``o`` in place (for callers whose ``o`` is a temporary).
+      overwrite_o: rotate ``o`` in place (for callers whose ``o`` is a temporary).
 
     Returns:
-      ``o`` when ``inplace``, else a new contiguous ``[S, H, Dh]`` bf16 tensor.
+      ``o`` when ``overwrite_o``, else a new contiguous ``[S, H, Dh]`` bf16 tensor.
 
     Raises:
       ValueError: a bad ``rd`` or strides of ``o``.
       TypeError: ``o`` is not bf16.
     """
-    _check_rotation(o, cos_cache, inplace)
+    _check_rotation(o, cos_cache, overwrite_o)
     tables = rows_contiguous(positions), rows_contiguous(cos_cache), rows_contiguous(sin_cache)
-    if inplace:
+    if overwrite_o:
         run_mutating(_inverse_rope_inplace_op, (o,), o, *tables)
         return o
     y = torch.empty(o.shape, dtype=o.dtype, device=o.device)
@@ -444,10 +444,10 @@ def _wo_a_bf16_op(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Ten
             r_desc = TensorDescriptor(tails, [s, tails.shape[1] * tails.shape[2]],
                                       [tails.stride(0), 1], [bm, bk])
             w_desc = TensorDescriptor(w, [g * n, k], [k, 1], [bn, bk])
-            bf16_kernels.bf16_rope_gemm_tma_kernel[grid](o_desc, r_desc, w_desc, s, out,
+            bf16_kernels.wo_a_bf16_tma_kernel[grid](o_desc, r_desc, w_desc, s, out,
                                                          **constexprs)
         else:
-            launch(bf16_kernels.bf16_rope_gemm_kernel, grid, (o, tails, w, s, out), constexprs,
+            launch(bf16_kernels.wo_a_bf16_kernel, grid, (o, tails, w, s, out), constexprs,
                    key)
 
 
@@ -462,7 +462,7 @@ def _wo_a_bf16_rotating_op(o: torch.Tensor, positions: torch.Tensor, cos_cache: 
     key, grid, constexprs, args = _rotating_launch(o, positions, cos_cache, sin_cache, w, out,
                                                    shape)
     with on_device_of(o):
-        launch(bf16_kernels.wo_a_bf16_kernel, grid, args, constexprs, key)
+        launch(bf16_kernels.wo_a_bf16_rotating_kernel, grid, args, constexprs, key)
 
 
 def _rotating_launch(o, positions, cos_cache, sin_cache, w, out, shape: tuple):
@@ -512,7 +512,7 @@ def _wo_a_bf16_plan(o, cos_cache, w, out, cfg: Bf16GemmConfig):
 
 def wo_a_bf16(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
               sin_cache: torch.Tensor, w_bf16: torch.Tensor, num_groups: int, *,
-              inplace: bool = False, fused: bool | None = None,
+              overwrite_o: bool = False, fused: bool | None = None,
               config: Bf16GemmConfig | None = None) -> torch.Tensor:
     """The BF16 chain ``y = inv_rope(o) @ w^T`` per group, fp32 accumulation, bf16 out.
 
@@ -524,11 +524,11 @@ def wo_a_bf16(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
     cuBLAS multiplies ``o``. Every route rotates with the same bits.
 
     Args:
-      o: ``[S, H, Dh]`` bf16 with Dh contiguous; left unchanged unless ``inplace``.
+      o: ``[S, H, Dh]`` bf16 with Dh contiguous; left unchanged unless ``overwrite_o``.
       positions, cos_cache, sin_cache: as for ``inverse_rope``.
       w_bf16: ``[G, N, K]`` exact bf16 dequantized weight, ``H * Dh = G * K``.
       num_groups: G.
-      inplace: rotate ``o`` in place, then cuBLAS (``o`` needs packed (H, Dh) dims).
+      overwrite_o: rotate ``o`` in place, then cuBLAS (``o`` needs packed (H, Dh) dims).
       fused: ``None`` runs the BF16 GEMM from ``o`` where ``configs.bf16_gemm_chosen`` says
         so; ``True`` requires it, ``False`` runs the rotated copy and cuBLAS.
       config: the BF16 GEMM's launch shape (implies ``fused``); ``None`` picks
@@ -540,7 +540,7 @@ def wo_a_bf16(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
 
     Raises:
       ValueError: ``o`` and ``w_bf16`` do not make ``num_groups`` groups of K, a bad ``rd``
-        or strides of ``o``, ``fused``/``config`` with ``inplace``, or ``fused=True`` (or a
+        or strides of ``o``, ``fused``/``config`` with ``overwrite_o``, or ``fused=True`` (or a
         ``config``) on a chain the BF16 GEMM cannot run.
       TypeError: ``o`` or ``w_bf16`` is not bf16.
     """
@@ -550,22 +550,22 @@ def wo_a_bf16(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
         raise ValueError(f"o [S, H, Dh] = {list(o.shape)} and w_bf16 [G, N, K] = "
                          f"{list(w_bf16.shape)} do not make num_groups = {num_groups} groups "
                          f"of K (need H * Dh = G * K)")
-    if inplace and (fused or config is not None):
-        raise ValueError("wo_a_bf16(inplace=True) rotates o and runs cuBLAS; fused=True and "
+    if overwrite_o and (fused or config is not None):
+        raise ValueError("wo_a_bf16(overwrite_o=True) rotates o and runs cuBLAS; fused=True and "
                          "config are for the BF16 GEMM that leaves o unchanged")
-    _check_rotation(o, cos_cache, inplace)
+    _check_rotation(o, cos_cache, overwrite_o)
     if w_bf16.dtype != torch.bfloat16:
         raise TypeError(f"wo_a_bf16: w_bf16 must be bfloat16, got {w_bf16.dtype}")
     rd = 2 * cos_cache.shape[1]
     tma = _tma_loads(o)
     if fused is None:
-        fused = config is not None or (not inplace
+        fused = config is not None or (not overwrite_o
                                        and configs.bf16_gemm_chosen(s, g, n, k, tma=tma, dh=dh)
                                        and configs.bf16_gemm_blocker(dh, rd, k) is None)
     elif not fused and config is not None:
         raise ValueError("wo_a_bf16: config is the BF16 GEMM's; it needs fused=True or None")
     if not fused:
-        x = inverse_rope(o, positions, cos_cache, sin_cache, inplace=inplace)
+        x = inverse_rope(o, positions, cos_cache, sin_cache, overwrite_o=overwrite_o)
         # bmm rather than einsum: the same cuBLAS call without einsum's host-side parsing.
         x = x.view(s, g, k).transpose(0, 1)  # [G, S, K]
         return torch.bmm(x, w_bf16.transpose(1, 2)).transpose(0, 1)

@@ -401,11 +401,11 @@ def fused_blocker(dh: int, rd: int, block: int,
 
 @dataclasses.dataclass(frozen=True)
 class Bf16GemmConfig:
-    """Launch shape of the BF16 chain's GEMM: the pointer kernel (``bf16_rope_gemm_kernel``) or,
+    """Launch shape of the BF16 chain's GEMM: the pointer kernel (``wo_a_bf16_kernel``) or,
     with ``tma``, the tensor-descriptor one where the operands allow it (groups of whole heads,
     N a multiple of ``block_n``, 16-byte aligned rows; else the pointer kernel at this shape).
-    With ``rotate`` the chain is one launch (``wo_a_bf16_kernel``, groups of whole heads): the
-    kernel rotates the rope tiles itself, no buffer of rotated tails."""
+    With ``rotate`` the chain is one launch (``wo_a_bf16_rotating_kernel``, groups of whole
+    heads): the kernel rotates the rope tiles itself, no buffer of rotated tails."""
 
     block_m: int
     block_n: int

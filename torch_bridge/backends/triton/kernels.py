@@ -16,7 +16,7 @@ Kernels, named after the op they run:
   its tile before the GEMM's swapped product (decode sizes).
 * ``inverse_rope_kernel``: the BF16 chain's inverse RoPE of the rope tail, in place, into a
   rotated copy, or into a buffer of the rotated tails alone (the A operand's rope tiles of
-  ``bf16_kernels.bf16_rope_gemm_kernel``).
+  ``bf16_kernels.wo_a_bf16_kernel``).
 
 The kernels take array inputs, runtime scalars, outputs (then split-K's scratch), then
 constexprs. Torch (``quant``, ``gemm``, ``chain``) and JAX (``jax_launch``) launch these same
