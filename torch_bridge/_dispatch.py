@@ -200,7 +200,7 @@ def _log_once(op: str, name: str, reason: str) -> None:
     key = (op, name, reason)
     if key not in _logged:
         _logged.add(key)
-        log.info("woa: %s: backend %s not used: %s", op, name, reason)
+        log.info("%s: backend %s not used: %s", op, name, reason)
 
 
 def resolve(op: str, case: Case, backend: str | None = None) -> tuple[str, list[str]]:

@@ -295,7 +295,7 @@ class WoAProjection:
         if reasons:
             why = self.fp8_unavailable if (cand == "bf16" and self.fp8_unavailable) \
                 else "; ".join(reasons)
-            log.info("woa: wo_a runs on %s (%s): %s", cand, case.device_type, why)
+            log.info("wo_a runs on %s (%s): %s", cand, case.device_type, why)
         return cand, why
 
     def _on(self, what: str, device: torch.device, dtype: torch.dtype | None = None):

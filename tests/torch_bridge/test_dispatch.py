@@ -42,9 +42,9 @@ def test_auto_falls_back_to_torch_and_logs_each_rejection_once(args, triton_off,
         tb.inverse_rope_group_quant(*args, 1, 128)
     rejections = [r.getMessage() for r in caplog.records if "not used" in r.getMessage()]
     assert rejections == [
-        "woa: inverse_rope_group_quant: backend aiter not used: AITER is not installed "
+        "inverse_rope_group_quant: backend aiter not used: AITER is not installed "
         "(no 'aiter' module)",
-        "woa: inverse_rope_group_quant: backend triton not used: disabled by WOA_USE_TRITON=0",
+        "inverse_rope_group_quant: backend triton not used: disabled by WOA_USE_TRITON=0",
     ]
 
 
