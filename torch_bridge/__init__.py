@@ -23,16 +23,50 @@ kernel runs and raises
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING
+
 from . import _dispatch
 from ._capability import ENV_VARS
 from ._dispatch import BACKENDS, BackendName, BackendUnavailableError, Case
-from .checkpoint import CheckpointError, NonFiniteTensorError, read_wo_a, save_wo_a_layer
-from .interop import to_jax, to_torch
-from .layouts import from_scale_layout, to_scale_layout
-from .ops import batched_gemm_a8w8_mxscale, inverse_rope_group_quant
-from .projection import WoAProjection, wo_a_bf16, wo_a_fp8
-from .tp import TPOutputProjection
-from .wo_b import WoBProjection
+
+if TYPE_CHECKING:
+    from .checkpoint import CheckpointError, NonFiniteTensorError, read_wo_a, save_wo_a_layer
+    from .interop import to_jax, to_torch
+    from .layouts import from_scale_layout, to_scale_layout
+    from .ops import batched_gemm_a8w8_mxscale, inverse_rope_group_quant
+    from .projection import WoAProjection, wo_a_bf16, wo_a_fp8
+    from .tp import TPOutputProjection
+    from .wo_b import WoBProjection
+
+#: Public names imported on first use (torch and JAX take seconds to import; ``woa --help`` and
+#: the dispatch registry need neither).
+_LAZY = {
+    "CheckpointError": "checkpoint", "NonFiniteTensorError": "checkpoint",
+    "read_wo_a": "checkpoint", "save_wo_a_layer": "checkpoint", "to_jax": "interop",
+    "to_torch": "interop", "from_scale_layout": "layouts", "to_scale_layout": "layouts",
+    "batched_gemm_a8w8_mxscale": "ops", "inverse_rope_group_quant": "ops",
+    "WoAProjection": "projection", "wo_a_bf16": "projection", "wo_a_fp8": "projection",
+    "TPOutputProjection": "tp", "WoBProjection": "wo_b",
+}
+
+
+def __getattr__(name: str):
+    """A public name (or submodule) imported on first use, then kept as a module attribute."""
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    elif not name.startswith("__") and importlib.util.find_spec(f"{__name__}.{name}"):
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 _DEFAULT_CASES = {
     "inverse_rope_group_quant": dict(fp8_dtype="float8_e4m3fn", act_dtype="bfloat16",
