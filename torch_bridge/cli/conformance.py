@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 
 from . import output
-from .errors import ExitCode, UsageError
+from .errors import ExitCode, UsageError, exit_codes_help
 
 _QUANT, _GEMM = "inverse_rope_group_quant", "batched_gemm_a8w8_mxscale"
 
@@ -145,7 +145,12 @@ def add_parser(sub) -> None:
                        description="Import MODULE:FUNCTION, an implementation with AITER's "
                        "signature of inverse_rope_group_quant or batched_gemm_a8w8_mxscale "
                        "(torch tensors in and out), and run the standard DeepSeek V4 sweep "
-                       "against woa_jax. Exit 1 on a contract break, 2 on a usage error.")
+                       "against woa_jax. " + exit_codes_help(
+                           ExitCode.OK, ExitCode.BROKEN, ExitCode.USAGE,
+                           ok="every case conforms", broken="the implementation breaks the "
+                           "contract", usage="usage error (a bad target, op or argument, a "
+                           "function for the other framework, or a backend that cannot run "
+                           "here)") + ".")
     c.add_argument("targets", nargs="+", metavar="MODULE:FUNCTION",
                    help="e.g. aiter:inverse_rope_group_quant, or path/to/file.py:fn")
     c.add_argument("--op", choices=(_QUANT, _GEMM), help="which op (default: from the name)")
@@ -160,7 +165,8 @@ def add_parser(sub) -> None:
                    help="where inputs go (default: GPU if any)")
     c.add_argument("--numpy", action="store_true",
                    help="pass numpy arrays (for JAX/numpy implementations) instead of torch")
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--seed", type=int, default=0,
+                   help="seed of the sweep's random inputs (default 0)")
     c.add_argument("--verbose", "-v", action="store_true", help="list passing cases too")
     c.add_argument("--json", metavar="FILE", nargs="?", const="-",
                    help="JSON to FILE, or to stdout without FILE")

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import output
-from .errors import EXIT_CODES_HELP, ExitCode, UsageError
+from .errors import ExitCode, UsageError, exit_codes_help
 
 #: dtype names as the table shows them.
 _SHORT = {"float8_e4m3fn": "e4m3fn", "float8_e4m3fnuz": "e4m3fnuz", "float8_e8m0fnu": "e8m0",
@@ -179,7 +179,9 @@ def add_parser(sub) -> None:
                        description="Read a checkpoint (safetensors file, or directory with "
                        "shards and index) and report every wo_a: shapes, dtypes, block size, "
                        "scale format, NaN/Inf in weight or scales, and whether the FP8 path can "
-                       "take it. Exit 4 when a wo_a holds NaN/Inf. " + EXIT_CODES_HELP + ".")
+                       "take it. " + exit_codes_help(
+                           ExitCode.OK, ExitCode.USAGE, ExitCode.CORRUPT,
+                           corrupt="a wo_a holds NaN/Inf in its weight or scales") + ".")
     i.add_argument("path", help="checkpoint file or directory")
     i.add_argument("--tp", type=int, help="check this tensor-parallel split")
     i.add_argument("--json", metavar="FILE", nargs="?", const="-",

@@ -9,7 +9,7 @@ import platform
 from typing import Any
 
 from . import output
-from .errors import ExitCode, UsageError
+from .errors import ExitCode, UsageError, exit_codes_help
 
 #: ``WOA_*`` variables that are 0/1 switches (``_capability.env_flag`` reads them).
 _SWITCHES = ("WOA_USE_AITER", "WOA_USE_TRITON", "WOA_JAX_NATIVE", "WOA_JAX_COMMAND_BUFFER")
@@ -84,8 +84,11 @@ def jax_route() -> dict[str, Any]:
 def add_parser(sub) -> None:
     """Register ``woa probe`` with the subcommand parsers ``sub``."""
     p = sub.add_parser("probe", help="which backend runs here, and why not",
-                       description="Each backend per op: can it run here, and the reason. "
-                       "Exit 2 when a WOA_* variable holds a value the library rejects.")
+                       description="Each backend per op: can it run here, and the reason; "
+                       "which one auto picks. " + exit_codes_help(
+                           ExitCode.OK, ExitCode.USAGE,
+                           usage="usage error (an unknown argument, or a WOA_* variable holding "
+                           "a value the library rejects)") + ".")
     p.add_argument("--device", choices=("cpu", "cuda"), help="judge for this device type")
     p.add_argument("--json", metavar="FILE", nargs="?", const="-",
                    help="JSON to FILE, or to stdout without FILE")

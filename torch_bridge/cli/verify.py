@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import output
-from .errors import EXIT_CODES_HELP, ExitCode, NotVerifiedError, UsageError
+from .errors import ExitCode, NotVerifiedError, UsageError, exit_codes_help
 from .inspect import fp8_eligibility
 from .probe import device_info, versions
 
@@ -378,12 +378,14 @@ def add_parser(sub) -> None:
         description="Run the FP8 wo_a chain on every backend that runs here, in torch and JAX, "
         "plus the BF16 chain, against the woa_jax oracle and the float64 truth. Without "
         "--checkpoint the layer is a seeded V4 checkpoint written to a temporary directory "
-        "(--keep DIR saves it). " + EXIT_CODES_HELP + ".")
+        "(--keep DIR saves it). " + exit_codes_help(*ExitCode, ok="every FP8 backend that "
+        "ran matches the oracle") + ".")
     v.add_argument("--config", choices=("v4-flash", "v4-pro", "v4.1-flash"),
                    help="model shapes (default v4-flash; inferred from --checkpoint)")
     v.add_argument("--tokens", type=int, default=32, help="tokens in the batch (default 32)")
     v.add_argument("--tp", type=int, default=8,
-                   help="tensor-parallel degree; rank 0's slice runs (default 8: one group)")
+                   help="tensor-parallel degree; rank 0's groups run (default 8: 1 of V4-Flash's "
+                        "8 groups, 2 of V4-Pro's 16)")
     v.add_argument("--checkpoint", metavar="PATH", help="a real checkpoint (file or directory)")
     v.add_argument("--keep", metavar="DIR",
                    help="write the embedded checkpoint (with a config.json) to DIR, new or "
@@ -395,7 +397,8 @@ def add_parser(sub) -> None:
     v.add_argument("--backends", metavar="LIST",
                    help="comma-separated subset of aiter,triton,torch,bf16 (default all)")
     v.add_argument("--device", choices=("cpu", "cuda"), help="torch device (default: GPU if any)")
-    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--seed", type=int, default=0,
+                   help="seed of the attention outputs, positions and embedded weight (default 0)")
     v.add_argument("--json", metavar="FILE", nargs="?", const="-",
                    help="JSON to FILE, or to stdout without FILE")
     v.set_defaults(func=run)
