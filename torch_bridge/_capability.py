@@ -67,6 +67,23 @@ def gpu_arch(device_index: int = 0) -> str | None:
     return f"sm_{props.major}{props.minor}"
 
 
+def device_missing(device_type: str) -> str | None:
+    """Why this process has no ``device_type`` device (``"no such device here: ..."``), else
+    ``None``: judging backends for a device that is not there would answer for another machine."""
+    if device_type in ("cpu", "meta"):
+        return None
+    import torch
+
+    if device_type == "cuda":
+        if torch.cuda.is_available():
+            return None
+        return "no such device here: torch sees no CUDA or ROCm GPU"
+    available = getattr(getattr(torch, device_type, None), "is_available", None)
+    if callable(available) and available():
+        return None
+    return f"no such device here: torch has no {device_type!r} device"
+
+
 def accelerator_device_type() -> str:
     """The torch device type of a GPU tensor (ROCm builds report ``"cuda"`` too)."""
     return "cuda"
