@@ -3,9 +3,10 @@
 Subcommands: ``verify`` (the cross-framework correctness report), ``bench`` (the benchmark
 harness, arguments forwarded), ``probe`` (which backend runs here and why not), ``inspect PATH``
 (a checkpoint's ``wo_a`` layers and their FP8 eligibility) and ``conformance MODULE:FUNCTION``
-(the oracle's sweep on another implementation). Errors are one line on stderr (``woa: error:
-...``; ``--debug`` shows the traceback instead), and with ``--json`` to stdout also a JSON object
-``{"ok": false, "exit": code, "error": line}`` there; ``ExitCode`` lists the exit statuses.
+(the oracle's sweep on another implementation). Errors are one line on stderr (``woa verify:
+error: ...``; ``--debug`` shows the traceback instead), and with ``--json`` to stdout also a
+JSON object ``{"ok": false, "exit": code, "error": line}`` there; ``ExitCode`` lists the exit
+statuses.
 
 Nothing heavy is imported until a subcommand runs, so ``woa --help`` answers at once.
 """
@@ -136,8 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         found = None if args.debug else _classify(e)
         if found is None:
             raise
-        prog = e.prog if isinstance(e, UsageError) and e.prog != "woa" else "woa"
-        return _fail(*found, prog=prog, command=args.command, as_json=as_json)
+        return _fail(*found, prog=f"woa {args.command}", command=args.command, as_json=as_json)
 
 
 __all__ = ["ExitCode", "UsageError", "build_parser", "main"]
