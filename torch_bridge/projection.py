@@ -70,7 +70,7 @@ class WoAProjection:
       amax_floor: the activation quantizer's floor, a finite positive float (1e-8, AITER's).
 
     Raises:
-      TypeError: a weight, scale or table of the wrong dtype.
+      TypeError: a weight, scale or table of the wrong dtype, a ``num_groups`` that is not an int.
       ValueError: a wrong shape, a table width other than ``rope_dim / 2``, a bad
         ``amax_floor``, or a corrupt checkpoint (``woa_jax.checks.check_wo_a_weight_values``:
         NaN fp8 bytes, NaN/Inf/zero/negative float scales, the E8M0 NaN byte).
@@ -89,7 +89,8 @@ class WoAProjection:
                           sin_cache=sin_cache, optional=("weight_scale",))
         rows, k = checks.check_rank(weight, 2, "weight", "[G * N, K]")
         ops.check_weight_device(weight=weight, weight_scale=scale)
-        if not isinstance(num_groups, int) or num_groups < 1 or rows % num_groups != 0:
+        ops.check_weight_device(cos_cache=cos_cache, sin_cache=sin_cache)  # copied per device
+        if rows % checks.check_int(num_groups, "num_groups") != 0:
             raise ValueError(f"weight rows {rows} are not divisible by num_groups={num_groups!r}")
         cshape = checks.check_rank(cos_cache, 2, "cos_cache", "[P, rope_dim / 2]")
         if tuple(sin_cache.shape) != cshape:
