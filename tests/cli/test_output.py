@@ -77,3 +77,9 @@ def test_prose_breaks_between_phrases_not_inside_them():
     lines = output.wrap(long, cols=30, indent="  ")
     assert all(len(line) <= 30 for line in lines) and lines[-1] == "  line at all, then a tail"
     assert " ".join(" ".join(lines).split()) == long
+
+
+def test_a_long_phrase_after_a_full_line_starts_on_the_next():
+    lines = output.wrap("abcdefghij abcdefghij, averyveryverylongword and more words here",
+                        cols=24)
+    assert all(len(line) <= 24 for line in lines), lines

@@ -50,6 +50,9 @@ def wrap(text: str, *, indent: str = "", first: str = "", cols: int | None = Non
             continue
         # Longer than a line: words fill this line and the next ones.
         lead = line + sep if line.strip() else line
+        if line.strip() and len(lead) + len(phrase.split(" ", 1)[0]) > cols:
+            lines.append(line.rstrip())
+            lead = indent
         parts = textwrap.wrap(phrase, cols, initial_indent=lead, subsequent_indent=indent,
                               break_long_words=False, break_on_hyphens=False)
         lines.extend(p.rstrip() for p in parts[:-1])
