@@ -22,7 +22,7 @@ import torch
 from woa_jax import AITER_AMAX_FLOOR, ScaleLayout, checks, scale_shape
 from woa_jax.checks import as_enum
 
-from . import _dispatch, interop, layouts
+from . import _capability, _dispatch, interop, layouts
 from ._dispatch import BackendName, Case
 
 ScaleLayoutArg = Literal["row", "mfma_tile", "n32k4"]
@@ -129,6 +129,28 @@ def check_weight_device(**tensors) -> torch.device:
                          "meta device, which holds no data; checkpoint tensors are checked for "
                          "corrupt values at load, so pass them on the CPU or a GPU")
     return device
+
+
+def usable_device(device) -> torch.device:
+    """``device`` as a ``torch.device`` that holds data in this process: ``TypeError`` for what
+    is not a device, ``ValueError`` with the reason for one that cannot be used here (torch's
+    own ``AssertionError`` says only that it was not compiled with CUDA)."""
+    if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
+        raise TypeError(f"device must be a torch.device, a string such as 'cuda:0' or a GPU "
+                        f"index, got {type(device).__name__} {device!r}")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as e:
+        raise ValueError(f"device={device!r} is not a device: {e}") from None
+    why = _capability.device_missing(dev.type)
+    if dev.type == "meta":
+        why = "meta tensors hold no data, and checkpoint values are checked at load"
+    elif why is None and dev.type == "cuda" and dev.index is not None \
+            and dev.index >= torch.cuda.device_count():
+        why = f"torch sees {torch.cuda.device_count()} GPU(s)"
+    if why:
+        raise ValueError(f"device={device!r} cannot be used: {why}")
+    return dev
 
 
 def check_contiguous(t: torch.Tensor, what: str) -> None:

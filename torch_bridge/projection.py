@@ -26,7 +26,7 @@ import torch
 import woa_jax
 from woa_jax import AITER_AMAX_FLOOR, checks
 
-from . import _dispatch, interop, ops
+from . import _dispatch, _shapes, interop, ops
 from ._dispatch import BackendName, Case
 from .backends import torch_ref
 
@@ -68,12 +68,16 @@ class WoAProjection:
       backend: ``"auto"`` (default; ``WOA_BACKEND`` applies) or a backend name, which must run the
         chain or the call raises ``BackendUnavailableError`` with the reason.
       amax_floor: the activation quantizer's floor, a finite positive float (1e-8, AITER's).
+      config: a ``woa_jax.DSV4Config`` or name the weight must match: ``num_groups`` of its
+        groups (``_shapes.check_wo_a``). Without one, a weight with the released K (4096) must
+        hold groups of the released N (1024): a wrong ``num_groups`` fails here, not at a call.
 
     Raises:
       TypeError: a weight, scale or table of the wrong dtype, a ``num_groups`` that is not an int.
-      ValueError: a wrong shape, a table width other than ``rope_dim / 2``, a bad
-        ``amax_floor``, or a corrupt checkpoint (``woa_jax.checks.check_wo_a_weight_values``:
-        NaN fp8 bytes, NaN/Inf/zero/negative float scales, the E8M0 NaN byte).
+      ValueError: a wrong shape, a ``num_groups`` or ``config`` that does not tile the weight, a
+        table width other than ``rope_dim / 2``, a bad ``amax_floor``, or a corrupt checkpoint
+        (``woa_jax.checks.check_wo_a_weight_values``: NaN fp8 bytes, NaN/Inf/zero/negative float
+        scales, the E8M0 NaN byte).
 
     Validation happens once here: rank, dtypes, scale shape (``woa_jax.check_wo_a_weight``),
     values, and the lossless E8M0 conversion. The FP8 weight is kept as a zero-copy ``[G, N, K]``
@@ -83,7 +87,8 @@ class WoAProjection:
     @interop.jax_io()
     def __init__(self, weight, weight_scale, num_groups: int, cos_cache, sin_cache, *,
                  rope_dim: int | None = 64, backend: BackendName = "auto",
-                 amax_floor: float = AITER_AMAX_FLOOR):
+                 amax_floor: float = AITER_AMAX_FLOOR,
+                 config: woa_jax.DSV4Config | str | None = None):
         scale = weight_scale
         ops.require_torch(weight=weight, weight_scale=scale, cos_cache=cos_cache,
                           sin_cache=sin_cache, optional=("weight_scale",))
@@ -125,6 +130,7 @@ class WoAProjection:
             if not weight.is_contiguous():
                 raise ValueError("weight must be contiguous to be viewed as [G, N, K]")
             _, _, self.block = woa_jax.check_wo_a_weight(weight, scale, num_groups)
+            _shapes.check_wo_a(rows, k, self.block, num_groups, config, what="weight")
             checks.check_wo_a_weight_values(weight, scale)
             self.weight_fp8 = weight.view(num_groups, self.n, k)
             try:
@@ -139,6 +145,7 @@ class WoAProjection:
             if scale is not None:
                 raise ValueError(f"a {wname} wo_a weight is unquantized and takes no scale; "
                                  f"got a weight_scale of shape {tuple(scale.shape)}")
+            _shapes.check_wo_a(rows, k, None, num_groups, config, what="weight")
             self.fp8_unavailable = f"{wname} checkpoint has no scale"
         else:
             raise TypeError(f"weight must be float8_e4m3fn, float8_e4m3fnuz or an unquantized "
@@ -176,44 +183,32 @@ class WoAProjection:
             ``o_groups * o_lora_rank``, K and weight block match the tensors (all released
             configs share one RoPE table per layer kind).
           num_groups: G of the tensor stored in the checkpoint; default ``config.o_groups``,
-            else rows / 1024 (``checkpoint.N_DEFAULT``). A checkpoint already split per rank
-            stores ``G_l`` groups: read it with ``tp_size=1``.
+            else ``o_groups`` of a ``config.json`` beside it, else rows / 1024
+            (``checkpoint.N_DEFAULT``). A checkpoint already split per rank stores ``G_l``
+            groups: read it with ``tp_size=1``.
           layer_kind: ``"compress"`` or ``"window"``; default from ``compress_ratios`` in a
             ``config.json`` beside the checkpoint. Needed unless cos/sin are given.
           cos_cache, sin_cache: ``[P, rd / 2]`` tables to use instead of building them.
           max_positions: rows of the built tables (default all P = 1,048,576: 128 MiB of fp32).
           device: where to put weight, scale and tables (default CPU).
           **kwargs: ``backend``, ``amax_floor``, ``rope_dim`` (default the config's).
+
+        Raises:
+          TypeError: ``layer``, a rank or ``num_groups`` that is not an integer.
+          CheckpointError: a missing path, an unreadable file, or a layer the checkpoint does not
+            have (the message lists those it has); ``NonFiniteTensorError``: NaN/Inf in it.
+          ValueError: a ``config`` or ``num_groups`` that does not tile the stored weight (the
+            message names both), a ``device`` this process cannot use, no RoPE table.
         """
         from . import checkpoint
 
-        cfg = woa_jax.get_config(config) if config is not None else None
-        if num_groups is None and cfg is not None:
-            num_groups = cfg.o_groups
-        t = checkpoint.read_wo_a(path, layer, tp_rank=tp_rank, tp_size=tp_size,
-                                 num_groups=num_groups)
-        if (cos_cache is None) != (sin_cache is None):
-            raise ValueError("pass both cos_cache and sin_cache, or neither")
-        if cos_cache is None:
-            cfg = cfg or _infer_config(t)
-            kind = layer_kind or checkpoint.layer_kind_from_config(path, layer)
-            if kind is None:
-                raise ValueError(
-                    f"layer {layer}: cannot tell its RoPE table; pass layer_kind='compress' or "
-                    "'window' (or cos_cache/sin_cache), or put a config.json with "
-                    "compress_ratios beside the checkpoint"
-                )
-            cos_j, sin_j = woa_jax.rope_cos_sin(cfg, kind, max_positions)
-            cos_cache, sin_cache = interop.to_torch(cos_j), interop.to_torch(sin_j)
+        t, cos_cache, sin_cache, cfg = checkpoint.load_wo_a_layer(
+            path, layer, tp_rank, tp_size, config=config, num_groups=num_groups,
+            layer_kind=layer_kind, cos_cache=cos_cache, sin_cache=sin_cache,
+            max_positions=max_positions, device=device)
         if cfg is not None:
             kwargs.setdefault("rope_dim", cfg.rope_dim)
-        weight, scale = t.weight, t.scale
-        if device is not None:
-            weight = weight.to(device)
-            scale = scale.to(device) if scale is not None else None
-            cos_cache, sin_cache = interop.to_torch(cos_cache), interop.to_torch(sin_cache)
-            cos_cache, sin_cache = cos_cache.to(device), sin_cache.to(device)
-        return cls(weight, scale, t.local_groups, cos_cache, sin_cache, **kwargs)
+        return cls(t.weight, t.scale, t.local_groups, cos_cache, sin_cache, config=cfg, **kwargs)
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -420,21 +415,6 @@ class WoAProjection:
                 f"block={self.block})")
 
 
-def _infer_config(t) -> woa_jax.DSV4Config:
-    rows = t.num_groups * t.weight.shape[0] // t.local_groups
-    k = int(t.weight.shape[1])
-    block = k // int(t.scale.shape[1]) if t.scale is not None else None
-    for cfg in woa_jax.DSV4_CONFIGS.values():
-        if (cfg.o_groups * cfg.o_lora_rank == rows and cfg.group_in_features == k
-                and block in (None, cfg.block_size)):
-            return cfg
-    raise ValueError(
-        f"no released DeepSeek V4 config has a [{rows}, {k}] wo_a weight"
-        + (f" in {block}x{block} blocks" if block else "")
-        + "; pass config= (a woa_jax.DSV4Config) or cos_cache/sin_cache"
-    )
-
-
 @interop.jax_io()
 def wo_a_bf16(o, positions, cos_cache, sin_cache, weight, weight_scale, num_groups: int, *,
               overwrite_o: bool = False):
@@ -598,3 +578,4 @@ def _chain_backend(proj: WoAProjection, key: tuple, o, positions, cos_cache, sin
         del plans[next(iter(plans))]
     plans[key] = chain
     return chain
+

@@ -297,7 +297,8 @@ def test_from_checkpoint_reads_vllm_names(tmp_path):
 def test_read_wo_b_names_the_missing_tensor(tmp_path):
     checkpoint.save_checkpoint(tmp_path, {"layers.0.attn.wo_a.weight": torch.zeros(2, 2)})
     sh = wtp.tp_shard(FLASH_TINY, 1, 0)
-    with pytest.raises(KeyError, match="no wo_b weight for layer 0"):
+    with pytest.raises(checkpoint.CheckpointError,
+                       match="no wo_b weight for layer 0 in the checkpoint; it has none"):
         read_wo_b(tmp_path, 0, sh)
 
 

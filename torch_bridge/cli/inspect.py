@@ -100,22 +100,19 @@ def inspect_checkpoint(path: str | pathlib.Path, *, tp: int | None = None) -> di
     NaN/Inf in weight or scale, and the RoPE kind ``config.json`` gives each layer.
 
     Raises:
-      FileNotFoundError: ``path`` does not exist.
-      CheckpointError: a file is not readable safetensors or JSON.
-      KeyError: no ``*.wo_a.weight`` tensor.
+      CheckpointError: ``path`` does not exist, a file is not readable safetensors or JSON, or
+        no ``*.wo_a.weight`` tensor.
       UsageError: ``tp`` does not divide a layer's groups or heads.
     """
     from .. import checkpoint
 
     p = pathlib.Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"checkpoint {p} does not exist")
     files = checkpoint.tensor_files(p)
     config = checkpoint.read_config(p) or {}
     stems = sorted((name[: -len(".weight")] for name in files if name.endswith(".wo_a.weight")),
                    key=lambda s: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)])
     if not stems:
-        raise KeyError(f"no '*.wo_a.weight' tensor in checkpoint {p}")
+        raise checkpoint.CheckpointError(f"no '*.wo_a.weight' tensor in checkpoint {p}")
     layers = []
     for stem in stems:
         wdtype, wshape = checkpoint.tensor_info(files, stem + ".weight")

@@ -122,13 +122,11 @@ def _load(args, tmp: str) -> dict[str, Any]:
         if args.layer < 0:
             raise UsageError(f"--layer must be non-negative, got {args.layer}")
         path = pathlib.Path(args.checkpoint)
-        if not path.exists():
-            raise FileNotFoundError(f"checkpoint {path} does not exist")
         source = str(path)
     num_groups = cfg.o_groups if cfg is not None else None
     # Read first: a missing layer or corrupt data is the first thing to say.
     raw = checkpoint.read_wo_a(path, args.layer, tp_rank=0, tp_size=args.tp,
-                               num_groups=num_groups)
+                               num_groups=num_groups, config=cfg)
     layer_kind = args.layer_kind or checkpoint.layer_kind_from_config(path, args.layer)
     if layer_kind is None:
         raise UsageError(
@@ -150,6 +148,7 @@ def run_verify(args: argparse.Namespace) -> dict[str, Any]:
 
     Raises:
       UsageError: a bad argument (out-of-range ``--layer``, bad ``--tp``, unknown backend).
+      ValueError: ``--config`` disagrees with the checkpoint's shapes.
       CheckpointError: an unreadable checkpoint file; ``NonFiniteTensorError`` for NaN/Inf data.
       NotVerifiedError: the layer has no FP8 chain (an unquantized weight).
     """
