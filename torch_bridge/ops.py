@@ -14,6 +14,7 @@ call.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any, Literal, NamedTuple
 
@@ -151,6 +152,28 @@ def usable_device(device) -> torch.device:
     if why:
         raise ValueError(f"device={device!r} cannot be used: {why}")
     return dev
+
+
+def check_finite(**tensors) -> None:
+    """Raise ``ValueError`` naming the first bad element of an activation: NaN/Inf in a float
+    tensor, a NaN byte in an fp8 one, the E8M0 NaN byte 255 in a scale (``check_finite`` and
+    ``WOA_CHECK_FINITE``). Reading values syncs with the device, so calls skip this by default;
+    non-tensors and ``None`` are left to the argument checks."""
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor) or t.numel() == 0:
+            continue
+        if t.dtype in (torch.uint8, torch.float8_e8m0fnu):
+            bad, expect = t.view(torch.uint8) == checks.E8M0_NAN, "E8M0 scale bytes below 255"
+        elif t.is_floating_point():
+            bad, expect = ~torch.isfinite(t.float() if t.dtype in _FP8 else t), "finite values"
+        else:
+            continue
+        if bool(bad.any()):
+            idx = [int(i) for i in bad.nonzero()[0]]
+            shown = f"byte {int(t.view(torch.uint8)[tuple(idx)])}" if t.element_size() == 1 \
+                else repr(float(t[tuple(idx)]))
+            raise ValueError(f"{name}: element {idx} is {shown}; expected {expect} "
+                             "(check_finite / WOA_CHECK_FINITE=1)")
 
 
 def check_contiguous(t: torch.Tensor, what: str) -> None:
@@ -440,3 +463,42 @@ def _plan_gemm(x, w, x_scale, w_scale, dtype, backend, out) -> _GemmPlan:
         be = _dispatch.select("batched_gemm_a8w8_mxscale", gemm_case(x, w, block, dtype),
                               backend)
     return _GemmPlan(be, (m, g, n), floats)
+
+
+def finite_checked(fn, names: tuple[str, ...], outputs: tuple[str, ...] = ()):
+    """``fn`` (a ``jax_io`` entry point) that first runs ``check_finite`` on its arguments
+    ``names`` (the leading positional ones, or keywords). Bound in ``fn``'s place when
+    ``WOA_CHECK_FINITE=1`` at import, so that the check costs nothing when it is off."""
+    raw = fn.__wrapped__
+
+    @functools.wraps(raw)
+    def checked(*args, **kwargs):
+        given = dict(zip(names, args, strict=False))
+        given.update((k, kwargs[k]) for k in names if k in kwargs)
+        check_finite(**given)
+        return raw(*args, **kwargs)
+
+    return interop.jax_io(outputs=outputs)(checked)
+
+
+class ChecksFinite:
+    """A layer built with ``check_finite``: each call checks ``o`` first (``check_finite``)."""
+
+    @interop.jax_io()
+    def __call__(self, o, positions, *, overwrite_o: bool = False):
+        check_finite(o=o)
+        return super().__call__(o, positions, overwrite_o=overwrite_o)
+
+
+@functools.cache
+def finite_checked_layer(cls: type) -> type:
+    """Layer class ``cls`` with ``ChecksFinite`` in front (same name, still a ``cls``)."""
+    return type(cls.__name__, (ChecksFinite, cls), {"__module__": cls.__module__,
+                                                    "__qualname__": cls.__qualname__})
+
+
+if _capability.env_flag("WOA_CHECK_FINITE", False):
+    inverse_rope_group_quant = finite_checked(inverse_rope_group_quant, ("o",),
+                                              ("x_fp8", "x_scale"))
+    batched_gemm_a8w8_mxscale = finite_checked(batched_gemm_a8w8_mxscale,
+                                               ("x", "w", "x_scale", "w_scale"), ("out",))

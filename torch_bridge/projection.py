@@ -26,7 +26,7 @@ import torch
 import woa_jax
 from woa_jax import AITER_AMAX_FLOOR, checks
 
-from . import _dispatch, _shapes, interop, ops
+from . import _capability, _dispatch, _shapes, interop, ops
 from ._dispatch import BackendName, Case
 from .backends import torch_ref
 
@@ -71,6 +71,8 @@ class WoAProjection:
       config: a ``woa_jax.DSV4Config`` or name the weight must match: ``num_groups`` of its
         groups (``_shapes.check_wo_a``). Without one, a weight with the released K (4096) must
         hold groups of the released N (1024): a wrong ``num_groups`` fails here, not at a call.
+      check_finite: check ``o`` for NaN/Inf on every call (``ValueError`` naming the element; a
+        device sync per call). ``None`` reads ``WOA_CHECK_FINITE`` here; off, it costs nothing.
 
     Raises:
       TypeError: a weight, scale or table of the wrong dtype, a ``num_groups`` that is not an int.
@@ -84,11 +86,20 @@ class WoAProjection:
     view; the BF16 dequantized weight is built only if the BF16 chain runs (``weight_bf16``).
     """
 
+    def __new__(cls, *args, check_finite: bool | None = None, **kwargs):
+        # A checking layer is of a subclass that checks: nothing on the calls of one that is not.
+        if check_finite is None:
+            check_finite = _capability.env_flag("WOA_CHECK_FINITE", False)
+        if not isinstance(check_finite, bool):
+            raise TypeError(f"check_finite must be True, False or None, got {check_finite!r}")
+        return super().__new__(ops.finite_checked_layer(cls) if check_finite else cls)
+
     @interop.jax_io()
     def __init__(self, weight, weight_scale, num_groups: int, cos_cache, sin_cache, *,
                  rope_dim: int | None = 64, backend: BackendName = "auto",
                  amax_floor: float = AITER_AMAX_FLOOR,
-                 config: woa_jax.DSV4Config | str | None = None):
+                 config: woa_jax.DSV4Config | str | None = None,
+                 check_finite: bool | None = None):
         scale = weight_scale
         ops.require_torch(weight=weight, weight_scale=scale, cos_cache=cos_cache,
                           sin_cache=sin_cache, optional=("weight_scale",))
@@ -159,6 +170,8 @@ class WoAProjection:
         self._chains: dict[tuple, _dispatch.Backend | None] = {}
         #: Call signature -> the backend's direct eager launcher of the chain (or None).
         self._eager: dict[tuple, Any] = {}
+        #: Whether every call checks ``o`` for NaN/Inf first (``check_finite``).
+        self.check_finite = isinstance(self, ops.ChecksFinite)
         _LAYERS.add(self)
 
     @classmethod
@@ -191,7 +204,8 @@ class WoAProjection:
           cos_cache, sin_cache: ``[P, rd / 2]`` tables to use instead of building them.
           max_positions: rows of the built tables (default all P = 1,048,576: 128 MiB of fp32).
           device: where to put weight, scale and tables (default CPU).
-          **kwargs: ``backend``, ``amax_floor``, ``rope_dim`` (default the config's).
+          **kwargs: ``backend``, ``amax_floor``, ``rope_dim`` (default the config's),
+            ``check_finite``.
 
         Raises:
           TypeError: ``layer``, a rank or ``num_groups`` that is not an integer.
@@ -579,3 +593,7 @@ def _chain_backend(proj: WoAProjection, key: tuple, o, positions, cos_cache, sin
     plans[key] = chain
     return chain
 
+
+if _capability.env_flag("WOA_CHECK_FINITE", False):  # bound once: nothing per call when off
+    wo_a_bf16 = ops.finite_checked(wo_a_bf16, ("o",))
+    wo_a_fp8 = ops.finite_checked(wo_a_fp8, ("o",))

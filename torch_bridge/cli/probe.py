@@ -13,7 +13,8 @@ from . import output
 from .errors import ExitCode, UsageError, exit_codes_help
 
 #: ``WOA_*`` variables that are 0/1 switches (``_capability.env_flag`` reads them).
-_SWITCHES = ("WOA_USE_AITER", "WOA_USE_TRITON", "WOA_JAX_NATIVE", "WOA_JAX_COMMAND_BUFFER")
+_SWITCHES = ("WOA_USE_AITER", "WOA_USE_TRITON", "WOA_JAX_NATIVE", "WOA_JAX_COMMAND_BUFFER",
+             "WOA_CHECK_FINITE")
 
 
 def versions() -> dict[str, str | None]:
