@@ -481,6 +481,15 @@ def finite_checked(fn, names: tuple[str, ...], outputs: tuple[str, ...] = ()):
     return interop.jax_io(outputs=outputs)(checked)
 
 
+def finite_check_wanted(check_finite: bool | None) -> bool:
+    """``check_finite``, or ``WOA_CHECK_FINITE`` for ``None``; ``TypeError`` for another type."""
+    if check_finite is None:
+        return _capability.env_flag("WOA_CHECK_FINITE", False)
+    if not isinstance(check_finite, bool):
+        raise TypeError(f"check_finite must be True, False or None, got {check_finite!r}")
+    return check_finite
+
+
 class ChecksFinite:
     """A layer built with ``check_finite``: each call checks ``o`` first (``check_finite``)."""
 

@@ -86,14 +86,6 @@ class WoAProjection:
     view; the BF16 dequantized weight is built only if the BF16 chain runs (``weight_bf16``).
     """
 
-    def __new__(cls, *args, check_finite: bool | None = None, **kwargs):
-        # A checking layer is of a subclass that checks: nothing on the calls of one that is not.
-        if check_finite is None:
-            check_finite = _capability.env_flag("WOA_CHECK_FINITE", False)
-        if not isinstance(check_finite, bool):
-            raise TypeError(f"check_finite must be True, False or None, got {check_finite!r}")
-        return super().__new__(ops.finite_checked_layer(cls) if check_finite else cls)
-
     @interop.jax_io()
     def __init__(self, weight, weight_scale, num_groups: int, cos_cache, sin_cache, *,
                  rope_dim: int | None = 64, backend: BackendName = "auto",
@@ -101,6 +93,7 @@ class WoAProjection:
                  config: woa_jax.DSV4Config | str | None = None,
                  check_finite: bool | None = None):
         scale = weight_scale
+        finite = ops.finite_check_wanted(check_finite)
         ops.require_torch(weight=weight, weight_scale=scale, cos_cache=cos_cache,
                           sin_cache=sin_cache, optional=("weight_scale",))
         rows, k = checks.check_rank(weight, 2, "weight", "[G * N, K]")
@@ -170,8 +163,11 @@ class WoAProjection:
         self._chains: dict[tuple, _dispatch.Backend | None] = {}
         #: Call signature -> the backend's direct eager launcher of the chain (or None).
         self._eager: dict[tuple, Any] = {}
-        #: Whether every call checks ``o`` for NaN/Inf first (``check_finite``).
-        self.check_finite = isinstance(self, ops.ChecksFinite)
+        #: Whether every call checks ``o`` for NaN/Inf first: then the layer's class is one that
+        #: checks, so a layer that does not pays nothing per call.
+        self.check_finite = finite
+        if finite:
+            self.__class__ = ops.finite_checked_layer(type(self))
         _LAYERS.add(self)
 
     @classmethod
