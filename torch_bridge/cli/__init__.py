@@ -24,6 +24,8 @@ from .errors import EXIT_CODES_HELP, ExitCode, NotVerifiedError, OneLineParser, 
 
 #: Errors a user can cause (bad path, file, layer, argument or value): one line, exit 2.
 _USER_ERRORS = (OSError, ValueError, KeyError, TypeError, ImportError)
+#: Subcommands that run backends, so read the WOA_* switches (probe reports them itself).
+_RUNS_BACKENDS = ("verify", "conformance", "bench")
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -129,6 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ExitCode.USAGE
     as_json = as_json or getattr(args, "json", None) == "-"
     try:
+        if args.command in _RUNS_BACKENDS:  # a bad WOA_* value is a usage error, said first
+            probe.check_environment()
         return int(args.func(args))
     except BrokenPipeError:  # `woa probe --json | head`: the reader left; stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
