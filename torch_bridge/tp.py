@@ -54,7 +54,12 @@ def read_wo_b(path: str | pathlib.Path, layer: int, shard: TPShard
     scale = None
     if sname is not None:
         with checkpoint.open_shard(files[sname]) as fh:
-            scale = fh.get_slice(sname)[:, shard.wo_b_scale_cols].contiguous()
+            sl = fh.get_slice(sname)
+            sshape, block = tuple(sl.get_shape()), shard.local.block_size
+            if len(sshape) != 2 or sshape[1] * block != gn:  # the config's block, not another
+                raise ValueError(f"{sname} has shape {sshape}; the config's {block}x{block} "
+                                 f"blocks of [hidden, {gn}] give {gn // block} columns")
+            scale = sl[:, shard.wo_b_scale_cols].contiguous()
     return weight, scale
 
 
