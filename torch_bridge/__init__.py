@@ -9,16 +9,22 @@ Errors: every public entry point (the two ops, ``wo_a_fp8``, ``wo_a_bf16``, ``Wo
 kernel runs and raises
 
 * ``TypeError`` for an argument of the wrong type or dtype (a numpy array where a tensor is
-  expected, an int32 ``o``, a float16 GEMM output);
+  expected, an int32 ``o``, a float16 GEMM output, ``num_groups=2.0``, ``layer="0"``);
 * ``ValueError`` for a wrong shape, stride, device mix or value: ``amax_floor`` that is not a
   finite positive number, a rope table of the wrong width, float scales that are not exact powers
   of two where E8M0 is required, a corrupt checkpoint (NaN weight bytes, NaN/Inf/zero/negative
-  scales); the message names the tensor, the element where it applies, and what was expected;
-* ``CheckpointError`` (a ``ValueError``) for a checkpoint file that cannot be read (empty,
-  truncated, not safetensors, bad JSON), naming the file, and its subclass
-  ``NonFiniteTensorError`` for NaN/Inf in a stored weight or scale;
+  scales), a ``config`` or ``num_groups`` that does not tile the stored weight, a ``device=`` this
+  process cannot use (with the reason); the message names the tensor, the element where it
+  applies, and what was expected;
+* ``CheckpointError`` (a ``ValueError``) for anything about files: a missing path, a file that
+  cannot be read (empty, truncated, not safetensors, bad JSON), a layer the checkpoint does not
+  have (the message lists those it has); its subclass ``NonFiniteTensorError`` for NaN/Inf in a
+  stored weight or scale;
 * ``BackendUnavailableError`` (a ``RuntimeError``) when the requested backend cannot run the call,
   with the reason.
+
+Activation values are not checked (that would sync with the device on every call) unless asked:
+``WoAProjection(..., check_finite=True)`` or ``WOA_CHECK_FINITE=1``.
 """
 
 from __future__ import annotations
