@@ -154,3 +154,27 @@ def test_verify_shows_progress_on_a_terminal(capsys, monkeypatch, tmp_path):
     assert stages[:4] == ["woa verify: reading the layer", "woa verify: 2 attention outputs",
                           "woa verify: the float64 truth", "woa verify: the oracle's BF16 chain"]
     assert "woa verify: torch from jax" in stages and err.endswith("\r\033[K")
+
+
+def _help(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as e:
+        cli.main([*argv, "--help"])
+    assert e.value.code == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_each_help_lists_its_own_exit_codes_and_says_what_options_do(capsys, monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    inspect_help = _help(["inspect"], capsys)
+    assert "Exit codes: 0 ok; 2 usage error" in inspect_help
+    assert "4 a wo_a holds NaN/Inf in its weight or scales" in inspect_help
+    assert "verify compared nothing" not in inspect_help and "byte contract" not in inspect_help
+    probe_help = _help(["probe"], capsys)
+    assert "Exit codes: 0 ok; 2 usage error" in probe_help and "4 " not in probe_help
+    conformance_help = _help(["conformance"], capsys)
+    assert "1 the implementation breaks the contract" in conformance_help
+    assert "--seed SEED seed of the sweep's random inputs" in conformance_help
+    verify_help = _help(["verify"], capsys)
+    assert "--seed SEED seed of the attention outputs" in verify_help
+    assert "default 8: 1 of V4-Flash's 8 groups, 2 of V4-Pro's 16" in verify_help
+    assert "3 verify compared nothing" in verify_help
