@@ -70,7 +70,11 @@ def check_wo_a(rows: int, k: int, block: int | None, num_groups: int, config, *,
     other = matching_config(rows, k, block)
     hint = f" (that is {other.name}'s shape)" if other is not None and other != cfg else ""
     split = "" if num_groups == cfg.o_groups else f" of its {cfg.o_groups}"
+    fix = "pass the checkpoint's config"
+    held = rows // n if rows % n == 0 else 0
+    if other is None and (k, block) in ((kc, b), (kc, None)) and held and not cfg.o_groups % held:
+        fix += f", or num_groups={held} for one rank's slice of {held} group(s)"
     raise ValueError(
         f"{what} is {_stored(rows, k, block)}{hint}, but config {cfg.name} with "
         f"num_groups={num_groups}{split} expects {_stored(num_groups * n, kc, b)} "
-        f"({num_groups} group(s) of N={n}, K={kc}); pass the checkpoint's config")
+        f"({num_groups} group(s) of N={n}, K={kc}); {fix}")

@@ -69,6 +69,16 @@ def test_v4_pro_config_on_a_v4_flash_checkpoint_is_refused_naming_both(flash_ckp
     assert (proj.num_groups, proj.n, proj.k) == (1, 1024, 4096)
 
 
+def test_one_ranks_slice_read_as_the_whole_layer_says_how_to_read_it(tmp_path):
+    rng = np.random.default_rng(4)
+    checkpoint.save_wo_a_layer(tmp_path, 0, _fp8(rng, 2048, 4096), _e8m0(rng, 16, 32))
+    with pytest.raises(ValueError, match=r"config v4-flash with num_groups=8 expects \[8192, "
+                                         r"4096\] .*; pass the checkpoint's config, or "
+                                         r"num_groups=2 for one rank's slice of 2 group\(s\)"):
+        checkpoint.read_wo_a(tmp_path, 0, config="v4-flash")
+    assert checkpoint.read_wo_a(tmp_path, 0, config="v4-flash", num_groups=2).local_groups == 2
+
+
 def test_config_json_that_disagrees_with_the_weight_is_refused(tmp_path, flash_ckpt):
     for f in flash_ckpt.iterdir():
         (tmp_path / f.name).symlink_to(f)
