@@ -18,7 +18,7 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 fi
 OUT=${OUT:-/tmp/woa_out}
 mkdir -p "$OUT"
-BENCH="python3 -m torch_bridge.bench --no-progress"
+BENCH="python3 -m torch_bridge.bench --no-progress --results-dir benchmarks/results"
 CSV=benchmarks/results/$(python3 -c "import torch
 from torch_bridge.bench.results import machine_slug
 print(machine_slug(torch.cuda.get_device_name()))").csv

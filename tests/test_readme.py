@@ -24,3 +24,10 @@ def test_readme_python_example_runs(tmp_path):
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           cwd=tmp_path, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_declared_license_ships():
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert 'license = "Apache-2.0"' in pyproject
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text

@@ -9,30 +9,70 @@ Errors: every public entry point (the two ops, ``wo_a_fp8``, ``wo_a_bf16``, ``Wo
 kernel runs and raises
 
 * ``TypeError`` for an argument of the wrong type or dtype (a numpy array where a tensor is
-  expected, an int32 ``o``, a float16 GEMM output);
+  expected, an int32 ``o``, a float16 GEMM output, ``num_groups=2.0``, ``layer="0"``);
 * ``ValueError`` for a wrong shape, stride, device mix or value: ``amax_floor`` that is not a
   finite positive number, a rope table of the wrong width, float scales that are not exact powers
   of two where E8M0 is required, a corrupt checkpoint (NaN weight bytes, NaN/Inf/zero/negative
-  scales); the message names the tensor, the element where it applies, and what was expected;
-* ``CheckpointError`` (a ``ValueError``) for a checkpoint file that cannot be read (empty,
-  truncated, not safetensors, bad JSON), naming the file, and its subclass
-  ``NonFiniteTensorError`` for NaN/Inf in a stored weight or scale;
+  scales), a ``config`` or ``num_groups`` that does not tile the stored weight, a ``device=`` this
+  process cannot use (with the reason); the message names the tensor, the element where it
+  applies, and what was expected;
+* ``CheckpointError`` (a ``ValueError``) for anything about files: a missing path, a file that
+  cannot be read (empty, truncated, not safetensors, bad JSON), a layer the checkpoint does not
+  have (the message lists those it has); its subclass ``NonFiniteTensorError`` for NaN/Inf in a
+  stored weight or scale;
 * ``BackendUnavailableError`` (a ``RuntimeError``) when the requested backend cannot run the call,
   with the reason.
+
+Activation values are not checked (that would sync with the device on every call) unless asked:
+``WoAProjection(..., check_finite=True)`` or ``WOA_CHECK_FINITE=1``.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING
+
 from . import _dispatch
 from ._capability import ENV_VARS
 from ._dispatch import BACKENDS, BackendName, BackendUnavailableError, Case
-from .checkpoint import CheckpointError, NonFiniteTensorError, read_wo_a, save_wo_a_layer
-from .interop import to_jax, to_torch
-from .layouts import from_scale_layout, to_scale_layout
-from .ops import batched_gemm_a8w8_mxscale, inverse_rope_group_quant
-from .projection import WoAProjection, wo_a_bf16, wo_a_fp8
-from .tp import TPOutputProjection
-from .wo_b import WoBProjection
+
+if TYPE_CHECKING:
+    from .checkpoint import CheckpointError, NonFiniteTensorError, read_wo_a, save_wo_a_layer
+    from .interop import to_jax, to_torch
+    from .layouts import from_scale_layout, to_scale_layout
+    from .ops import batched_gemm_a8w8_mxscale, inverse_rope_group_quant
+    from .projection import WoAProjection, wo_a_bf16, wo_a_fp8
+    from .tp import TPOutputProjection
+    from .wo_b import WoBProjection
+
+#: Public names imported on first use (torch and JAX take seconds to import; ``woa --help`` and
+#: the dispatch registry need neither).
+_LAZY = {
+    "CheckpointError": "checkpoint", "NonFiniteTensorError": "checkpoint",
+    "read_wo_a": "checkpoint", "save_wo_a_layer": "checkpoint", "to_jax": "interop",
+    "to_torch": "interop", "from_scale_layout": "layouts", "to_scale_layout": "layouts",
+    "batched_gemm_a8w8_mxscale": "ops", "inverse_rope_group_quant": "ops",
+    "WoAProjection": "projection", "wo_a_bf16": "projection", "wo_a_fp8": "projection",
+    "TPOutputProjection": "tp", "WoBProjection": "wo_b",
+}
+
+
+def __getattr__(name: str):
+    """A public name (or submodule) imported on first use, then kept as a module attribute."""
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    elif not name.startswith("__") and importlib.util.find_spec(f"{__name__}.{name}"):
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 _DEFAULT_CASES = {
     "inverse_rope_group_quant": dict(fp8_dtype="float8_e4m3fn", act_dtype="bfloat16",

@@ -21,6 +21,9 @@ ENV_VARS: dict[str, str] = {
     "WOA_USE_AITER": "1 (default) or 0: 0 keeps backend='auto' off AITER and makes an explicit "
                      "aiter request fail with that reason",
     "WOA_USE_TRITON": "1 (default) or 0: the same switch for the Triton backend",
+    "WOA_CHECK_FINITE": "0 (default) or 1: check activations for NaN/Inf (and E8M0 NaN bytes) in "
+                        "every entry point, at a device sync per call; read when torch_bridge's "
+                        "modules are imported and when a WoAProjection is built",
     "WOA_JAX_COMMAND_BUFFER": "0 (default) or 1: let XLA record the buffer_callback route's "
                               "kernel launches into its command buffers (torch_bridge.jax_ops)",
     "WOA_JAX_NATIVE": "1 (default) or 0: 0 sends torch_bridge.jax_ops' Triton launches through "
@@ -65,6 +68,23 @@ def gpu_arch(device_index: int = 0) -> str | None:
     if is_rocm_build():
         return str(getattr(props, "gcnArchName", "")).split(":")[0] or None
     return f"sm_{props.major}{props.minor}"
+
+
+def device_missing(device_type: str) -> str | None:
+    """Why this process has no ``device_type`` device (``"no such device here: ..."``), else
+    ``None``: judging backends for a device that is not there would answer for another machine."""
+    if device_type in ("cpu", "meta"):
+        return None
+    import torch
+
+    if device_type == "cuda":
+        if torch.cuda.is_available():
+            return None
+        return "no such device here: torch sees no CUDA or ROCm GPU"
+    available = getattr(getattr(torch, device_type, None), "is_available", None)
+    if callable(available) and available():
+        return None
+    return f"no such device here: torch has no {device_type!r} device"
 
 
 def accelerator_device_type() -> str:

@@ -200,7 +200,7 @@ def _log_once(op: str, name: str, reason: str) -> None:
     key = (op, name, reason)
     if key not in _logged:
         _logged.add(key)
-        log.info("woa: %s: backend %s not used: %s", op, name, reason)
+        log.info("%s: backend %s not used: %s", op, name, reason)
 
 
 def resolve(op: str, case: Case, backend: str | None = None) -> tuple[str, list[str]]:
@@ -227,10 +227,43 @@ def select(op: str, case: Case, backend: str | None = None) -> Backend:
     return get_backend(resolve(op, case, backend)[0])
 
 
+def picked(op: str, table: dict[str, tuple[bool, str]]) -> str | None:
+    """The backend a call without ``backend=`` runs for ``op`` given ``explain``-style ``table``:
+    ``WOA_BACKEND``'s if it names one (``None`` if that one cannot run), else ``auto``'s."""
+    name = requested_backend(None)
+    if name != "auto":
+        return name if table[name][0] else None
+    return next((cand for cand in AUTO_ORDER[op] if table[cand][0]), None)
+
+
 def explain(op: str, case: Case) -> dict[str, tuple[bool, str]]:
-    """``{backend: (ok, reason)}`` for every registered backend (``ok`` is False, with the
-    reason, for one that is unavailable or does not implement ``op``)."""
-    return {name: check(name, op, case) for name in BACKENDS}
+    """``{backend: (ok, reason)}`` for every registered backend, saying which one runs.
+
+    ``ok`` is False, with the reason, for one that is unavailable or does not implement ``op``,
+    and for every backend when ``case``'s device does not exist here ("no such device here").
+    The reason of the backend a call without ``backend=`` runs starts with ``"auto picks it: "``
+    (or ``"WOA_BACKEND picks it: "``); one that could run but is not picked says why not, so
+    that no row reads as what runs when it is not.
+    """
+    from . import _capability
+
+    missing = _capability.device_missing(case.device_type)
+    if missing:
+        return {name: (False, missing) for name in BACKENDS}
+    table = {name: check(name, op, case) for name in BACKENDS}
+    chosen = picked(op, table)
+    requested = requested_backend(None)
+    for name, (ok, why) in table.items():
+        if name == chosen:
+            by = "auto" if requested == "auto" else "WOA_BACKEND"
+            table[name] = (ok, f"{by} picks it: {why}")
+        elif ok and requested != "auto":
+            table[name] = (ok, f"{why}; not used: WOA_BACKEND={requested}")
+        elif ok and name not in AUTO_ORDER[op]:
+            table[name] = (ok, f"{why}; only when named: auto does not take {name} for {op}")
+        elif ok:
+            table[name] = (ok, f"{why}; auto takes {chosen} first")
+    return table
 
 
 def reset_caches() -> None:

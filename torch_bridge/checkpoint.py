@@ -15,9 +15,11 @@ Tensor parallelism slices whole groups: rank ``r`` of ``tp`` keeps output rows
 ``[r * G_l * N, (r + 1) * G_l * N)`` of the ``[G * N, K]`` weight (``G_l = G / tp``) and the
 matching whole scale rows. ``G % tp != 0`` is an error, never a truncation.
 
-A file that is not readable safetensors, an index or ``config.json`` that is not valid JSON, and
-a ``wo_a`` tensor holding NaN/Inf raise ``CheckpointError`` (a ``ValueError``) naming the file and
-tensor, so bad data is never mistaken for a backend fault or hidden by a fallback.
+A missing path, a file that is not readable safetensors, an index or ``config.json`` that is not
+valid JSON, a layer the checkpoint does not have (the message lists those it has) and a ``wo_a``
+tensor holding NaN/Inf raise ``CheckpointError`` (a ``ValueError``) naming the file and tensor,
+so bad data is never mistaken for a backend fault or hidden by a fallback. A layer index that is
+not an integer is a ``TypeError``; a config that does not tile the stored weight a ``ValueError``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import operator
 import os
 import pathlib
 import re
@@ -32,6 +35,8 @@ from collections.abc import Iterator
 from typing import Literal
 
 import torch
+
+from . import _shapes
 
 Naming = Literal["deepseek", "vllm"]
 INDEX_FILE = "model.safetensors.index.json"
@@ -94,6 +99,32 @@ def _read_json(file: pathlib.Path) -> dict:
     return data
 
 
+def check_index(value, what: str, *, low: int = 0) -> int:
+    """``value`` as an int, else ``TypeError`` (a string ``'0'``, a float, a bool) or, below
+    ``low``, ``ValueError``: a layer or rank of the wrong type must not read as a missing one."""
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be an integer, got {value!r}")
+    try:
+        index = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an integer, got {type(value).__name__} "
+                        f"{value!r}") from None
+    if index < low:
+        raise ValueError(f"{what} must be at least {low}, got {index}")
+    return index
+
+
+def _ranges(values: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    out, start = [], None
+    for i, v in enumerate(values):
+        start = v if start is None else start
+        if i + 1 == len(values) or values[i + 1] != v + 1:
+            out.append(str(v) if v == start else f"{start}-{v}")
+            start = None
+    return ", ".join(out)
+
+
 def projection_names(layer: int, proj: Projection = "wo_a",
                      naming: Naming = "deepseek") -> tuple[str, str]:
     """``(weight name, scale name)`` of attention projection ``proj`` of layer ``layer``."""
@@ -125,9 +156,9 @@ def tensor_files(path: str | pathlib.Path) -> dict[str, pathlib.Path]:
     elif p.is_dir():
         files = sorted(p.glob("*.safetensors"))
         if not files:
-            raise FileNotFoundError(f"no *.safetensors files and no {INDEX_FILE} in {p}")
+            raise CheckpointError(f"no *.safetensors files and no {INDEX_FILE} in {p}")
     else:
-        raise FileNotFoundError(f"checkpoint {p} does not exist")
+        raise CheckpointError(f"checkpoint {p} does not exist")
     out: dict[str, pathlib.Path] = {}
     for f in files:
         with open_shard(f) as fh:
@@ -198,10 +229,18 @@ def find_projection(files: dict[str, pathlib.Path], layer: int,
 
     Accepts DeepSeek names (``layers.{i}.attn.{proj}.{weight,scale}``) and vLLM / ModelOpt names
     (``...layers.{i}.self_attn.{proj}.{weight,weight_scale_inv,weight_scale}``).
+
+    Raises:
+      TypeError: ``layer`` is not an integer.
+      CheckpointError: no ``proj`` weight for ``layer``; the message lists the layers that have
+        one.
     """
-    weights, scales = {}, {}
+    layer = check_index(layer, "layer")
+    weights, scales, present = {}, {}, set()
     for name in files:
         m = _NAMES[proj].match(name)
+        if m is not None and m["kind"] == "weight":
+            present.add(int(m["layer"]))
         if m is None or int(m["layer"]) != layer:
             continue
         stem = name.rsplit(".", 1)[0]
@@ -211,7 +250,9 @@ def find_projection(files: dict[str, pathlib.Path], layer: int,
             scales.setdefault(stem, {})[m["kind"]] = name
     if not weights:
         expect = " or ".join(projection_names(layer, proj, n)[0] for n in ("deepseek", "vllm"))
-        raise KeyError(f"no {proj} weight for layer {layer} in the checkpoint; expected {expect}")
+        have = (f"layers with one: {_ranges(sorted(present))}" if present
+                else f"it has none (expected names like {expect})")
+        raise CheckpointError(f"no {proj} weight for layer {layer} in the checkpoint; {have}")
     if len(weights) > 1:
         raise ValueError(f"layer {layer} has several {proj} weights: {sorted(weights.values())}")
     stem, wname = next(iter(weights.items()))
@@ -226,73 +267,138 @@ def find_wo_a(files: dict[str, pathlib.Path], layer: int) -> tuple[str, str | No
 
 
 def read_wo_a(path: str | pathlib.Path, layer: int, *, tp_rank: int = 0, tp_size: int = 1,
-              num_groups: int | None = None) -> WoATensors:
+              num_groups: int | None = None, config=None) -> WoATensors:
     """Read one tensor-parallel rank's ``wo_a`` weight and scale of layer ``layer``.
 
-    Only the rank's rows are read from disk (safetensors slices).
+    Only the rank's rows are read from disk (safetensors slices), after the shapes are checked.
 
     Args:
       path: checkpoint file or directory (see the module docstring).
       layer: layer index ``i`` in ``layers.{i}``.
       tp_rank, tp_size: the rank and the tensor-parallel degree; ``tp_size`` must divide G.
-      num_groups: G of the whole layer; default ``rows / 1024`` (``N_DEFAULT``, every released
-        V4 config). Pass it for scaled-down checkpoints.
+      num_groups: G of the stored weight; default ``config.o_groups``, else ``o_groups`` of a
+        ``config.json`` beside the checkpoint, else ``rows / 1024`` (``N_DEFAULT``, every
+        released V4 config). Pass it for scaled-down checkpoints.
+      config: a ``woa_jax.DSV4Config`` or name the stored weight must match (``_shapes``).
 
     Returns:
       A ``WoATensors`` on the CPU.
 
     Raises:
-      CheckpointError: a file is not readable safetensors or an index is not valid JSON.
+      TypeError: ``layer``, ``tp_rank``, ``tp_size`` or ``num_groups`` is not an integer.
+      CheckpointError: a missing path, a file that is not readable safetensors, an index that
+        is not valid JSON, or no ``wo_a`` weight for ``layer`` (the layers present are listed).
       NonFiniteTensorError: the weight or scale slice holds NaN/Inf, or a float scale is not
         positive (a ``CheckpointError``).
-      KeyError: the checkpoint has no ``wo_a`` weight for ``layer``.
-      ValueError: shapes that do not split into ``num_groups`` groups or ``tp_size`` ranks.
+      ValueError: shapes that do not split into ``num_groups`` groups or ``tp_size`` ranks, or
+        that disagree with ``config``.
     """
-    if not isinstance(tp_size, int) or tp_size < 1:
-        raise ValueError(f"tp_size must be a positive integer, got {tp_size!r}")
-    if not isinstance(tp_rank, int) or not 0 <= tp_rank < tp_size:
+    tp_size = check_index(tp_size, "tp_size", low=1)
+    tp_rank = check_index(tp_rank, "tp_rank")
+    if tp_rank >= tp_size:
         raise ValueError(f"tp_rank must be an integer in [0, {tp_size}), got {tp_rank!r}")
+    cfg = None if config is None else _config(config)
+    if num_groups is not None:
+        num_groups = check_index(num_groups, "num_groups", low=1)
     files = tensor_files(path)
     wname, sname = find_wo_a(files, layer)
+    what = f"{files[wname]}: {wname}"
     with open_shard(files[wname]) as fh:
-        wslice = fh.get_slice(wname)
-        shape = tuple(wslice.get_shape())
-        if len(shape) != 2:
-            raise ValueError(f"{wname} must be 2-D [G * N, K], got shape {shape}")
-        rows, k = shape
-        g = num_groups if num_groups is not None else rows // N_DEFAULT
-        if not isinstance(g, int) or g < 1 or rows % g != 0:
-            raise ValueError(
-                f"{wname} has {rows} rows, which is not num_groups={g} whole groups"
-                + ("" if num_groups is not None else f" of N={N_DEFAULT}; pass num_groups=")
-            )
-        if g % tp_size != 0:
-            raise ValueError(
-                f"o_groups={g} is not divisible by tp_size={tp_size}; tensor parallelism splits "
-                f"whole groups, so tp_size must divide {g}"
-            )
-        g_l = g // tp_size
-        r0, r1 = tp_rank * g_l * (rows // g), (tp_rank + 1) * g_l * (rows // g)
-        weight = wslice[r0:r1]
+        shape = tuple(fh.get_slice(wname).get_shape())
+    if len(shape) != 2:
+        raise ValueError(f"{what} must be 2-D [G * N, K], got shape {shape}")
+    rows, k = shape
+    block = None
+    if sname is not None:
+        with open_shard(files[sname]) as fh:
+            sshape = tuple(fh.get_slice(sname).get_shape())
+        if len(sshape) != 2 or sshape[1] < 1 or k % sshape[1] != 0:
+            raise ValueError(f"{sname} of shape {sshape} does not tile {wname} {shape}")
+        block = k // sshape[1]
+    g, source = _stored_groups(path, rows, num_groups, cfg)
+    if rows % g != 0:
+        raise ValueError(f"{what} has {rows} rows, which is not {source}={g} whole groups"
+                         + ("; pass num_groups=" if num_groups is None else ""))
+    _shapes.check_wo_a(rows, k, block, g, cfg, what=what)
+    if g % tp_size != 0:
+        raise ValueError(
+            f"o_groups={g} is not divisible by tp_size={tp_size}; tensor parallelism splits "
+            f"whole groups, so tp_size must divide {g}"
+        )
+    g_l = g // tp_size
+    r0, r1 = tp_rank * g_l * (rows // g), (tp_rank + 1) * g_l * (rows // g)
+    # A rank must own whole scale blocks; TP1 keeps a ragged last block as it is.
+    if block is not None and tp_size > 1 and (r0 % block or (r1 - r0) % block):
+        raise ValueError(f"a tp_size={tp_size} rank holds {r1 - r0} weight rows, not whole "
+                         f"{block}-row scale blocks")
+    with open_shard(files[wname]) as fh:
+        weight = fh.get_slice(wname)[r0:r1]
     scale = None
     if sname is not None:
         with open_shard(files[sname]) as fh:
-            sslice = fh.get_slice(sname)
-            sshape = tuple(sslice.get_shape())
-            if len(sshape) != 2 or sshape[1] < 1 or k % sshape[1] != 0:
-                raise ValueError(f"{sname} of shape {sshape} does not tile {wname} {shape}")
-            block = k // sshape[1]
-            # A rank must own whole scale blocks; TP1 keeps a ragged last block as it is.
-            if tp_size > 1 and (r0 % block or (r1 - r0) % block):
-                raise ValueError(
-                    f"a tp_size={tp_size} rank holds {r1 - r0} weight rows, not whole "
-                    f"{block}-row scale blocks"
-                )
-            scale = sslice[r0 // block:-(-r1 // block)]
+            scale = fh.get_slice(sname)[r0 // block:-(-r1 // block)]
     check_wo_a_values(weight, scale, where=(f"{files[wname]}: {wname}",
                                             sname and f"{files[sname]}: {sname}"))
     return WoATensors(weight=weight, scale=scale, num_groups=g, local_groups=g_l,
                       weight_name=wname, scale_name=sname)
+
+
+def load_wo_a_layer(path: str | pathlib.Path, layer: int, tp_rank: int = 0, tp_size: int = 1, *,
+                    config=None, num_groups: int | None = None, layer_kind: str | None = None,
+                    cos_cache=None, sin_cache=None, max_positions: int | None = None,
+                    device=None) -> tuple[WoATensors, torch.Tensor, torch.Tensor, object]:
+    """What ``WoAProjection.from_checkpoint`` builds a layer from (its arguments and errors):
+    ``(tensors, cos_cache, sin_cache, config)``, on ``device``. ``config`` is the one given,
+    else the released config the stored shapes match when the RoPE tables are built here."""
+    import woa_jax
+
+    from . import interop, ops
+
+    device = None if device is None else ops.usable_device(device)
+    cfg = None if config is None else _config(config)
+    t = read_wo_a(path, layer, tp_rank=tp_rank, tp_size=tp_size, num_groups=num_groups,
+                  config=cfg)
+    if (cos_cache is None) != (sin_cache is None):
+        raise ValueError("pass both cos_cache and sin_cache, or neither")
+    if cos_cache is None:
+        if cfg is None:
+            rows, k = t.num_groups * t.weight.shape[0] // t.local_groups, int(t.weight.shape[1])
+            cfg = _shapes.infer_config(rows, k, k // int(t.scale.shape[1])
+                                       if t.scale is not None else None)
+        kind = layer_kind or layer_kind_from_config(path, layer)
+        if kind is None:
+            raise ValueError(f"layer {layer}: cannot tell its RoPE table; pass "
+                             "layer_kind='compress' or 'window' (or cos_cache/sin_cache), or put "
+                             "a config.json with compress_ratios beside the checkpoint")
+        cos_j, sin_j = woa_jax.rope_cos_sin(cfg, kind, max_positions)
+        cos_cache, sin_cache = interop.to_torch(cos_j), interop.to_torch(sin_j)
+    if device is not None:
+        t = dataclasses.replace(t, weight=t.weight.to(device),
+                                scale=None if t.scale is None else t.scale.to(device))
+        cos_cache = interop.to_torch(cos_cache).to(device)
+        sin_cache = interop.to_torch(sin_cache).to(device)
+    return t, cos_cache, sin_cache, cfg
+
+
+def _config(config):
+    import woa_jax
+
+    return woa_jax.get_config(config)
+
+
+def _stored_groups(path, rows: int, num_groups: int | None, cfg) -> tuple[int, str]:
+    """G of the stored weight and where it came from (named in errors)."""
+    if num_groups is not None:
+        return num_groups, "num_groups"
+    if cfg is not None:
+        return cfg.o_groups, f"{cfg.name}'s o_groups"
+    stored = (read_config(path) or {}).get("o_groups")
+    if isinstance(stored, int) and not isinstance(stored, bool) and stored > 0:
+        return stored, "config.json's o_groups"
+    if rows % N_DEFAULT:
+        raise ValueError(f"{rows} weight rows are not whole groups of N={N_DEFAULT}; pass "
+                         "num_groups=")
+    return rows // N_DEFAULT, f"rows / {N_DEFAULT}"
 
 
 def layer_kind_from_config(path: str | pathlib.Path, layer: int) -> str | None:

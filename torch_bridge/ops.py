@@ -14,6 +14,7 @@ call.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any, Literal, NamedTuple
 
@@ -22,7 +23,7 @@ import torch
 from woa_jax import AITER_AMAX_FLOOR, ScaleLayout, checks, scale_shape
 from woa_jax.checks import as_enum
 
-from . import _dispatch, interop, layouts
+from . import _capability, _dispatch, interop, layouts
 from ._dispatch import BackendName, Case
 
 ScaleLayoutArg = Literal["row", "mfma_tile", "n32k4"]
@@ -135,6 +136,50 @@ def check_weight_device(**tensors) -> torch.device:
                          "meta device, which holds no data; checkpoint tensors are checked for "
                          "corrupt values at load, so pass them on the CPU or a GPU")
     return device
+
+
+def usable_device(device) -> torch.device:
+    """``device`` as a ``torch.device`` that holds data in this process: ``TypeError`` for what
+    is not a device, ``ValueError`` with the reason for one that cannot be used here (torch's
+    own ``AssertionError`` says only that it was not compiled with CUDA)."""
+    if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
+        raise TypeError(f"device must be a torch.device, a string such as 'cuda:0' or a GPU "
+                        f"index, got {type(device).__name__} {device!r}")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as e:
+        raise ValueError(f"device={device!r} is not a device: {e}") from None
+    why = _capability.device_missing(dev.type)
+    if dev.type == "meta":
+        why = "meta tensors hold no data, and checkpoint values are checked at load"
+    elif why is None and dev.type == "cuda" and dev.index is not None \
+            and dev.index >= torch.cuda.device_count():
+        why = f"torch sees {torch.cuda.device_count()} GPU(s)"
+    if why:
+        raise ValueError(f"device={device!r} cannot be used: {why}")
+    return dev
+
+
+def check_finite(**tensors) -> None:
+    """Raise ``ValueError`` naming the first bad element of an activation: NaN/Inf in a float
+    tensor, a NaN byte in an fp8 one, the E8M0 NaN byte 255 in a scale (``check_finite`` and
+    ``WOA_CHECK_FINITE``). Reading values syncs with the device, so calls skip this by default;
+    non-tensors and ``None`` are left to the argument checks."""
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor) or t.numel() == 0:
+            continue
+        if t.dtype in (torch.uint8, torch.float8_e8m0fnu):
+            bad, expect = t.view(torch.uint8) == checks.E8M0_NAN, "E8M0 scale bytes below 255"
+        elif t.is_floating_point():
+            bad, expect = ~torch.isfinite(t.float() if t.dtype in _FP8 else t), "finite values"
+        else:
+            continue
+        if bool(bad.any()):
+            idx = [int(i) for i in bad.nonzero()[0]]
+            shown = f"byte {int(t.view(torch.uint8)[tuple(idx)])}" if t.element_size() == 1 \
+                else repr(float(t[tuple(idx)]))
+            raise ValueError(f"{name}: element {idx} is {shown}; expected {expect} "
+                             "(check_finite / WOA_CHECK_FINITE=1)")
 
 
 def check_contiguous(t: torch.Tensor, what: str) -> None:
@@ -424,3 +469,51 @@ def _plan_gemm(x, w, x_scale, w_scale, dtype, backend, out) -> _GemmPlan:
         be = _dispatch.select("batched_gemm_a8w8_mxscale", gemm_case(x, w, block, dtype),
                               backend)
     return _GemmPlan(be, (m, g, n), floats)
+
+
+def finite_checked(fn, names: tuple[str, ...], outputs: tuple[str, ...] = ()):
+    """``fn`` (a ``jax_io`` entry point) that first runs ``check_finite`` on its arguments
+    ``names`` (the leading positional ones, or keywords). Bound in ``fn``'s place when
+    ``WOA_CHECK_FINITE=1`` at import, so that the check costs nothing when it is off."""
+    raw = fn.__wrapped__
+
+    @functools.wraps(raw)
+    def checked(*args, **kwargs):
+        given = dict(zip(names, args, strict=False))
+        given.update((k, kwargs[k]) for k in names if k in kwargs)
+        check_finite(**given)
+        return raw(*args, **kwargs)
+
+    return interop.jax_io(outputs=outputs)(checked)
+
+
+def finite_check_wanted(check_finite: bool | None) -> bool:
+    """``check_finite``, or ``WOA_CHECK_FINITE`` for ``None``; ``TypeError`` for another type."""
+    if check_finite is None:
+        return _capability.env_flag("WOA_CHECK_FINITE", False)
+    if not isinstance(check_finite, bool):
+        raise TypeError(f"check_finite must be True, False or None, got {check_finite!r}")
+    return check_finite
+
+
+class ChecksFinite:
+    """A layer built with ``check_finite``: each call checks ``o`` first (``check_finite``)."""
+
+    @interop.jax_io()
+    def __call__(self, o, positions, *, overwrite_o: bool = False):
+        check_finite(o=o)
+        return super().__call__(o, positions, overwrite_o=overwrite_o)
+
+
+@functools.cache
+def finite_checked_layer(cls: type) -> type:
+    """Layer class ``cls`` with ``ChecksFinite`` in front (same name, still a ``cls``)."""
+    return type(cls.__name__, (ChecksFinite, cls), {"__module__": cls.__module__,
+                                                    "__qualname__": cls.__qualname__})
+
+
+if _capability.env_flag("WOA_CHECK_FINITE", False):
+    inverse_rope_group_quant = finite_checked(inverse_rope_group_quant, ("o",),
+                                              ("x_fp8", "x_scale"))
+    batched_gemm_a8w8_mxscale = finite_checked(batched_gemm_a8w8_mxscale,
+                                               ("x", "w", "x_scale", "w_scale"), ("out",))

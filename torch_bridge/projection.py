@@ -27,7 +27,7 @@ import torch
 import woa_jax
 from woa_jax import AITER_AMAX_FLOOR, checks
 
-from . import _dispatch, interop, ops
+from . import _capability, _dispatch, _shapes, interop, ops
 from ._dispatch import BackendName, Case
 from .backends import torch_ref
 
@@ -69,12 +69,18 @@ class WoAProjection:
       backend: ``"auto"`` (default; ``WOA_BACKEND`` applies) or a backend name, which must run the
         chain or the call raises ``BackendUnavailableError`` with the reason.
       amax_floor: the activation quantizer's floor, a finite positive float (1e-8, AITER's).
+      config: a ``woa_jax.DSV4Config`` or name the weight must match: ``num_groups`` of its
+        groups (``_shapes.check_wo_a``). Without one, a weight with the released K (4096) must
+        hold groups of the released N (1024): a wrong ``num_groups`` fails here, not at a call.
+      check_finite: check ``o`` for NaN/Inf on every call (``ValueError`` naming the element; a
+        device sync per call). ``None`` reads ``WOA_CHECK_FINITE`` here; off, it costs nothing.
 
     Raises:
-      TypeError: a weight, scale or table of the wrong dtype.
-      ValueError: a wrong shape, a table width other than ``rope_dim / 2``, a bad
-        ``amax_floor``, or a corrupt checkpoint (``woa_jax.checks.check_wo_a_weight_values``:
-        NaN fp8 bytes, NaN/Inf/zero/negative float scales, the E8M0 NaN byte).
+      TypeError: a weight, scale or table of the wrong dtype, a ``num_groups`` that is not an int.
+      ValueError: a wrong shape, a ``num_groups`` or ``config`` that does not tile the weight, a
+        table width other than ``rope_dim / 2``, a bad ``amax_floor``, or a corrupt checkpoint
+        (``woa_jax.checks.check_wo_a_weight_values``: NaN fp8 bytes, NaN/Inf/zero/negative float
+        scales, the E8M0 NaN byte).
 
     Validation happens once here: rank, dtypes, scale shape (``woa_jax.check_wo_a_weight``),
     values, and the lossless E8M0 conversion. The FP8 weight is kept as a zero-copy ``[G, N, K]``
@@ -84,13 +90,17 @@ class WoAProjection:
     @interop.jax_io()
     def __init__(self, weight, weight_scale, num_groups: int, cos_cache, sin_cache, *,
                  rope_dim: int | None = 64, backend: BackendName = "auto",
-                 amax_floor: float = AITER_AMAX_FLOOR):
+                 amax_floor: float = AITER_AMAX_FLOOR,
+                 config: woa_jax.DSV4Config | str | None = None,
+                 check_finite: bool | None = None):
         scale = weight_scale
+        finite = ops.finite_check_wanted(check_finite)
         ops.require_torch(weight=weight, weight_scale=scale, cos_cache=cos_cache,
                           sin_cache=sin_cache, optional=("weight_scale",))
         rows, k = checks.check_rank(weight, 2, "weight", "[G * N, K]")
         ops.check_weight_device(weight=weight, weight_scale=scale)
-        if not isinstance(num_groups, int) or num_groups < 1 or rows % num_groups != 0:
+        ops.check_weight_device(cos_cache=cos_cache, sin_cache=sin_cache)  # copied per device
+        if rows % checks.check_int(num_groups, "num_groups") != 0:
             raise ValueError(f"weight rows {rows} are not divisible by num_groups={num_groups!r}")
         cshape = checks.check_rank(cos_cache, 2, "cos_cache", "[P, rope_dim / 2]")
         if tuple(sin_cache.shape) != cshape:
@@ -125,6 +135,7 @@ class WoAProjection:
             if not weight.is_contiguous():
                 raise ValueError("weight must be contiguous to be viewed as [G, N, K]")
             _, _, self.block = woa_jax.check_wo_a_weight(weight, scale, num_groups)
+            _shapes.check_wo_a(rows, k, self.block, num_groups, config, what="weight")
             checks.check_wo_a_weight_values(weight, scale)
             self.weight_fp8 = weight.view(num_groups, self.n, k)
             try:
@@ -142,6 +153,7 @@ class WoAProjection:
             if scale is not None:
                 raise ValueError(f"a {wname} wo_a weight is unquantized and takes no scale; "
                                  f"got a weight_scale of shape {tuple(scale.shape)}")
+            _shapes.check_wo_a(rows, k, None, num_groups, config, what="weight")
             self.fp8_unavailable = f"{wname} checkpoint has no scale"
         else:
             raise TypeError(f"weight must be float8_e4m3fn, float8_e4m3fnuz or an unquantized "
@@ -155,6 +167,11 @@ class WoAProjection:
         self._chains: dict[tuple, _dispatch.Backend | None] = {}
         #: Call signature -> the backend's direct eager launcher of the chain (or None).
         self._eager: dict[tuple, Any] = {}
+        #: Whether every call checks ``o`` for NaN/Inf first: then the layer's class is one that
+        #: checks, so a layer that does not pays nothing per call.
+        self.check_finite = finite
+        if finite:
+            self.__class__ = ops.finite_checked_layer(type(self))
         _LAYERS.add(self)
 
     @classmethod
@@ -179,44 +196,33 @@ class WoAProjection:
             ``o_groups * o_lora_rank``, K and weight block match the tensors (all released
             configs share one RoPE table per layer kind).
           num_groups: G of the tensor stored in the checkpoint; default ``config.o_groups``,
-            else rows / 1024 (``checkpoint.N_DEFAULT``). A checkpoint already split per rank
-            stores ``G_l`` groups: read it with ``tp_size=1``.
+            else ``o_groups`` of a ``config.json`` beside it, else rows / 1024
+            (``checkpoint.N_DEFAULT``). A checkpoint already split per rank stores ``G_l``
+            groups: read it with ``tp_size=1``.
           layer_kind: ``"compress"`` or ``"window"``; default from ``compress_ratios`` in a
             ``config.json`` beside the checkpoint. Needed unless cos/sin are given.
           cos_cache, sin_cache: ``[P, rd / 2]`` tables to use instead of building them.
           max_positions: rows of the built tables (default all P = 1,048,576: 128 MiB of fp32).
           device: where to put weight, scale and tables (default CPU).
-          **kwargs: ``backend``, ``amax_floor``, ``rope_dim`` (default the config's).
+          **kwargs: ``backend``, ``amax_floor``, ``rope_dim`` (default the config's),
+            ``check_finite``.
+
+        Raises:
+          TypeError: ``layer``, a rank or ``num_groups`` that is not an integer.
+          CheckpointError: a missing path, an unreadable file, or a layer the checkpoint does not
+            have (the message lists those it has); ``NonFiniteTensorError``: NaN/Inf in it.
+          ValueError: a ``config`` or ``num_groups`` that does not tile the stored weight (the
+            message names both), a ``device`` this process cannot use, no RoPE table.
         """
         from . import checkpoint
 
-        cfg = woa_jax.get_config(config) if config is not None else None
-        if num_groups is None and cfg is not None:
-            num_groups = cfg.o_groups
-        t = checkpoint.read_wo_a(path, layer, tp_rank=tp_rank, tp_size=tp_size,
-                                 num_groups=num_groups)
-        if (cos_cache is None) != (sin_cache is None):
-            raise ValueError("pass both cos_cache and sin_cache, or neither")
-        if cos_cache is None:
-            cfg = cfg or _infer_config(t)
-            kind = layer_kind or checkpoint.layer_kind_from_config(path, layer)
-            if kind is None:
-                raise ValueError(
-                    f"layer {layer}: cannot tell its RoPE table; pass layer_kind='compress' or "
-                    "'window' (or cos_cache/sin_cache), or put a config.json with "
-                    "compress_ratios beside the checkpoint"
-                )
-            cos_j, sin_j = woa_jax.rope_cos_sin(cfg, kind, max_positions)
-            cos_cache, sin_cache = interop.to_torch(cos_j), interop.to_torch(sin_j)
+        t, cos_cache, sin_cache, cfg = checkpoint.load_wo_a_layer(
+            path, layer, tp_rank, tp_size, config=config, num_groups=num_groups,
+            layer_kind=layer_kind, cos_cache=cos_cache, sin_cache=sin_cache,
+            max_positions=max_positions, device=device)
         if cfg is not None:
             kwargs.setdefault("rope_dim", cfg.rope_dim)
-        weight, scale = t.weight, t.scale
-        if device is not None:
-            weight = weight.to(device)
-            scale = scale.to(device) if scale is not None else None
-            cos_cache, sin_cache = interop.to_torch(cos_cache), interop.to_torch(sin_cache)
-            cos_cache, sin_cache = cos_cache.to(device), sin_cache.to(device)
-        return cls(weight, scale, t.local_groups, cos_cache, sin_cache, **kwargs)
+        return cls(t.weight, t.scale, t.local_groups, cos_cache, sin_cache, config=cfg, **kwargs)
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -299,7 +305,7 @@ class WoAProjection:
         if reasons:
             why = self.fp8_unavailable if (cand == "bf16" and self.fp8_unavailable) \
                 else "; ".join(reasons)
-            log.info("woa: wo_a runs on %s (%s): %s", cand, case.device_type, why)
+            log.info("wo_a runs on %s (%s): %s", cand, case.device_type, why)
         return cand, why
 
     def _on(self, what: str, device: torch.device, dtype: torch.dtype | None = None):
@@ -435,21 +441,6 @@ def _ready_everywhere(t: torch.Tensor) -> torch.Tensor:
                 "weight and tables there) and capture after")
         torch.cuda.current_stream(t.device).synchronize()
     return t
-
-
-def _infer_config(t) -> woa_jax.DSV4Config:
-    rows = t.num_groups * t.weight.shape[0] // t.local_groups
-    k = int(t.weight.shape[1])
-    block = k // int(t.scale.shape[1]) if t.scale is not None else None
-    for cfg in woa_jax.DSV4_CONFIGS.values():
-        if (cfg.o_groups * cfg.o_lora_rank == rows and cfg.group_in_features == k
-                and block in (None, cfg.block_size)):
-            return cfg
-    raise ValueError(
-        f"no released DeepSeek V4 config has a [{rows}, {k}] wo_a weight"
-        + (f" in {block}x{block} blocks" if block else "")
-        + "; pass config= (a woa_jax.DSV4Config) or cos_cache/sin_cache"
-    )
 
 
 @interop.jax_io()
@@ -624,3 +615,8 @@ def _chain_backend(proj: WoAProjection, key: tuple, o, positions, cos_cache, sin
             chain = quant.backend
     ops._remember(key, chain, plans, _PLAN_LIMIT)
     return chain
+
+
+if _capability.env_flag("WOA_CHECK_FINITE", False):  # bound once: nothing per call when off
+    wo_a_bf16 = ops.finite_checked(wo_a_bf16, ("o",))
+    wo_a_fp8 = ops.finite_checked(wo_a_fp8, ("o",))

@@ -41,11 +41,9 @@ def read_wo_b(path: str | pathlib.Path, layer: int, shard: TPShard
     wo_b.{weight,weight_scale_inv,weight_scale}`` (vLLM / ModelOpt). Returns ``(weight [hidden,
     G_l * N], scale [hidden / B, G_l * N / B] or None for an unquantized weight)``.
     """
-    from safetensors import safe_open
-
     files = checkpoint.tensor_files(path)
     wname, sname = checkpoint.find_projection(files, layer, "wo_b")
-    with safe_open(str(files[wname]), framework="pt") as fh:
+    with checkpoint.open_shard(files[wname]) as fh:
         sl = fh.get_slice(wname)
         shape = tuple(sl.get_shape())
         gn = shard.local.num_groups * shard.local.group_out_features * shard.tp
@@ -55,8 +53,13 @@ def read_wo_b(path: str | pathlib.Path, layer: int, shard: TPShard
         weight = sl[:, shard.wo_b_cols].contiguous()
     scale = None
     if sname is not None:
-        with safe_open(str(files[sname]), framework="pt") as fh:
-            scale = fh.get_slice(sname)[:, shard.wo_b_scale_cols].contiguous()
+        with checkpoint.open_shard(files[sname]) as fh:
+            sl = fh.get_slice(sname)
+            sshape, block = tuple(sl.get_shape()), shard.local.block_size
+            if len(sshape) != 2 or sshape[1] * block != gn:  # the config's block, not another
+                raise ValueError(f"{sname} has shape {sshape}; the config's {block}x{block} "
+                                 f"blocks of [hidden, {gn}] give {gn // block} columns")
+            scale = sl[:, shard.wo_b_scale_cols].contiguous()
     return weight, scale
 
 
@@ -147,6 +150,7 @@ class TPOutputProjection:
           backend, amax_floor: as for ``WoAProjection``.
         """
         cfg = woa_jax.get_config(config)
+        device = None if device is None else ops.usable_device(device)
         rank, size = _world(group, tp_rank, tp_size)
         shard = woa_tp.tp_shard(cfg, size, rank)
         ops.require_torch(wo_a_weight=wo_a_weight, wo_a_weight_scale=wo_a_weight_scale,
@@ -171,7 +175,7 @@ class TPOutputProjection:
             wa, sa, wb, sb = (None if t is None else t.to(device) for t in (wa, sa, wb, sb))
             cos_cache, sin_cache = cos_cache.to(device), sin_cache.to(device)
         wo_a = WoAProjection.from_tensors(wa, sa, shard.local.num_groups, cos_cache, sin_cache,
-                                          backend=backend, amax_floor=amax_floor)
+                                          backend=backend, amax_floor=amax_floor, config=cfg)
         return cls(wo_a, WoBProjection(wb, sb, amax_floor=amax_floor), shard, group=group)
 
     @classmethod

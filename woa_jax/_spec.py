@@ -84,11 +84,14 @@ def check_fp8_dtype(fp8_dtype):
 
 
 def as_enum(enum_type, value, what: str):
-    """Coerce ``value`` to ``enum_type`` with an error naming the accepted values."""
+    """Coerce ``value`` to ``enum_type`` with an error naming the accepted values: ``TypeError``
+    for a value that is not a string (or member), ``ValueError`` for an unknown string."""
+    allowed = ", ".join(repr(m.value) for m in enum_type)
+    if not isinstance(value, (str, enum_type)):
+        raise TypeError(f"{what} must be one of {allowed}, got {type(value).__name__} {value!r}")
     try:
         return enum_type(value)
     except ValueError:
-        allowed = ", ".join(repr(m.value) for m in enum_type)
         raise ValueError(f"{what} must be one of {allowed}, got {value!r}") from None
 
 

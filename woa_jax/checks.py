@@ -24,6 +24,7 @@ __all__ = [
     "check_fp8_dtype",
     "check_gemm_inputs",
     "check_group_split",
+    "check_int",
     "check_rank",
     "check_rope_inputs",
     "check_wo_a_weight_values",
@@ -109,14 +110,13 @@ def check_rope_inputs(o, positions, cos_cache, sin_cache, *,
 
 def check_group_split(s: int, h: int, dh: int, num_groups: int, quant_group_size: int) -> int:
     """Return D, one group's width; require whole heads per group and whole quant groups."""
-    if not isinstance(num_groups, int) or num_groups < 1:
-        raise ValueError(f"num_groups must be a positive integer, got {num_groups!r}")
+    check_int(num_groups, "num_groups")
     if (h * dh) % num_groups != 0:
         raise ValueError(
             f"H * Dh = {h} * {dh} = {h * dh} is not divisible by num_groups={num_groups}"
         )
     d = h * dh // num_groups
-    if quant_group_size not in (32, 64, 128):
+    if check_int(quant_group_size, "quant_group_size") not in (32, 64, 128):
         raise ValueError(f"quant_group_size must be 32, 64 or 128, got {quant_group_size}")
     if d % quant_group_size != 0:
         raise ValueError(
@@ -159,14 +159,28 @@ def check_gemm_inputs(x, w, x_scale, w_scale) -> tuple[int, int, int, int, int]:
     return m, g, n, k, block
 
 
+def check_int(value, what: str, *, low: int = 1) -> int:
+    """Return ``value`` if it is an int of at least ``low``: ``TypeError`` for another type (a
+    float ``2.0``, a string ``"2"``, a bool), ``ValueError`` below ``low``."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise TypeError(f"{what} must be an integer, got {type(value).__name__} {value!r}")
+    if value < low:
+        at_least = "a positive integer" if low == 1 else f"an integer >= {low}"
+        raise ValueError(f"{what} must be {at_least}, got {value!r}")
+    return int(value)
+
+
 def check_amax_floor(amax_floor) -> float:
-    """Return ``amax_floor`` as a float, or raise ``ValueError`` unless it is finite and > 0.
+    """Return ``amax_floor`` as a float: ``TypeError`` unless it is a real number (not a bool),
+    ``ValueError`` unless it is finite and > 0.
 
     The floor is the smallest group absolute maximum the quantizer uses; NaN would make every
     scale byte 255 and zero or a negative value would let an all-zero group divide by zero.
     """
-    ok = isinstance(amax_floor, numbers.Real) and not isinstance(amax_floor, bool)
-    if not (ok and math.isfinite(amax_floor) and amax_floor > 0):
+    if not isinstance(amax_floor, numbers.Real) or isinstance(amax_floor, bool):
+        raise TypeError(f"amax_floor must be a finite number > 0, got "
+                        f"{type(amax_floor).__name__} {amax_floor!r}")
+    if not (math.isfinite(amax_floor) and amax_floor > 0):
         raise ValueError(f"amax_floor must be a finite number > 0, got {amax_floor!r}")
     return float(amax_floor)
 

@@ -26,11 +26,11 @@ def check_wo_a_weight(weight, weight_scale, num_groups: int) -> tuple[int, int, 
 
     Raises:
       ValueError: a rank or shape does not fit, or G does not divide the rows.
-      TypeError: a dtype does not fit.
+      TypeError: a dtype does not fit, or ``num_groups`` is not an integer.
     """
     rows, k = checks.check_rank(weight, 2, "weight", "[G * N, K]")
     checks.check_dtype(weight, ("float8_e4m3fn", "float8_e4m3fnuz"), "weight")
-    if not isinstance(num_groups, int) or num_groups < 1 or rows % num_groups != 0:
+    if rows % checks.check_int(num_groups, "num_groups") != 0:
         raise ValueError(f"weight rows {rows} are not divisible by num_groups={num_groups}")
     srows, scols = checks.check_rank(weight_scale, 2, "weight_scale", "[G * N / B, K / B]")
     checks.check_dtype(weight_scale, checks._WEIGHT_SCALES, "weight_scale")

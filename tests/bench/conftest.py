@@ -28,6 +28,8 @@ def bench(tmp_path):
     ``rows`` are the newest run's rows of the machine's CSV (``cpu.csv`` on CPU)."""
     from torch_bridge.bench import main, results
 
+    (tmp_path / "res").mkdir()
+
     def run(*args: str):
         rc = main([*map(str, args), "--no-progress", "--results-dir", str(tmp_path / "res")])
         paths = sorted((tmp_path / "res").glob("*.csv"))
@@ -38,14 +40,16 @@ def bench(tmp_path):
 
 @pytest.fixture
 def run_python():
-    """``run_python(*args, cwd, pythonpath) -> CompletedProcess``: ``python ARGS`` in a
-    subprocess with only ``pythonpath`` importable beside the installed packages, on CPU."""
+    """``run_python(*args, cwd, pythonpath, env) -> CompletedProcess``: ``python ARGS`` in a
+    subprocess with only ``pythonpath`` importable beside the installed packages, on CPU
+    (``env``: variables added)."""
 
     def run(*args: str, cwd: pathlib.Path, pythonpath: pathlib.Path,
-            timeout: float = 300) -> subprocess.CompletedProcess:
+            env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True,
                               cwd=cwd,
-                              env=clean_env(PYTHONPATH=str(pythonpath), CUDA_VISIBLE_DEVICES=""),
+                              env=clean_env(PYTHONPATH=str(pythonpath), CUDA_VISIBLE_DEVICES="",
+                                            **(env or {})),
                               timeout=timeout)
 
     return run

@@ -32,13 +32,17 @@ def test_help_outside_the_source_tree(run_python, installed):
     assert "WoAProjection(backend='bf16')" in proc.stdout  # what each row runs
 
 
-def test_tiny_cpu_run_outside_the_source_tree(run_python, installed):
+def test_tiny_cpu_run_outside_the_source_tree(run_python, installed, tmp_path):
+    """Without --results-dir and outside a checkout, rows go to $WOA_CACHE_DIR/results, never
+    into a tree under the working directory."""
     site, work = installed
+    cache = tmp_path / "cache"
     proc = run_python("-m", "torch_bridge.bench", "--ms", "1", "--reps", "1", "--no-progress",
                       "--providers", "quant_triton,chain_fp8_triton", cwd=work,
-                      pythonpath=site)
+                      pythonpath=site, env={"WOA_CACHE_DIR": str(cache)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = results.read(work / "benchmarks" / "results" / "cpu.csv")
+    assert list(work.iterdir()) == []
+    rows = results.read(cache / "results" / "cpu.csv")
     assert {r["provider"]: r["check"][:6] for r in rows} == {
         "quant_triton": "bytes ", "chain_fp8_triton": "relerr"}
     assert rows[0]["source"] == results.source_digest(site)
@@ -56,9 +60,19 @@ def test_woa_bench_forwards_to_the_harness(run_python, tmp_path):
     assert proc.stdout.startswith("usage: woa bench") and "--plot" in proc.stdout
 
 
-def test_woa_bench_usage_error_is_one_line(run_python, tmp_path):
-    proc = run_python("-m", "torch_bridge", "bench", "--providers", "nope", cwd=tmp_path,
-                      pythonpath=REPO)
+@pytest.mark.parametrize("entry", [("torch_bridge", "bench"), ("torch_bridge.bench",)])
+@pytest.mark.parametrize("args, fragment", [
+    (["--providers", "nope"], "unknown providers"),
+    (["--reps", "many"], "argument --reps: invalid int value: 'many'"),
+    (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["--results-dir", "/nonexistent/dir", "--providers", "copy"],
+     "--results-dir /nonexistent/dir: does not exist"),
+])
+def test_bench_usage_errors_are_one_line(run_python, tmp_path, entry, args, fragment):
+    """Through woa and on its own, a mistake is one line and exit 2, and no path is created."""
+    proc = run_python("-m", *entry, *args, cwd=tmp_path, pythonpath=REPO)
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "unknown providers" in lines[0], proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("woa bench: error: "), proc.stderr
+    assert fragment in lines[0] and "Traceback" not in proc.stderr
+    assert not pathlib.Path("/nonexistent").exists() and list(tmp_path.iterdir()) == []

@@ -112,6 +112,55 @@ def test_more_bad_targets_in_process(main_error, args, fragments):
     main_error(["conformance", *args], *fragments)
 
 
+@pytest.mark.parametrize("args, fragments", [
+    # A chain where an op is expected: its arguments say so before any case runs.
+    (["torch_bridge:wo_a_fp8"], ["takes (o, positions, cos_cache, sin_cache, weight,",
+                                 "a wo_a chain, not one op"]),
+    (["torch_bridge:WoAProjection", "--op", "inverse_rope_group_quant"],
+     ["a wo_a chain, not one op"]),
+    # The other op's arguments.
+    (["torch_bridge:inverse_rope_group_quant", "--op", "batched_gemm_a8w8_mxscale"],
+     ["not batched_gemm_a8w8_mxscale's positional arguments (x, w, x_scale, w_scale)"]),
+    # The other framework's arrays.
+    (["woa_jax:inverse_rope_group_quant"], ["is a jax function: pass --numpy"]),
+    (["torch_bridge.jax_ops:inverse_rope_group_quant"], ["is a jax function: pass --numpy"]),
+    (["torch_bridge:inverse_rope_group_quant", "--numpy"], ["takes torch tensors: drop --numpy"]),
+])
+def test_usage_mistakes_are_not_contract_breaks(main_error, args, fragments):
+    main_error(["conformance", *args, "--quick"], *fragments)
+
+
+def test_a_device_that_is_not_here_is_a_usage_error(main_error, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    main_error(["conformance", "torch_bridge:inverse_rope_group_quant", "--device", "cuda"],
+               "--device cuda: no such device here")
+
+
+def test_a_backend_that_cannot_run_is_not_run_not_a_break(main_error, monkeypatch, capsys):
+    """WOA_BACKEND asks torch_bridge for a backend switched off: nothing is compared (exit 2)."""
+    from torch_bridge import _dispatch
+
+    monkeypatch.setenv("WOA_BACKEND", "triton")
+    monkeypatch.setenv("WOA_USE_TRITON", "0")
+    _dispatch.reset_caches()
+    try:
+        main_error(["conformance", "torch_bridge:inverse_rope_group_quant", "--quick"],
+                   "not run: backend 'triton' cannot run inverse_rope_group_quant: disabled "
+                   "by WOA_USE_TRITON=0")
+    finally:
+        monkeypatch.undo()
+        _dispatch.reset_caches()
+
+
+def test_a_good_jax_function_with_numpy_conforms(woa):
+    proc = woa("conformance", "woa_jax:inverse_rope_group_quant", "--numpy", "--quick", "-k",
+               "large")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.rstrip().endswith("PASS")
+
+
 # The importable sweep (what another project's pytest suite calls).
 
 

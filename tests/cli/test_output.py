@@ -64,3 +64,22 @@ def test_json_to_a_file_or_stdout(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out) == {"b": [1, 2]}
     with pytest.raises(FileNotFoundError, match="does not exist"):
         output.check_json_dest(str(tmp_path / "no" / "r.json"))
+
+
+def test_prose_breaks_between_phrases_not_inside_them():
+    text = ("woa verify: v4-flash wo_a, layer 0 (compress rope), tp=8 rank 0: G=1 N=1024 K=4096 "
+            "block 128, 32 tokens at positions 0..1000")
+    assert output.wrap(text, cols=80) == [
+        "woa verify: v4-flash wo_a, layer 0 (compress rope), tp=8 rank 0:",
+        "G=1 N=1024 K=4096 block 128, 32 tokens at positions 0..1000"]
+    # A phrase longer than a line still wraps between words, within the width.
+    long = "a phrase with many words that cannot fit on one narrow line at all, then a tail"
+    lines = output.wrap(long, cols=30, indent="  ")
+    assert all(len(line) <= 30 for line in lines) and lines[-1] == "  line at all, then a tail"
+    assert " ".join(" ".join(lines).split()) == long
+
+
+def test_a_long_phrase_after_a_full_line_starts_on_the_next():
+    lines = output.wrap("abcdefghij abcdefghij, averyveryverylongword and more words here",
+                        cols=24)
+    assert all(len(line) <= 24 for line in lines), lines

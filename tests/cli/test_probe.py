@@ -20,6 +20,11 @@ def test_probe_table_lists_every_backend_per_op(woa, reads_well):
     assert triton[2] == "no"
     assert "TRITON_INTERPRET" in " ".join(proc.stdout.split())
     assert next(r for r in rows if r[:2] == ["batched_gemm_a8w8_mxscale", "torch"])[2] == "yes"
+    # What a call runs on this CPU: the BF16 chain for wo_a, though the torch FP8 chain can run.
+    text = " ".join(proc.stdout.split())
+    assert ("a call without backend= runs: inverse_rope_group_quant on torch, "
+            "batched_gemm_a8w8_mxscale on torch, wo_a on bf16.") in text
+    assert "wo_a torch yes FP8 chain on torch; only when named" in text
     assert "torch 2." in proc.stdout and "jax 0." in proc.stdout  # versions
     assert ("jax_ops: Triton kernels launch through buffer_callback (JAX's default backend is "
             "cpu; the native route needs cuda)") in " ".join(proc.stdout.split())
@@ -36,6 +41,8 @@ def test_probe_json_to_stdout(woa):
     aiter = report["ops"]["wo_a"]["aiter"]
     assert aiter["ok"] is False and "AITER" in aiter["reason"]
     assert report["env"]["TRITON_INTERPRET"] == "(unset)"
+    assert report["picked"] == {"inverse_rope_group_quant": "torch",
+                                "batched_gemm_a8w8_mxscale": "torch", "wo_a": "bf16"}
     assert report["jax_route"] == {
         "native": False, "reason": "JAX's default backend is cpu; the native route needs cuda"}
 
@@ -46,3 +53,13 @@ def test_probe_json_to_stdout(woa):
 ])
 def test_a_bad_environment_value_is_reported(woa, one_line_error, env, fragments):
     one_line_error(woa("probe", env=env), *fragments)
+
+
+def test_probe_for_a_device_that_is_not_here(woa):
+    proc = woa("probe", "--device", "cuda", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["device_missing"] == "no such device here: torch sees no CUDA or ROCm GPU"
+    assert all(entry == {"ok": False, "reason": report["device_missing"]}
+               for per in report["ops"].values() for entry in per.values())
+    assert set(report["picked"].values()) == {None}

@@ -205,3 +205,13 @@ def test_help_documents_the_exit_codes(woa):
         text = " ".join(woa(*args).stdout.split())
         assert "3 verify compared nothing (no FP8 backend ran)" in text, text
         assert "4 corrupt checkpoint (NaN/Inf in weight or scales)" in text
+
+
+def test_a_config_that_does_not_match_the_checkpoint_is_refused(woa, one_line_error, tmp_path,
+                                                                flash_layer):
+    """V4-Pro's 16 groups on a V4-Flash layer would read as G = 2, N = 512 and pass."""
+    save_wo_a_layer(tmp_path, 0, *flash_layer)
+    one_line_error(woa("verify", "--checkpoint", tmp_path, "--config", "v4-pro",
+                       "--layer-kind", "window"),
+                   "is [8192, 4096] in 128x128 scale blocks (that is v4-flash's shape), but "
+                   "config v4-pro with num_groups=16 expects [16384, 4096]")

@@ -95,11 +95,14 @@ def _tensor_mutations(arg: str, *, dtypes: tuple[torch.dtype, ...], contiguous: 
     return muts
 
 
-def _number_mutations(arg: str, bad: list) -> list:
-    return [(arg, lambda v, d: d(st.sampled_from(bad)), ValueError)]
+def _number_mutations(arg: str, bad: list, wrong_types: list) -> list:
+    """Bad values (``ValueError``) and values of the wrong type (``TypeError``)."""
+    return [(arg, lambda v, d: d(st.sampled_from(bad)), ValueError),
+            (arg, lambda v, d: d(st.sampled_from(wrong_types)), TypeError)]
 
 
-BAD_FLOORS = [float("nan"), 0.0, -1.0, float("inf"), "1e-8", None]
+BAD_FLOORS = [float("nan"), 0.0, -1.0, float("inf")]
+WRONG_FLOORS = ["1e-8", None, True, [1e-8]]
 ROPE = (
     _tensor_mutations("o", dtypes=(torch.int32, torch.uint8, torch.float64, torch.bool),
                       contiguous=True)
@@ -112,8 +115,8 @@ ROPE = (
         ValueError),
        ("o", lambda v, d: v[:, :1], ValueError)]
 )
-GROUPS = _number_mutations("num_groups", [0, -1, 3, 2.5, "2", None])
-FLOOR = _number_mutations("amax_floor", BAD_FLOORS)
+GROUPS = _number_mutations("num_groups", [0, -1, 3], [2.5, 2.0, "2", None, True])
+FLOOR = _number_mutations("amax_floor", BAD_FLOORS, WRONG_FLOORS)
 BACKEND = [("backend", lambda v, d: d(st.sampled_from(["nope", "cuda", ""])), ValueError),
            ("backend", lambda v, d: d(st.sampled_from([3, 1.5])), TypeError)]
 
@@ -131,8 +134,10 @@ WEIGHT = (
        ("weight_scale", lambda v, d: v[:, :0], ValueError)]
 )
 QUANT_OPTIONS = [
-    ("quant_group_size", lambda v, d: d(st.sampled_from([0, 96, 256, "128"])), ValueError),
+    ("quant_group_size", lambda v, d: d(st.sampled_from([0, 96, 256])), ValueError),
+    ("quant_group_size", lambda v, d: d(st.sampled_from(["128", 128.0, None])), TypeError),
     ("scale_layout", lambda v, d: d(st.sampled_from(["bogus", "scale_shuffle"])), ValueError),
+    ("scale_layout", lambda v, d: d(st.sampled_from([0, None])), TypeError),
     ("fp8_dtype", lambda v, d: d(st.sampled_from([torch.bfloat16, torch.float8_e5m2])),
      TypeError),
     ("x_fp8", lambda v, d: torch.empty((3, G, K + 1), dtype=torch.float8_e4m3fn), ValueError),
@@ -171,7 +176,8 @@ WO_B = (
 Z = (
     _tensor_mutations("z", dtypes=(torch.int32, torch.float64), contiguous=False)
     + [("z", lambda v, d: v[:, :K], ValueError),
-       ("path", lambda v, d: d(st.sampled_from(["fp16", 3])), ValueError),
+       ("path", lambda v, d: "fp16", ValueError),
+       ("path", lambda v, d: d(st.sampled_from([3, None])), TypeError),
        ("dtype", lambda v, d: d(st.sampled_from([torch.float16, None])), TypeError),
        ("backend", lambda v, d: "bf16", Unavailable)]
 )

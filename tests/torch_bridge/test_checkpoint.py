@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -20,6 +21,9 @@ from torch_bridge import WoAProjection, checkpoint
 from woa_jax.testing import assert_bitwise_equal, assert_close
 
 G, N, K = 4, 256, 256  # scaled down: 4 groups of 256 outputs, K = 2 heads x 128
+#: V4-Flash's rope, scaled down to these shapes (a config must describe the stored weight).
+TINY = dataclasses.replace(woa_jax.DSV4_CONFIGS["v4-flash"], name="v4-flash-tiny", num_heads=8,
+                           o_groups=G, head_dim=128, o_lora_rank=N)
 
 
 @pytest.fixture
@@ -38,7 +42,7 @@ def _load(path, layer_idx=3, **kw):
     kw.setdefault("num_groups", G)
     kw.setdefault("layer_kind", "window")
     kw.setdefault("max_positions", 64)
-    kw.setdefault("config", "v4-flash")
+    kw.setdefault("config", TINY)
     return WoAProjection.from_checkpoint(path, layer_idx, **kw)
 
 
@@ -132,11 +136,12 @@ def test_tp1_keeps_a_ragged_last_scale_block(tmp_path, rope):
 
 def test_missing_layer_and_missing_rope_kind(tmp_path, layer):
     checkpoint.save_wo_a_layer(tmp_path, 3, *layer)
-    with pytest.raises(KeyError, match="no wo_a weight for layer 5"):
+    with pytest.raises(tb.CheckpointError, match="no wo_a weight for layer 5 in the checkpoint; "
+                                                  "layers with one: 3"):
         _load(tmp_path, 5)
     with pytest.raises(ValueError, match="cannot tell its RoPE table"):
         _load(tmp_path, layer_kind=None)
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(tb.CheckpointError, match="checkpoint .*nope does not exist"):
         _load(tmp_path / "nope")
 
 

@@ -8,6 +8,7 @@ import types
 
 import numpy as np
 import pytest
+import torch
 from tb_cases import rope_case
 
 import torch_bridge as tb
@@ -42,9 +43,9 @@ def test_auto_falls_back_to_torch_and_logs_each_rejection_once(args, triton_off,
         tb.inverse_rope_group_quant(*args, 1, 128)
     rejections = [r.getMessage() for r in caplog.records if "not used" in r.getMessage()]
     assert rejections == [
-        "woa: inverse_rope_group_quant: backend aiter not used: AITER is not installed "
+        "inverse_rope_group_quant: backend aiter not used: AITER is not installed "
         "(no 'aiter' module)",
-        "woa: inverse_rope_group_quant: backend triton not used: disabled by WOA_USE_TRITON=0",
+        "inverse_rope_group_quant: backend triton not used: disabled by WOA_USE_TRITON=0",
     ]
 
 
@@ -82,12 +83,32 @@ def test_available_backends_and_explain(triton_off):
     every = tb.explain(device_type="cpu")
     assert set(every) == {"inverse_rope_group_quant", "batched_gemm_a8w8_mxscale", "wo_a"}
     wo_a = every["wo_a"]
-    assert wo_a["bf16"] == (True, "the BF16 chain runs any validated wo_a call")
-    assert wo_a["torch"] == (True, "FP8 chain on torch")
+    # What auto runs says so; the torch FP8 chain can run, but only when named.
+    assert wo_a["bf16"] == (True, "auto picks it: the BF16 chain runs any validated wo_a call")
+    assert wo_a["torch"] == (True, "FP8 chain on torch; only when named: auto does not take "
+                                   "torch for wo_a")
     assert wo_a["aiter"] == (False, "AITER is not installed (no 'aiter' module)")
     assert every["inverse_rope_group_quant"]["bf16"][0] is False
+    assert every["inverse_rope_group_quant"]["torch"][1].startswith("auto picks it: ")
     with pytest.raises(ValueError, match="op must be one of"):
         tb.explain("gemm")
+
+
+def test_explain_follows_woa_backend(triton_off, monkeypatch):
+    monkeypatch.setenv("WOA_BACKEND", "torch")
+    wo_a = tb.explain("wo_a", device_type="cpu")
+    assert wo_a["torch"] == (True, "WOA_BACKEND picks it: FP8 chain on torch")
+    assert wo_a["bf16"][1].endswith("; not used: WOA_BACKEND=torch")
+    monkeypatch.setenv("WOA_BACKEND", "triton")  # asked for, cannot run: nothing is picked
+    wo_a = tb.explain("wo_a", device_type="cpu")
+    assert not any(why.startswith(("auto", "WOA_BACKEND")) for _, why in wo_a.values())
+    assert _dispatch.picked("wo_a", wo_a) is None
+
+
+def test_explain_for_a_device_that_is_not_here(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    table = tb.explain("wo_a", device_type="cuda")
+    assert set(table.values()) == {(False, "no such device here: torch sees no CUDA or ROCm GPU")}
 
 
 def test_import_touches_no_gpu_and_no_aiter():

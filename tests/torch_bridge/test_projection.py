@@ -45,7 +45,9 @@ def test_auto_on_cpu_runs_bf16_chain_with_reasons(triton_off):
     assert_close(y, ref, tolerance="gemm_bf16")
     assert_close(y, woa_jax.wo_a_truth(*c.jax(), w, sc, G), tolerance="bf16_chain_vs_truth")
     table = proj.explain(o)
-    assert table["torch"] == (True, "FP8 chain on torch") and table["bf16"][0]
+    assert table["torch"] == (True, "FP8 chain on torch; only when named: auto does not take "
+                                    "torch for wo_a")
+    assert table["bf16"] == (True, "auto picks it: the BF16 chain runs any validated wo_a call")
     assert table["aiter"] == (False, "AITER is not installed (no 'aiter' module)")
 
 

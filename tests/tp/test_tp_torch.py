@@ -8,6 +8,7 @@ for bit, TP equals TP1 within fp32 summation order (``gemm_fp32`` on the fp32 ou
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import subprocess
 import sys
@@ -294,10 +295,30 @@ def test_from_checkpoint_reads_vllm_names(tmp_path):
     assert_bitwise_equal(proj(c["o"], c["positions"]), ref(c["o"], c["positions"]))
 
 
+def test_from_checkpoint_refuses_a_config_that_is_not_the_checkpoints(tmp_path):
+    """The V4-Pro config on a V4-Flash checkpoint, and wo_b scales in another block size."""
+    c = _tensors(FLASH_TINY)
+    names = {**dict(zip(checkpoint.wo_a_names(LAYER), ("wo_a.weight", "wo_a.scale"),
+                        strict=True)),
+             **dict(zip(wo_b_names(LAYER), ("wo_b.weight", "wo_b.scale"), strict=True))}
+    checkpoint.save_checkpoint(tmp_path, {n: c[k] for n, k in names.items()})
+    cos, sin = (interop.to_torch(a) for a in rope_cos_sin(FLASH_TINY, "window", 8))
+    with pytest.raises(ValueError, match=r"is \[1024, 256\] in 128x128 scale blocks, but config "
+                                         r"v4-pro-tiny with num_groups=16 expects \[2048, 256\]"):
+        TPOutputProjection.from_checkpoint(tmp_path, LAYER, CONFIGS["v4-pro-tiny"],
+                                           cos_cache=cos, sin_cache=sin)
+    odd = dataclasses.replace(FLASH_TINY, name="v4-flash-tiny-32", block_size=32)
+    wb, sb = wo_b_names(LAYER)
+    with pytest.raises(ValueError, match=rf"{sb} has shape \(4, 8\); the config's 32x32 blocks "
+                                         r"of \[hidden, 1024\] give 32 columns"):
+        read_wo_b(tmp_path, LAYER, wtp.tp_shard(odd, 1, 0))
+
+
 def test_read_wo_b_names_the_missing_tensor(tmp_path):
     checkpoint.save_checkpoint(tmp_path, {"layers.0.attn.wo_a.weight": torch.zeros(2, 2)})
     sh = wtp.tp_shard(FLASH_TINY, 1, 0)
-    with pytest.raises(KeyError, match="no wo_b weight for layer 0"):
+    with pytest.raises(checkpoint.CheckpointError,
+                       match="no wo_b weight for layer 0 in the checkpoint; it has none"):
         read_wo_b(tmp_path, 0, sh)
 
 

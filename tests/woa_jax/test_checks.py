@@ -19,12 +19,29 @@ def test_amax_floor_accepts_finite_positive_numbers(floor):
     assert checks.check_amax_floor(floor) == float(floor)
 
 
-@pytest.mark.parametrize("floor", [float("nan"), float("inf"), 0.0, -1.0, "1e-8", None, [1e-8],
-                                   True])
+@pytest.mark.parametrize("floor", [float("nan"), float("inf"), 0.0, -1.0])
 def test_amax_floor_names_the_bad_value(floor):
     with pytest.raises(ValueError, match=r"amax_floor must be a finite number > 0, got " +
                        re.escape(repr(floor))):
         checks.check_amax_floor(floor)
+
+
+@pytest.mark.parametrize("floor", ["1e-8", None, [1e-8], True])
+def test_amax_floor_of_another_type_is_a_type_error(floor):
+    with pytest.raises(TypeError, match=r"amax_floor must be a finite number > 0, got "
+                       rf"{type(floor).__name__} " + re.escape(repr(floor))):
+        checks.check_amax_floor(floor)
+
+
+@pytest.mark.parametrize("value, error", [(2, None), (0, ValueError), (-1, ValueError),
+                                          (2.0, TypeError), ("2", TypeError), (None, TypeError),
+                                          (True, TypeError)])
+def test_integers_are_checked_for_type_then_value(value, error):
+    if error is None:
+        assert checks.check_int(value, "num_groups") == 2
+    else:
+        with pytest.raises(error, match="num_groups must be a"):
+            checks.check_int(value, "num_groups")
 
 
 def _weight(fp8_dtype=E4M3FN):

@@ -1,5 +1,14 @@
-"""``python -m torch_bridge.bench``."""
+"""``python -m torch_bridge.bench``: a usage error is one line and exit 2, as in ``woa bench``."""
+
+import sys
 
 from . import main
 
-raise SystemExit(main())
+try:
+    code = main()
+except SystemExit as e:
+    if not isinstance(e.code, str):
+        raise
+    print(f"woa bench: error: {e.code}", file=sys.stderr)
+    code = 2
+raise SystemExit(code)

@@ -1,4 +1,5 @@
-"""Results as data: every run appends its rows to ``<results dir>/<machine>.csv``.
+"""Results as data: every run appends its rows to ``<results dir>/<machine>.csv``
+(``--results-dir``, else ``default_dir()``).
 
 Each row carries the machine, the versions, the commit and a digest of the measured sources
 (a copied tree may have no git history, or a stale one), the provider, the shape, how it was
@@ -82,6 +83,17 @@ def _cell(v) -> str:
     return str(v)
 
 
+def default_dir() -> pathlib.Path:
+    """Where rows go without ``--results-dir``: the checkout's ``benchmarks/results`` when these
+    packages run from a source checkout that has it, else ``$WOA_CACHE_DIR/results`` (default
+    ``~/.cache/woa/results``); never a tree under the working directory."""
+    tree = _ROOT / "benchmarks" / "results"
+    if tree.is_dir():
+        return tree
+    cache = os.environ.get("WOA_CACHE_DIR") or pathlib.Path.home() / ".cache" / "woa"
+    return pathlib.Path(cache) / "results"
+
+
 def check_appendable(path: pathlib.Path) -> bool:
     """Whether ``path`` is new (True) or a CSV of these columns (False); else ``ValueError``."""
     if not path.exists() or path.stat().st_size == 0:
@@ -95,8 +107,8 @@ def check_appendable(path: pathlib.Path) -> bool:
 
 
 def append(path: pathlib.Path, meta: dict, rows: list[dict]) -> None:
-    """Append ``rows`` (with ``meta``) to the CSV at ``path``, writing its header if new."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Append ``rows`` (with ``meta``) to the CSV at ``path`` (in an existing directory),
+    writing its header if new."""
     new = check_appendable(path)
     with path.open("a", newline="") as f:
         w = csv.writer(f)

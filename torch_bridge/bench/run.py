@@ -7,12 +7,21 @@ import dataclasses
 import os
 import pathlib
 
+from ..cli.errors import ExitCode, OneLineParser
 from . import problem, results
 from .providers import DEFAULT, PROVIDERS
 from .tune import KINDS as TUNE_KINDS
 
 _DESCRIPTION = ("The wo_a benchmark: every provider checked against the woa_jax oracle, then "
                 "timed; rows appended to <results dir>/<machine>.csv.")
+
+
+class _Parser(OneLineParser):
+    """A mistake is one line and exit 2, as in every woa command; the harness also runs on its
+    own (``python -m torch_bridge.bench``), so the parser exits itself."""
+
+    def error(self, message: str):
+        self.exit(ExitCode.USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _ints(s: str) -> tuple[int, ...]:
@@ -34,8 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     width = max(len(name) for name in PROVIDERS)
     epilog = "providers:\n" + "\n".join(f"  {name:<{width}}  {prov.runs}"
                                          for name, prov in PROVIDERS.items())
-    p = argparse.ArgumentParser(prog="woa bench", description=_DESCRIPTION, epilog=epilog,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog="woa bench", description=_DESCRIPTION, epilog=epilog,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--groups", type=_ints, help="G values (default: 16,8,2 on GPU, 2 on CPU)")
     p.add_argument("--ms", type=_ints,
                    help="M values (default: 1,2,4,...,8192 on GPU; 1,5 on CPU; host cost: 1)")
@@ -61,12 +70,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "events instead of replaying a CUDA graph")
     p.add_argument("--tuned", metavar="CSV",
                    help="launch with the fastest shapes of the newest --tune run in CSV")
-    p.add_argument("--results-dir", metavar="DIR", default="benchmarks/results",
-                   help="where <machine>.csv is appended (default: benchmarks/results)")
+    p.add_argument("--results-dir", metavar="DIR",
+                   help="an existing directory where <machine>.csv is appended (default: the "
+                        "checkout's benchmarks/results when run from one, else "
+                        "$WOA_CACHE_DIR/results, ~/.cache/woa/results)")
     p.add_argument("--plot", metavar="FILE.png", help="draw this run's sweep rows from the CSV")
     p.add_argument("--from-csv", metavar="CSV",
                    help="measure nothing: print (and --plot) the newest run of CSV")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the input sets (default 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--source-digest", action="store_true",
                    help="print the digest of the installed sources (the 'source' column) "
@@ -104,6 +116,20 @@ def _read_csv(path: str, flag: str) -> list[dict]:
         raise SystemExit(f"{flag}: {path} holds no results rows (expected a CSV written by "
                          "woa bench)")
     return rows
+
+
+def _results_dir(given: str | None) -> pathlib.Path:
+    """``--results-dir``, which must exist (a typo must not become a new tree), else the
+    documented default (``results.default_dir``), created if needed."""
+    if given is None:
+        path = results.default_dir()
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    path = pathlib.Path(given)
+    if not path.is_dir():
+        what = "is not a directory" if path.exists() else "does not exist"
+        raise SystemExit(f"--results-dir {given}: {what}; pass an existing directory")
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             raise SystemExit(f"--tuned: {e} in {args.tuned} (write them with --tune)") from None
     meta = results.metadata(on_gpu)
-    csv_path = pathlib.Path(args.results_dir) / f"{meta['machine']}.csv"
+    csv_path = _results_dir(args.results_dir) / f"{meta['machine']}.csv"
     try:  # before measuring, not after
         results.check_appendable(csv_path)
     except ValueError as e:

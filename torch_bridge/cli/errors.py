@@ -1,7 +1,8 @@
-"""The ``woa`` command's exit codes and the errors that map to them."""
+"""The ``woa`` command's exit codes, the errors that map to them, and its one-line parser."""
 
 from __future__ import annotations
 
+import argparse
 import enum
 
 
@@ -12,7 +13,8 @@ class ExitCode(enum.IntEnum):
     OK = 0
     #: A correctness contract is broken: a backend's bytes or output differ from the oracle.
     BROKEN = 1
-    #: A usage error: bad argument, path, file or environment value (one line on stderr).
+    #: A usage error: bad argument, path, file or environment value, or a backend asked for that
+    #: cannot run here (one line on stderr).
     USAGE = 2
     #: ``verify`` compared no FP8 bytes: the checkpoint cannot take the FP8 path, or none of the
     #: chosen FP8 backends runs here.
@@ -22,16 +24,45 @@ class ExitCode(enum.IntEnum):
     CORRUPT = 4
 
 
-EXIT_CODES_HELP = (
-    "exit codes: 0 ok; 1 a backend breaks the byte contract; 2 usage error (bad argument, "
-    "path, file or environment value); 3 verify compared nothing (no FP8 backend ran); "
-    "4 corrupt checkpoint (NaN/Inf in weight or scales)"
-)
+_MEANINGS = {
+    ExitCode.OK: "ok",
+    ExitCode.BROKEN: "a backend breaks the byte contract",
+    ExitCode.USAGE: "usage error (bad argument, path, file or environment value, or a backend "
+                    "asked for that cannot run here)",
+    ExitCode.NOT_VERIFIED: "verify compared nothing (no FP8 backend ran)",
+    ExitCode.CORRUPT: "corrupt checkpoint (NaN/Inf in weight or scales)",
+}
+
+
+def exit_codes_help(*codes: ExitCode, **meanings: str) -> str:
+    """``"Exit codes: 0 ok; 2 usage error (...)"`` for ``codes``; ``meanings`` (keyed by the
+    code's lower-case name) replace the general wording where a command means something more
+    precise."""
+    return "Exit codes: " + "; ".join(
+        f"{int(c)} {meanings.get(c.name.lower(), _MEANINGS[c])}" for c in codes)
+
+
+EXIT_CODES_HELP = exit_codes_help(*ExitCode)
 
 
 class UsageError(ValueError):
-    """A command-line mistake the user can fix; printed as one line, exit code 2."""
+    """A command-line mistake the user can fix; printed as one line, exit code 2.
+
+    ``prog`` is the command the line names (``woa verify: error: ...``).
+    """
+
+    def __init__(self, message: str, *, prog: str = "woa"):
+        super().__init__(message)
+        self.prog = prog
 
 
 class NotVerifiedError(RuntimeError):
     """``woa verify`` has nothing to compare (e.g. an unquantized layer); exit code 3."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose mistakes raise ``UsageError`` (one line, exit 2) instead of printing the
+    usage block: every ``woa`` command reports a mistake the same way, JSON included."""
+
+    def error(self, message: str):
+        raise UsageError(f"{message} (see {self.prog} --help)", prog=self.prog)

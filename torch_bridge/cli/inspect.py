@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import output
-from .errors import EXIT_CODES_HELP, ExitCode, UsageError
+from .errors import ExitCode, UsageError, exit_codes_help
 
 #: dtype names as the table shows them.
 _SHORT = {"float8_e4m3fn": "e4m3fn", "float8_e4m3fnuz": "e4m3fnuz", "float8_e8m0fnu": "e8m0",
@@ -100,22 +100,19 @@ def inspect_checkpoint(path: str | pathlib.Path, *, tp: int | None = None) -> di
     NaN/Inf in weight or scale, and the RoPE kind ``config.json`` gives each layer.
 
     Raises:
-      FileNotFoundError: ``path`` does not exist.
-      CheckpointError: a file is not readable safetensors or JSON.
-      KeyError: no ``*.wo_a.weight`` tensor.
+      CheckpointError: ``path`` does not exist, a file is not readable safetensors or JSON, or
+        no ``*.wo_a.weight`` tensor.
       UsageError: ``tp`` does not divide a layer's groups or heads.
     """
     from .. import checkpoint
 
     p = pathlib.Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"checkpoint {p} does not exist")
     files = checkpoint.tensor_files(p)
     config = checkpoint.read_config(p) or {}
     stems = sorted((name[: -len(".weight")] for name in files if name.endswith(".wo_a.weight")),
                    key=lambda s: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)])
     if not stems:
-        raise KeyError(f"no '*.wo_a.weight' tensor in checkpoint {p}")
+        raise checkpoint.CheckpointError(f"no '*.wo_a.weight' tensor in checkpoint {p}")
     layers = []
     for stem in stems:
         wdtype, wshape = checkpoint.tensor_info(files, stem + ".weight")
@@ -179,7 +176,9 @@ def add_parser(sub) -> None:
                        description="Read a checkpoint (safetensors file, or directory with "
                        "shards and index) and report every wo_a: shapes, dtypes, block size, "
                        "scale format, NaN/Inf in weight or scales, and whether the FP8 path can "
-                       "take it. Exit 4 when a wo_a holds NaN/Inf. " + EXIT_CODES_HELP + ".")
+                       "take it. " + exit_codes_help(
+                           ExitCode.OK, ExitCode.USAGE, ExitCode.CORRUPT,
+                           corrupt="a wo_a holds NaN/Inf in its weight or scales") + ".")
     i.add_argument("path", help="checkpoint file or directory")
     i.add_argument("--tp", type=int, help="check this tensor-parallel split")
     i.add_argument("--json", metavar="FILE", nargs="?", const="-",

@@ -1,14 +1,16 @@
 """What the ``woa`` command prints: plain-text tables and prose wrapped to the terminal, and JSON.
 
 Lines never end in padding and never run past the terminal width (80 columns when stdout is not
-a terminal, or ``COLUMNS``), so output stays readable in pipes and CI logs. A table's last column
-wraps under itself; when the other columns leave it too little room it moves below its row.
+a terminal, or ``COLUMNS``), so output stays readable in pipes and CI logs; prose breaks between
+phrases, not inside them. A table's last column wraps under itself; when the other columns leave
+it too little room it moves below its row.
 """
 
 from __future__ import annotations
 
 import json
 import pathlib
+import re
 import shutil
 import sys
 import textwrap
@@ -17,6 +19,8 @@ from collections.abc import Sequence
 #: The narrowest a wrapped last column may get before it moves below its row.
 _MIN_LAST = 20
 _GAP = "  "
+#: Where prose may break: after a phrase's punctuation, or before a parenthesis.
+_PHRASES = re.compile(r"(?<=[,;:.]) (?=\S)| (?=\()")
 _BELOW = "    "
 
 
@@ -26,11 +30,35 @@ def width() -> int:
 
 
 def wrap(text: str, *, indent: str = "", first: str = "", cols: int | None = None) -> list[str]:
-    """``text`` as lines of at most ``cols`` characters; words are never split."""
-    cols = cols or width()
-    return textwrap.wrap(text, max(cols, len(first) + 8, len(indent) + 8),
-                         initial_indent=first, subsequent_indent=indent,
-                         break_long_words=False, break_on_hyphens=False) or [first.rstrip()]
+    """``text`` as lines of at most ``cols`` characters, broken between phrases.
+
+    A line breaks after ``,`` ``;`` ``:`` or ``.`` or before ``(`` when the next phrase does not
+    fit, so ``G=1 N=1024 K=4096`` stays on one line; only a phrase longer than a line is broken
+    between words. Words are never split.
+    """
+    cols = max(cols or width(), len(first) + 8, len(indent) + 8)
+    lines: list[str] = []
+    line = first
+    for phrase in _PHRASES.split(" ".join(text.split())):
+        sep = " " if line.strip() else ""
+        if len(line) + len(sep) + len(phrase) <= cols:
+            line += sep + phrase
+            continue
+        if line.strip() and len(indent) + len(phrase) <= cols:  # the phrase fits a new line
+            lines.append(line.rstrip())
+            line = indent + phrase
+            continue
+        # Longer than a line: words fill this line and the next ones.
+        lead = line + sep if line.strip() else line
+        if line.strip() and len(lead) + len(phrase.split(" ", 1)[0]) > cols:
+            lines.append(line.rstrip())
+            lead = indent
+        parts = textwrap.wrap(phrase, cols, initial_indent=lead, subsequent_indent=indent,
+                              break_long_words=False, break_on_hyphens=False)
+        lines.extend(p.rstrip() for p in parts[:-1])
+        line = parts[-1]
+    lines.append(line.rstrip())
+    return lines
 
 
 def say(text: str, *, indent: str = "") -> None:

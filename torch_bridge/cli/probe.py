@@ -1,5 +1,6 @@
-"""``woa probe``: every backend per op, whether it runs here and why not, with versions, and
-how ``torch_bridge.jax_ops`` launches the Triton kernels from JAX."""
+"""``woa probe``: every backend per op, whether it runs here and why not, which one a call without
+``backend=`` runs, with versions, and how ``torch_bridge.jax_ops`` launches the Triton kernels
+from JAX. A ``--device`` this machine does not have is answered with "no such device here"."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ import platform
 from typing import Any
 
 from . import output
-from .errors import ExitCode, UsageError
+from .errors import ExitCode, UsageError, exit_codes_help
 
 #: ``WOA_*`` variables that are 0/1 switches (``_capability.env_flag`` reads them).
-_SWITCHES = ("WOA_USE_AITER", "WOA_USE_TRITON", "WOA_JAX_NATIVE", "WOA_JAX_COMMAND_BUFFER")
+_SWITCHES = ("WOA_USE_AITER", "WOA_USE_TRITON", "WOA_JAX_NATIVE", "WOA_JAX_COMMAND_BUFFER",
+             "WOA_CHECK_FINITE")
 
 
 def versions() -> dict[str, str | None]:
@@ -84,8 +86,11 @@ def jax_route() -> dict[str, Any]:
 def add_parser(sub) -> None:
     """Register ``woa probe`` with the subcommand parsers ``sub``."""
     p = sub.add_parser("probe", help="which backend runs here, and why not",
-                       description="Each backend per op: can it run here, and the reason. "
-                       "Exit 2 when a WOA_* variable holds a value the library rejects.")
+                       description="Each backend per op: can it run here, and the reason; "
+                       "which one auto picks. " + exit_codes_help(
+                           ExitCode.OK, ExitCode.USAGE,
+                           usage="usage error (an unknown argument, or a WOA_* variable holding "
+                           "a value the library rejects)") + ".")
     p.add_argument("--device", choices=("cpu", "cuda"), help="judge for this device type")
     p.add_argument("--json", metavar="FILE", nargs="?", const="-",
                    help="JSON to FILE, or to stdout without FILE")
@@ -97,15 +102,18 @@ def run(args: argparse.Namespace) -> int:
     output.check_json_dest(args.json)
     env = check_environment()
     import torch_bridge
+    from torch_bridge import _capability, _dispatch
 
     dev = device_info()
     device_type = args.device or dev["device"]
     table = torch_bridge.explain(device_type=device_type)
     avail = torch_bridge.available_backends()
+    missing = _capability.device_missing(device_type)
+    picks = {op: None if missing else _dispatch.picked(op, per) for op, per in table.items()}
     payload = {"command": "probe", "device": dev, "device_type": device_type,
-               "versions": versions(), "env": env,
+               "device_missing": missing, "versions": versions(), "env": env,
                "available": {b: {"ok": ok, "reason": why} for b, (ok, why) in avail.items()},
-               "jax_route": jax_route(),
+               "picked": picks, "jax_route": jax_route(),
                "ops": {op: {b: {"ok": ok, "reason": why} for b, (ok, why) in per.items()}
                        for op, per in table.items()}}
     output.write_json(args.json, payload)
@@ -113,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
         return ExitCode.OK
     ver = payload["versions"]
     installed = ", ".join(f"{k} {v}" for k, v in ver.items() if v is not None)
-    missing = ", ".join(k for k, v in ver.items() if v is None) or "none"
+    absent = ", ".join(k for k, v in ver.items() if v is None) or "none"
     arch = f" ({dev['arch']}, {dev['runtime']})" if dev.get("arch") else ""
     route = payload["jax_route"]
     jax_note = ("jax_ops: Triton kernels launch natively (woa_triton_launch custom call)"
@@ -121,9 +129,12 @@ def run(args: argparse.Namespace) -> int:
                 f"({route['reason']})")
     rows = [[op, backend, "yes" if ok else "no", why]
             for op, per in table.items() for backend, (ok, why) in per.items()]
+    where = f"{device_type}: {missing}" if missing else device_type
+    runs = ("a call without backend= runs: " + ", ".join(
+        f"{op} on {name or 'nothing (it raises)'}" for op, name in picks.items()) + ".")
     output.print_table(
-        f"woa probe on {dev['name']}{arch}: backends for a DeepSeek V4 call on {device_type}",
+        f"woa probe on {dev['name']}{arch}: backends for a DeepSeek V4 call on {where}",
         ["op", "backend", "runs", "why"], rows,
-        notes=[f"versions: {installed}; not installed: {missing}", jax_note,
-               "environment: " + ", ".join(f"{k}={v}" for k, v in env.items())])
+        notes=[*([] if missing else [runs]), f"versions: {installed}; not installed: {absent}",
+               jax_note, "environment: " + ", ".join(f"{k}={v}" for k, v in env.items())])
     return ExitCode.OK

@@ -13,13 +13,14 @@ import argparse
 import json
 import math
 import pathlib
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import output
-from .errors import EXIT_CODES_HELP, ExitCode, NotVerifiedError, UsageError
+from .errors import ExitCode, NotVerifiedError, UsageError, exit_codes_help
 from .inspect import fp8_eligibility
 from .probe import device_info, versions
 
@@ -60,6 +61,27 @@ def _sync(x) -> None:
         import torch
 
         torch.cuda.synchronize()
+
+
+class _Progress:
+    """The stage running, on one stderr line rewritten in place, when stderr is a terminal: a
+    large ``--tokens`` runs for minutes, and a silent terminal looks hung. Pipes get nothing, so
+    that an error stays the one line on stderr."""
+
+    def __init__(self):
+        self.live = sys.stderr.isatty()
+        self.t0 = time.perf_counter()
+
+    def __call__(self, stage: str) -> None:
+        if self.live:
+            sys.stderr.write(f"\r\033[Kwoa verify: {stage} "
+                             f"({time.perf_counter() - self.t0:.0f} s so far)")
+            sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.live:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
 
 
 def _timed(fn: Callable[[], tuple]) -> tuple[tuple, float]:
@@ -122,13 +144,11 @@ def _load(args, tmp: str) -> dict[str, Any]:
         if args.layer < 0:
             raise UsageError(f"--layer must be non-negative, got {args.layer}")
         path = pathlib.Path(args.checkpoint)
-        if not path.exists():
-            raise FileNotFoundError(f"checkpoint {path} does not exist")
         source = str(path)
     num_groups = cfg.o_groups if cfg is not None else None
     # Read first: a missing layer or corrupt data is the first thing to say.
     raw = checkpoint.read_wo_a(path, args.layer, tp_rank=0, tp_size=args.tp,
-                               num_groups=num_groups)
+                               num_groups=num_groups, config=cfg)
     layer_kind = args.layer_kind or checkpoint.layer_kind_from_config(path, args.layer)
     if layer_kind is None:
         raise UsageError(
@@ -141,8 +161,10 @@ def _load(args, tmp: str) -> dict[str, Any]:
     proj = WoAProjection.from_checkpoint(path, args.layer, 0, args.tp, config=cfg,
                                          num_groups=num_groups, layer_kind=layer_kind,
                                          device=device)
+    # Decided now: WOA_BACKEND naming a backend that cannot run is said before the work.
+    auto_path = {"path": proj.path, "reason": proj.fallback_reason}
     return {"raw": raw, "proj": proj, "cfg": cfg, "device": device, "source": source,
-            "layer_kind": layer_kind, "kept": kept}
+            "layer_kind": layer_kind, "kept": kept, "auto_path": auto_path}
 
 
 def run_verify(args: argparse.Namespace) -> dict[str, Any]:
@@ -150,9 +172,19 @@ def run_verify(args: argparse.Namespace) -> dict[str, Any]:
 
     Raises:
       UsageError: a bad argument (out-of-range ``--layer``, bad ``--tp``, unknown backend).
+      ValueError: ``--config`` disagrees with the checkpoint's shapes.
       CheckpointError: an unreadable checkpoint file; ``NonFiniteTensorError`` for NaN/Inf data.
       NotVerifiedError: the layer has no FP8 chain (an unquantized weight).
+      BackendUnavailableError: ``WOA_BACKEND`` names a backend that cannot run the layer here.
     """
+    progress = _Progress()
+    try:
+        return _run_verify(args, progress)
+    finally:
+        progress.done()
+
+
+def _run_verify(args: argparse.Namespace, progress: _Progress) -> dict[str, Any]:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -171,6 +203,7 @@ def run_verify(args: argparse.Namespace) -> dict[str, Any]:
     if args.tokens < 1:
         raise UsageError(f"--tokens must be at least 1, got {args.tokens}")
     wanted = _backend_list(args.backends, _FP8_BACKENDS + ("bf16",))
+    progress("reading the layer")
     with tempfile.TemporaryDirectory(prefix="woa-verify-") as tmp:
         ctx = _load(args, tmp)
     raw, proj, device = ctx["raw"], ctx["proj"], ctx["device"]
@@ -188,6 +221,7 @@ def run_verify(args: argparse.Namespace) -> dict[str, Any]:
         return jax.device_put(to_jax(t.cpu()), jax_device)
 
     cos32_j, sin32_j = jx(proj.cos_cache), jx(proj.sin_cache)
+    progress(f"{args.tokens} attention outputs")
     o32 = woa_jax.attention_output(rng, positions, heads, head_dim, cos32_j, sin32_j, keys=256)
     o_j = jax.device_put(jnp.asarray(o32, jnp.bfloat16), jax_device)
     pos_j = jax.device_put(jnp.asarray(positions.astype(np.int32)), jax_device)
@@ -201,9 +235,11 @@ def run_verify(args: argparse.Namespace) -> dict[str, Any]:
         str(raw.scale.dtype).removeprefix("torch."), tuple(raw.scale.shape), num_groups=g,
         load_scale=lambda: raw.scale.to(torch.float64).numpy())
     # The float64 truth reads only the T table rows in use.
+    progress("the float64 truth")
     truth = woa_jax.wo_a_truth(o_j, jnp.arange(args.tokens, dtype=jnp.int32), cos32_j[pos_j],
                                sin32_j[pos_j], w2d_j, s2d_j, g)
     bf16_ref = jax.jit(woa_jax.wo_a_bf16, static_argnums=6)
+    progress("the oracle's BF16 chain")
     (y_bf16_ref,), t_bf16_ref = _timed(lambda: (bf16_ref(o_j, pos_j, cos32_j, sin32_j, w2d_j,
                                                          s2d_j, g),))
     rows: list[dict[str, Any]] = []
@@ -229,6 +265,7 @@ def run_verify(args: argparse.Namespace) -> dict[str, Any]:
                                                      fp8_dtype=w.dtype)
             return woa_jax.batched_gemm_a8w8_mxscale(x, w, xs, ws), x, xs
 
+        progress("the oracle's FP8 chain")
         ref, t_ref = _timed(lambda: oracle_chain(o_j, pos_j, cos_bf_j, sin_bf_j, w_j, ws_j))
         row("oracle", "jax", jax_dev, "fp8", "reference", scale_bytes_equal=1.0,
             fp8_bytes_equal=1.0, rel_err_vs_truth=relative_error(ref[0], truth),
@@ -259,6 +296,7 @@ def run_verify(args: argparse.Namespace) -> dict[str, Any]:
     for name in (b for b in _FP8_BACKENDS if b in wanted and ref is not None):
         for framework in ("torch", "jax"):
             dev = device if framework == "torch" else jax_dev
+            progress(f"{name} from {framework}")
             try:
                 (y, x, xs), sec = _timed(fp8_chain(name, framework))
             except BackendUnavailableError as e:
@@ -295,6 +333,7 @@ def run_verify(args: argparse.Namespace) -> dict[str, Any]:
                                                proj.sin_cache.to(device), backend="bf16")
         for framework, o_in, pos_in in (("torch", o_t, pos_t), ("jax", o_j, pos_j)):
             dev = device if framework == "torch" else jax_dev
+            progress(f"bf16 from {framework}")
             try:
                 (y,), sec = _timed(lambda o_in=o_in, pos_in=pos_in: (bf16_proj(o_in, pos_in),))
             except BackendUnavailableError as e:
@@ -333,7 +372,7 @@ def run_verify(args: argparse.Namespace) -> dict[str, Any]:
         "positions": {"min": int(positions.min()), "max": int(positions.max())},
         "seed": args.seed,
         "fp8_eligible": fp8_ok,
-        "auto_path": {"path": proj.path, "reason": proj.fallback_reason},
+        "auto_path": ctx["auto_path"],
         "rows": rows,
         "versions": versions(),
         "device": device_info(),
@@ -378,12 +417,14 @@ def add_parser(sub) -> None:
         description="Run the FP8 wo_a chain on every backend that runs here, in torch and JAX, "
         "plus the BF16 chain, against the woa_jax oracle and the float64 truth. Without "
         "--checkpoint the layer is a seeded V4 checkpoint written to a temporary directory "
-        "(--keep DIR saves it). " + EXIT_CODES_HELP + ".")
+        "(--keep DIR saves it). " + exit_codes_help(*ExitCode, ok="every FP8 backend that "
+        "ran matches the oracle") + ".")
     v.add_argument("--config", choices=("v4-flash", "v4-pro", "v4.1-flash"),
                    help="model shapes (default v4-flash; inferred from --checkpoint)")
     v.add_argument("--tokens", type=int, default=32, help="tokens in the batch (default 32)")
     v.add_argument("--tp", type=int, default=8,
-                   help="tensor-parallel degree; rank 0's slice runs (default 8: one group)")
+                   help="tensor-parallel degree; rank 0's groups run (default 8: 1 of V4-Flash's "
+                        "8 groups, 2 of V4-Pro's 16)")
     v.add_argument("--checkpoint", metavar="PATH", help="a real checkpoint (file or directory)")
     v.add_argument("--keep", metavar="DIR",
                    help="write the embedded checkpoint (with a config.json) to DIR, new or "
@@ -395,7 +436,8 @@ def add_parser(sub) -> None:
     v.add_argument("--backends", metavar="LIST",
                    help="comma-separated subset of aiter,triton,torch,bf16 (default all)")
     v.add_argument("--device", choices=("cpu", "cuda"), help="torch device (default: GPU if any)")
-    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--seed", type=int, default=0,
+                   help="seed of the attention outputs, positions and embedded weight (default 0)")
     v.add_argument("--json", metavar="FILE", nargs="?", const="-",
                    help="JSON to FILE, or to stdout without FILE")
     v.set_defaults(func=run)
