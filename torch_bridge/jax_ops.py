@@ -91,10 +91,10 @@ def _native(op: str, backend_name: str) -> bool:
     if key not in _route_logged:
         _route_logged.add(key)
         if reason is None:
-            log.info("woa: jax_ops: %s runs natively through the woa_triton_launch custom call",
+            log.info("jax_ops: %s runs natively through the woa_triton_launch custom call",
                      op)
         else:
-            log.info("woa: jax_ops: %s runs through buffer_callback: %s", op, reason)
+            log.info("jax_ops: %s runs through buffer_callback: %s", op, reason)
     return reason is None
 
 

@@ -238,7 +238,7 @@ def test_split_k_without_counters_runs_unsplit_and_logs_why(rng, monkeypatch, ca
                      tolerance="gemm_bf16")
         launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, config=cfg)
     assert [r.getMessage() for r in caplog.records] == [
-        "woa: triton GEMM runs without split-K (slower at small M): its 4 counters are taken "
+        "triton GEMM runs without split-K (slower at small M): its 4 counters are taken "
         "(each captured split launch keeps its own)"]
 
 

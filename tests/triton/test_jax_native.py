@@ -101,10 +101,10 @@ def test_route_logged_once_per_reason(native_ok, monkeypatch, caplog):
         assert not jax_ops._native("op", "triton")
     msgs = [r.getMessage() for r in caplog.records if "jax_ops" in r.getMessage()]
     assert msgs == [
-        "woa: jax_ops: op runs natively through the woa_triton_launch custom call",
-        "woa: jax_ops: op runs through buffer_callback: the dispatcher picked backend 'aiter'; "
+        "jax_ops: op runs natively through the woa_triton_launch custom call",
+        "jax_ops: op runs through buffer_callback: the dispatcher picked backend 'aiter'; "
         "only triton has a native route",
-        "woa: jax_ops: op runs through buffer_callback: disabled by WOA_JAX_NATIVE=0",
+        "jax_ops: op runs through buffer_callback: disabled by WOA_JAX_NATIVE=0",
     ]
 
 

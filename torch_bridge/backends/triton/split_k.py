@@ -93,7 +93,7 @@ def split_scratch(out: torch.Tensor, split_k: int,
                f"its own)")
         if why not in _FALLBACK_LOGGED:
             _FALLBACK_LOGGED.add(why)
-            log.warning("woa: triton GEMM runs without split-K (slower at small M): %s", why)
+            log.warning("triton GEMM runs without split-K (slower at small M): %s", why)
         return 1, out, out
     shape = (split_k, *out.shape)
     if stream is None:
