@@ -182,6 +182,23 @@ def check_finite(**tensors) -> None:
                              "(check_finite / WOA_CHECK_FINITE=1)")
 
 
+def ready_everywhere(t: torch.Tensor, owner: str = "WoAProjection") -> torch.Tensor:
+    """``t``, made on this thread's stream, once that work is done: a layer keeps it, and
+    launches on every thread's stream read it.
+
+    Raises:
+      RuntimeError: under CUDA-graph capture, where the work would only run at replay.
+    """
+    if t.is_cuda:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"{owner}: the layer's first call on this device and dtype is being captured in "
+                "a CUDA graph; call it once outside capture (it converts the weight and tables "
+                "there) and capture after")
+        torch.cuda.current_stream(t.device).synchronize()
+    return t
+
+
 def check_contiguous(t: torch.Tensor, what: str) -> None:
     """Raise a ``ValueError`` naming ``what`` unless ``t`` is contiguous."""
     if not t.is_contiguous():

@@ -144,7 +144,7 @@ class WoAProjection:
                                      "weight block")
                 e8m0 = interop.e8m0_bytes(scale)
                 if e8m0.data_ptr() != scale.data_ptr():  # converted: kept for every stream
-                    _ready_everywhere(e8m0)
+                    ops.ready_everywhere(e8m0)
                 self.weight_scale_e8m0 = e8m0.view(num_groups, self.n // self.block,
                                                    k // self.block)
             except ValueError as e:
@@ -239,7 +239,7 @@ class WoAProjection:
                 self._w_bf16 = self._weight2d.to(torch.bfloat16).view(self.num_groups, self.n,
                                                                       self.k)
             else:
-                self._w_bf16 = _ready_everywhere(torch_ref.dequant_wo_a_weight(
+                self._w_bf16 = ops.ready_everywhere(torch_ref.dequant_wo_a_weight(
                     self._weight2d, self._scale, self.num_groups, torch.bfloat16))
         return self._w_bf16
 
@@ -317,7 +317,7 @@ class WoAProjection:
                    "w_bf16": lambda: self.weight_bf16, "cos": lambda: self.cos_cache,
                    "sin": lambda: self.sin_cache}[what]()
             made = src.to(device=device, dtype=dtype or src.dtype).contiguous()
-            self._per_device[key] = made if made is src else _ready_everywhere(made)
+            self._per_device[key] = made if made is src else ops.ready_everywhere(made)
         return self._per_device[key]
 
     # -- call ----------------------------------------------------------------------------------
@@ -424,23 +424,6 @@ class WoAProjection:
         kind = checks.dtype_name(self._weight2d)
         return (f"WoAProjection(G={self.num_groups}, N={self.n}, K={self.k}, weight={kind}, "
                 f"block={self.block})")
-
-
-def _ready_everywhere(t: torch.Tensor) -> torch.Tensor:
-    """``t``, made on this thread's stream, once that work is done: a layer keeps it, and
-    launches on every thread's stream read it.
-
-    Raises:
-      RuntimeError: under CUDA-graph capture, where the work would only run at replay.
-    """
-    if t.is_cuda:
-        if torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(
-                "WoAProjection: the layer's first call on this device and dtype is being "
-                "captured in a CUDA graph; call it once outside capture (it converts the "
-                "weight and tables there) and capture after")
-        torch.cuda.current_stream(t.device).synchronize()
-    return t
 
 
 @interop.jax_io()

@@ -162,8 +162,11 @@ class WoBProjection:
                              "pass weight.contiguous()")
         self.weight_fp8 = weight.view(1, self.hidden, self.in_features)
         try:
-            self.weight_scale_e8m0 = interop.e8m0_bytes(scale, "wo_b weight scale").view(
-                1, self.hidden // self.block, self.in_features // self.block)
+            e8m0 = interop.e8m0_bytes(scale, "wo_b weight scale")
+            if e8m0.data_ptr() != scale.data_ptr():  # converted: kept for every stream
+                ops.ready_everywhere(e8m0, "WoBProjection")
+            self.weight_scale_e8m0 = e8m0.view(1, self.hidden // self.block,
+                                               self.in_features // self.block)
         except ValueError as e:
             self.fp8_unavailable = f"wo_b weight scale unusable by the FP8 path: {e}"
 
@@ -177,11 +180,11 @@ class WoBProjection:
         """The dequantized ``[hidden, K']`` bf16 weight (exact for E8M0 scales), cached."""
         if self._w_bf16 is None:
             if self._scale is None:
-                self._w_bf16 = self._weight2d.to(torch.bfloat16)
+                w = self._weight2d.to(torch.bfloat16)
             else:
                 s = torch_ref.weight_scale_f32(self._scale)
-                self._w_bf16 = torch_ref.dequant_blocks(self._weight2d, s, self.block,
-                                                        torch.bfloat16)
+                w = torch_ref.dequant_blocks(self._weight2d, s, self.block, torch.bfloat16)
+            self._w_bf16 = w if w is self._weight2d else ops.ready_everywhere(w, "WoBProjection")
         return self._w_bf16
 
     @interop.jax_io()
