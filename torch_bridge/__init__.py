@@ -105,8 +105,8 @@ def explain(op: str | None = None, case: Case | None = None, *,
     Args:
       op: ``"inverse_rope_group_quant"``, ``"batched_gemm_a8w8_mxscale"`` or ``"wo_a"``; ``None``
         explains all three.
-      case: the call to judge (``torch_bridge.ops.rope_case`` / ``gemm_case`` build one from
-        tensors; ``WoAProjection.explain(o)`` for a layer). Default: a DeepSeek V4 call (bf16
+      case: the call to judge (``torch_bridge._dispatch.rope_case`` / ``gemm_case`` build one
+        from arrays; ``WoAProjection.explain(o)`` for a layer). Default: a DeepSeek V4 call (bf16
         ``o [S, 64, 512]``, e4m3fn, GS 128, N 1024, K 4096) on ``device_type``.
       device_type: ``"cuda"`` or ``"cpu"``; default the GPU if torch sees one.
 

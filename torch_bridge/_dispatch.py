@@ -77,6 +77,70 @@ class Case:
         return dict(self.extra).get(key, default)
 
 
+def _name(dtype_or_array) -> str:
+    """A dtype's name (torch, numpy, JAX or ml_dtypes dtypes, or arrays of them)."""
+    from woa_jax import checks
+
+    return checks.dtype_name(dtype_or_array)
+
+
+def rope_case(o, cos_cache, quant_group_size: int | None, fp8_dtype, *,
+              num_groups: int | None, amax_floor: float | None, device_type: str) -> Case:
+    """The ``Case`` of an ``inverse_rope_group_quant`` call from its arrays (torch tensors, JAX
+    arrays or shape structs: shapes and dtype names only; backends always write the row scale
+    layout). ``o [S, H, Dh]``; ``cos_cache [P, rd / 2]`` (``rd = 0``: no rotation). A rotation
+    alone (the BF16 chain's) passes ``None`` for the quant's fields."""
+    extra = tuple((key, value) for key, value in (("num_groups", num_groups),
+                                                  ("amax_floor", amax_floor))
+                  if value is not None)
+    return Case(
+        device_type=device_type,
+        fp8_dtype=None if fp8_dtype is None else _name(fp8_dtype),
+        act_dtype=_name(o),
+        rope_dtype=_name(cos_cache),
+        head_dim=int(o.shape[2]),
+        rope_dim=2 * int(cos_cache.shape[1]),
+        quant_group_size=quant_group_size,
+        extra=extra,
+    )
+
+
+def gemm_case(x, w, block: int, out_dtype, *, device_type: str, x_k_contiguous: bool) -> Case:
+    """The ``Case`` of a ``batched_gemm_a8w8_mxscale`` call from ``x [M, G, K]`` and
+    ``w [G, N, K]`` (any array kind, as ``rope_case``)."""
+    m, g, k = (int(d) for d in x.shape)
+    return Case(
+        device_type=device_type,
+        fp8_dtype=_name(x),
+        quant_group_size=block,
+        out_dtype=_name(out_dtype),
+        extra=(("num_groups", g), ("m", m), ("n", int(w.shape[1])), ("k", k),
+               ("x_k_contiguous", x_k_contiguous)),
+    )
+
+
+def wo_a_case(act_dtype, cos_cache, head_dim: int, *, device_type: str, fp8_dtype,
+              quant_group_size: int | None, num_groups: int, n: int, k: int,
+              amax_floor: float, fp8_unavailable: str | None = None) -> Case:
+    """The ``Case`` of a whole ``wo_a`` chain (``fp8_dtype`` ``None`` for an unquantized
+    weight; ``fp8_unavailable``: why the FP8 chain cannot run)."""
+    extra = [("num_groups", num_groups), ("n", n), ("k", k), ("amax_floor", amax_floor),
+             ("x_k_contiguous", True)]
+    if fp8_unavailable:
+        extra.append(("fp8_unavailable", fp8_unavailable))
+    return Case(
+        device_type=device_type,
+        fp8_dtype=None if fp8_dtype is None else _name(fp8_dtype),
+        act_dtype=_name(act_dtype),
+        rope_dtype=_name(cos_cache),
+        head_dim=head_dim,
+        rope_dim=2 * int(cos_cache.shape[1]),
+        quant_group_size=quant_group_size,
+        out_dtype="bfloat16",
+        extra=tuple(extra),
+    )
+
+
 @runtime_checkable
 class Backend(Protocol):
     """What every ``BACKEND`` object provides.

@@ -41,7 +41,7 @@ import woa_jax
 from woa_jax import AITER_AMAX_FLOOR, checks
 from woa_jax.checks import check_fp8_dtype
 
-from . import _dispatch, ops
+from . import _dispatch
 from ._capability import env_flag
 from ._dispatch import BackendName
 
@@ -117,10 +117,10 @@ def _fused_native(o, positions, cos_cache, sin_cache, w, w_scale, block: int, nu
     _, g, n, k, _ = checks.check_gemm_inputs(
         jax.ShapeDtypeStruct((s, num_groups, d), w.dtype), w,
         jax.ShapeDtypeStruct((s, num_groups, d // block), jnp.float8_e8m0fnu), w_scale)
-    rope = ops.rope_case(o, cos_cache, block, np.dtype(w.dtype), num_groups=num_groups,
-                         amax_floor=amax_floor, device_type=_device_type())
-    gemm = ops.gemm_case(jax.ShapeDtypeStruct((s, g, k), w.dtype), w, block, np.dtype(dtype),
-                         device_type=_device_type(), x_k_contiguous=True)
+    rope = _dispatch.rope_case(o, cos_cache, block, np.dtype(w.dtype), num_groups=num_groups,
+                               amax_floor=amax_floor, device_type=_device_type())
+    gemm = _dispatch.gemm_case(jax.ShapeDtypeStruct((s, g, k), w.dtype), w, block,
+                               np.dtype(dtype), device_type=_device_type(), x_k_contiguous=True)
     if (_dispatch.select("inverse_rope_group_quant", rope, backend).name != "triton"
             or _dispatch.select("batched_gemm_a8w8_mxscale", gemm, backend).name != "triton"
             or native_route_reason("triton") is not None):
@@ -194,9 +194,9 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
         return woa_jax.inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups,
                                                 quant_group_size, fp8_dtype=fp8_dtype,
                                                 amax_floor=amax_floor)
-    case = ops.rope_case(o, cos_cache, quant_group_size, np.dtype(fp8_dtype),
-                         num_groups=num_groups, amax_floor=amax_floor,
-                         device_type=_device_type())
+    case = _dispatch.rope_case(o, cos_cache, quant_group_size, np.dtype(fp8_dtype),
+                               num_groups=num_groups, amax_floor=amax_floor,
+                               device_type=_device_type())
     be = _dispatch.select("inverse_rope_group_quant", case, backend)
     if _native("inverse_rope_group_quant", be.name):
         from .backends.triton import jax_launch
@@ -236,8 +236,8 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=jnp.bfloat16, *,
     if _use_oracle(backend):
         return woa_jax.batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=dtype)
     # JAX arrays are dense row-major, so x is K-contiguous.
-    case = ops.gemm_case(x, w, block, np.dtype(dtype), device_type=_device_type(),
-                         x_k_contiguous=True)
+    case = _dispatch.gemm_case(x, w, block, np.dtype(dtype), device_type=_device_type(),
+                               x_k_contiguous=True)
     be = _dispatch.select("batched_gemm_a8w8_mxscale", case, backend)
     if _native("batched_gemm_a8w8_mxscale", be.name):
         from .backends.triton import jax_launch

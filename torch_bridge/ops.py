@@ -24,7 +24,7 @@ from woa_jax import AITER_AMAX_FLOOR, ScaleLayout, checks, scale_shape
 from woa_jax.checks import as_enum
 
 from . import _capability, _dispatch, interop, layouts
-from ._dispatch import BackendName, Case
+from ._dispatch import BackendName
 
 ScaleLayoutArg = Literal["row", "mfma_tile", "n32k4"]
 
@@ -208,23 +208,6 @@ def check_contiguous(t: torch.Tensor, what: str) -> None:
         )
 
 
-def rope_case(o, cos_cache, quant_group_size: int, fp8_dtype, *, num_groups: int,
-              amax_floor: float, device_type: str | None = None) -> Case:
-    """The dispatch ``Case`` of an ``inverse_rope_group_quant`` call (backends always write the
-    row scale layout, ``Case``'s default). Reads shapes and dtype names only, so ``jax_ops``
-    builds its cases here too, passing ``device_type`` (default: ``o.device.type``)."""
-    return Case(
-        device_type=device_type or o.device.type,
-        fp8_dtype=checks.dtype_name(fp8_dtype),
-        act_dtype=checks.dtype_name(o),
-        rope_dtype=checks.dtype_name(cos_cache),
-        head_dim=int(o.shape[2]),
-        rope_dim=2 * int(cos_cache.shape[1]),
-        quant_group_size=quant_group_size,
-        extra=(("num_groups", num_groups), ("amax_floor", amax_floor)),
-    )
-
-
 class _QuantPlan(NamedTuple):
     backend: _dispatch.Backend
     fp8: torch.dtype
@@ -349,8 +332,8 @@ def _plan_quant(o, positions, cos_cache, sin_cache, num_groups, quant_group_size
     scale_dtype = x_scale.dtype if x_scale is not None else torch.float8_e8m0fnu
     be = None
     if s > 0:
-        case = rope_case(o, cos_cache, quant_group_size, fp8, num_groups=num_groups,
-                         amax_floor=amax_floor)
+        case = _dispatch.rope_case(o, cos_cache, quant_group_size, fp8, num_groups=num_groups,
+                                   amax_floor=amax_floor, device_type=o.device.type)
         be = _dispatch.select("inverse_rope_group_quant", case, backend)
     return _QuantPlan(be, fp8, (s, num_groups, d), sshape, scale_dtype, layout)
 
@@ -370,23 +353,6 @@ def _resolve_fp8(x_fp8, fp8_dtype, shape: tuple[int, int, int]) -> torch.dtype:
         raise ValueError(f"x_fp8 must have shape [S, G, D] = {shape}, got {tuple(x_fp8.shape)}")
     check_contiguous(x_fp8, "x_fp8")
     return x_fp8.dtype
-
-
-def gemm_case(x, w, block: int, dtype, *, device_type: str | None = None,
-              x_k_contiguous: bool | None = None) -> Case:
-    """The dispatch ``Case`` of a ``batched_gemm_a8w8_mxscale`` call (shapes and dtype names;
-    ``device_type`` and ``x_k_contiguous`` default to what the torch tensor ``x`` says)."""
-    m, g, k = (int(d) for d in x.shape)
-    if x_k_contiguous is None:
-        x_k_contiguous = x.stride(2) == 1 or k == 1
-    return Case(
-        device_type=device_type or x.device.type,
-        fp8_dtype=checks.dtype_name(x),
-        quant_group_size=block,
-        out_dtype=checks.dtype_name(dtype),
-        extra=(("num_groups", g), ("m", m), ("n", int(w.shape[1])), ("k", k),
-               ("x_k_contiguous", x_k_contiguous)),
-    )
 
 
 class _GemmPlan(NamedTuple):
@@ -483,8 +449,9 @@ def _plan_gemm(x, w, x_scale, w_scale, dtype, backend, out) -> _GemmPlan:
             raise ValueError(f"out must have unit stride along N, got strides {out.stride()}")
     be = None
     if m > 0:
-        be = _dispatch.select("batched_gemm_a8w8_mxscale", gemm_case(x, w, block, dtype),
-                              backend)
+        case = _dispatch.gemm_case(x, w, block, dtype, device_type=x.device.type,
+                                   x_k_contiguous=x.stride(2) == 1 or k == 1)
+        be = _dispatch.select("batched_gemm_a8w8_mxscale", case, backend)
     return _GemmPlan(be, (m, g, n), floats)
 
 

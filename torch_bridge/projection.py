@@ -267,21 +267,11 @@ class WoAProjection:
         return o.device, o.dtype, int(o.shape[2])
 
     def _case(self, device, act_dtype, head_dim) -> Case:
-        extra = [("num_groups", self.num_groups), ("n", self.n), ("k", self.k),
-                 ("amax_floor", self.amax_floor), ("x_k_contiguous", True)]
-        if self.fp8_unavailable:
-            extra.append(("fp8_unavailable", self.fp8_unavailable))
-        return Case(
-            device_type=torch.device(device).type,
-            fp8_dtype=checks.dtype_name(self._weight2d) if self.weight_fp8 is not None else None,
-            act_dtype=checks.dtype_name(act_dtype),
-            rope_dtype=checks.dtype_name(self.cos_cache),
-            head_dim=head_dim,
-            rope_dim=2 * int(self.cos_cache.shape[1]),
-            quant_group_size=self.block,
-            out_dtype="bfloat16",
-            extra=tuple(extra),
-        )
+        return _dispatch.wo_a_case(
+            act_dtype, self.cos_cache, head_dim, device_type=torch.device(device).type,
+            fp8_dtype=self._weight2d if self.weight_fp8 is not None else None,
+            quant_group_size=self.block, num_groups=self.num_groups, n=self.n, k=self.k,
+            amax_floor=self.amax_floor, fp8_unavailable=self.fp8_unavailable)
 
     def _decision(self, key: tuple | None = None) -> tuple[str, str | None]:
         if key is None and self._last is not None:
@@ -592,8 +582,8 @@ def _chain_backend(proj: WoAProjection, key: tuple, o, positions, cos_cache, sin
     chain = None
     if quant.backend is not None and "wo_a_fp8" in quant.backend.ops:
         x = torch.empty((s, g, d), dtype=fp8, device="meta")
-        case = ops.gemm_case(x, proj.weight_fp8, proj.block, torch.bfloat16,
-                             device_type=o.device.type, x_k_contiguous=True)
+        case = _dispatch.gemm_case(x, proj.weight_fp8, proj.block, torch.bfloat16,
+                                   device_type=o.device.type, x_k_contiguous=True)
         if _dispatch.select("batched_gemm_a8w8_mxscale", case, backend) is quant.backend:
             chain = quant.backend
     ops._remember(key, chain, plans, _PLAN_LIMIT)

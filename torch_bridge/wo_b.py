@@ -13,8 +13,6 @@ Both return fp32 by default: a partial must not be rounded before the reduction.
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from woa_jax import AITER_AMAX_FLOOR, checks
@@ -23,7 +21,7 @@ from woa_jax.checks import as_enum
 from woa_jax.tp import ProjectionPath
 
 from . import _dispatch, interop, ops
-from ._dispatch import BackendName, Case
+from ._dispatch import BackendName
 from .backends import torch_ref
 
 _FLOAT_NAMES = ("bfloat16", "float16", "float32")
@@ -60,11 +58,10 @@ def group_quant_e8m0_2d(z: torch.Tensor, block: int = 128, *,
                         f"{fp8_dtype}")
     checks.check_amax_floor(amax_floor)
     z = z if z.is_contiguous() else z.contiguous()
-    case = Case(device_type=z.device.type, fp8_dtype=checks.dtype_name(fp8_dtype),
-                act_dtype=checks.dtype_name(z), rope_dtype="float32", head_dim=k, rope_dim=0,
-                quant_group_size=block, extra=(("num_groups", 1), ("amax_floor", amax_floor)))
-    be = _dispatch.select("inverse_rope_group_quant", case, backend)
     no_rope = torch.empty((1, 0), dtype=torch.float32, device=z.device)  # rd = 0: identity
+    case = _dispatch.rope_case(z.view(t, 1, k), no_rope, block, fp8_dtype, num_groups=1,
+                               amax_floor=amax_floor, device_type=z.device.type)
+    be = _dispatch.select("inverse_rope_group_quant", case, backend)
     q = torch.empty((t, 1, k), dtype=fp8_dtype, device=z.device)
     byte = torch.empty((t, 1, k // block), dtype=torch.uint8, device=z.device)
     be.inverse_rope_group_quant(z.view(t, 1, k), _zero_positions(t, z.device), no_rope, no_rope,
@@ -229,10 +226,10 @@ class WoBProjection:
 
     def _quant_runs_on(self, name: str, z: torch.Tensor) -> bool:
         """Whether backend ``name`` takes this layer's activation quant (zero rope lanes)."""
-        case = Case(device_type=z.device.type, fp8_dtype=checks.dtype_name(self.weight_fp8),
-                    act_dtype=checks.dtype_name(z), rope_dtype="float32",
-                    head_dim=self.in_features, rope_dim=0, quant_group_size=self.block,
-                    extra=(("num_groups", 1), ("amax_floor", self.amax_floor)))
+        o = torch.empty((z.shape[0], 1, self.in_features), dtype=z.dtype, device="meta")
+        no_rope = torch.empty((1, 0), dtype=torch.float32, device="meta")
+        case = _dispatch.rope_case(o, no_rope, self.block, self.weight_fp8, num_groups=1,
+                                   amax_floor=self.amax_floor, device_type=z.device.type)
         return _dispatch.check(name, "inverse_rope_group_quant", case)[0]
 
     def _gemm_backend(self, z: torch.Tensor, dtype: torch.dtype, backend: str) -> str:
@@ -240,8 +237,8 @@ class WoBProjection:
         exactly when the GEMM does)."""
         x = torch.empty((z.shape[0], 1, self.in_features), dtype=self.weight_fp8.dtype,
                         device="meta")
-        case = dataclasses.replace(ops.gemm_case(x, self.weight_fp8, self.block, dtype),
-                                   device_type=z.device.type)
+        case = _dispatch.gemm_case(x, self.weight_fp8, self.block, dtype,
+                                   device_type=z.device.type, x_k_contiguous=True)
         return _dispatch.select("batched_gemm_a8w8_mxscale", case, backend).name
 
     def __repr__(self) -> str:

@@ -199,10 +199,10 @@ def test_auto_falls_back_when_aiter_rejects_the_shape(fake_aiter):
     c = rope_case(np.random.default_rng(5), s=3, h=2, dh=128, rd=64, num_groups=1)
     q, _ = tb.inverse_rope_group_quant(*c.torch(), 1, 128)
     assert q.shape == (3, 1, 256)  # head_dim 128: AITER refuses, torch runs
-    assert _dispatch.check("aiter", "inverse_rope_group_quant", tb.ops.rope_case(
-        c.torch()[0], c.torch()[2], 128, torch.float8_e4m3fn, num_groups=1,
-        amax_floor=1e-8)) == (False, "AITER's kernel is built for head_dim 512 and rope_dim 64, "
-                                     "got 128 and 64")
+    case = _dispatch.rope_case(c.torch()[0], c.torch()[2], 128, torch.float8_e4m3fn,
+                               num_groups=1, amax_floor=1e-8, device_type="cpu")
+    assert _dispatch.check("aiter", "inverse_rope_group_quant", case) == (
+        False, "AITER's kernel is built for head_dim 512 and rope_dim 64, got 128 and 64")
 
 
 def test_jax_entry_points_describe_the_call_to_aiter(fake_aiter):

@@ -176,3 +176,28 @@ def _gemm():
 
     return [np_to_torch(a) for a in gemm_operands(np.random.default_rng(0), m=2, g=1, n=128,
                                                   k=128)]
+
+
+def test_cases_of_jax_calls_are_built_without_torch():
+    """``jax_ops`` describes its calls to the dispatcher with ``_dispatch``'s builders, which
+    read shapes and dtype names only: no torch import."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import jax, jax.numpy as jnp\n"
+        "from torch_bridge import _dispatch\n"
+        "o = jax.ShapeDtypeStruct((3, 2, 512), jnp.bfloat16)\n"
+        "cos = jax.ShapeDtypeStruct((64, 32), jnp.float32)\n"
+        "x = jax.ShapeDtypeStruct((3, 2, 512), jnp.float8_e4m3fn)\n"
+        "w = jax.ShapeDtypeStruct((2, 128, 512), jnp.float8_e4m3fn)\n"
+        "q = _dispatch.rope_case(o, cos, 128, jnp.float8_e4m3fn, num_groups=2, amax_floor=1e-8,\n"
+        "                        device_type='cuda')\n"
+        "g = _dispatch.gemm_case(x, w, 128, jnp.bfloat16, device_type='cuda',\n"
+        "                        x_k_contiguous=True)\n"
+        "print(q.act_dtype, q.rope_dim, g.get('n'), 'torch' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["bfloat16", "64", "128", "False"]

@@ -41,9 +41,8 @@ def _triton_rotation(o: torch.Tensor, cos_cache: torch.Tensor) -> bool:
     key = (o.device.type, cos_cache.dtype, o.shape[2], rd)
     if key not in _TRITON_ROTATION:
         triton = _dispatch.get_backend("triton")
-        case = Case(device_type=o.device.type, act_dtype="bfloat16",
-                    rope_dtype=str(cos_cache.dtype).removeprefix("torch."),
-                    head_dim=o.shape[2], rope_dim=rd)
+        case = _dispatch.rope_case(o, cos_cache, None, None, num_groups=None,
+                                   amax_floor=None, device_type=o.device.type)
         _TRITON_ROTATION[key] = (triton.is_available()[0]
                                  and triton.supports("inverse_rope_group_quant", case)[0])
     return _TRITON_ROTATION[key]
