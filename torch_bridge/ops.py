@@ -480,22 +480,6 @@ def finite_check_wanted(check_finite: bool | None) -> bool:
     return check_finite
 
 
-class ChecksFinite:
-    """A layer built with ``check_finite``: each call checks ``o`` first (``check_finite``)."""
-
-    @interop.jax_io()
-    def __call__(self, o, positions, *, overwrite_o: bool = False):
-        check_finite(o=o)
-        return super().__call__(o, positions, overwrite_o=overwrite_o)
-
-
-@functools.cache
-def finite_checked_layer(cls: type) -> type:
-    """Layer class ``cls`` with ``ChecksFinite`` in front (same name, still a ``cls``)."""
-    return type(cls.__name__, (ChecksFinite, cls), {"__module__": cls.__module__,
-                                                    "__qualname__": cls.__qualname__})
-
-
 if _capability.env_flag("WOA_CHECK_FINITE", False):
     inverse_rope_group_quant = finite_checked(inverse_rope_group_quant, ("o",),
                                               ("x_fp8", "x_scale"))

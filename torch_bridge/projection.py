@@ -167,11 +167,8 @@ class WoAProjection:
         self._chains: dict[tuple, _dispatch.Backend | None] = {}
         #: Call signature -> the backend's direct eager launcher of the chain (or None).
         self._eager: dict[tuple, Any] = {}
-        #: Whether every call checks ``o`` for NaN/Inf first: then the layer's class is one that
-        #: checks, so a layer that does not pays nothing per call.
+        #: Whether every call checks ``o`` for NaN/Inf first (a device sync per call).
         self.check_finite = finite
-        if finite:
-            self.__class__ = ops.finite_checked_layer(type(self))
         _LAYERS.add(self)
 
     @classmethod
@@ -333,6 +330,8 @@ class WoAProjection:
           ValueError: a wrong shape, stride or device mix.
           BackendUnavailableError: the requested backend cannot run the chain.
         """
+        if self.check_finite:
+            ops.check_finite(o=o)
         key = (ops.tensor_signature(o), ops.tensor_signature(positions),
                ops.backend_signature(self._backend))
         eager = self._eager.get(key)

@@ -38,6 +38,7 @@ class Case:
 class Outcome:
     calls: int = 0
     replays: int = 0
+    seconds: float = 0.0
     mismatches: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
