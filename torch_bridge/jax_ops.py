@@ -103,10 +103,10 @@ def _check_out_dtype(dtype) -> None:
         raise TypeError(f"dtype must be bfloat16 or float32, got {np.dtype(dtype).name}")
 
 
-def _fused_native(o, positions, cos_cache, sin_cache, w, w_scale, block: int, num_groups: int,
+def _wo_a_fp8_native(o, positions, cos_cache, sin_cache, w, w_scale, block: int, num_groups: int,
                   amax_floor: float, dtype, backend: str | None) -> bool:
     """Whether ``wo_a_fp8`` runs as one native fused launch: the dispatcher picks triton for
-    the quant and the GEMM, both would go native, and ``jax_launch.fused_fits``."""
+    the quant and the GEMM, both would go native, and ``jax_launch.wo_a_fp8_fits``."""
     if _use_oracle(backend):
         return False
     # The two-step path's checks, so that both paths reject the same inputs the same way.
@@ -127,7 +127,7 @@ def _fused_native(o, positions, cos_cache, sin_cache, w, w_scale, block: int, nu
         return False
     from .backends.triton import jax_launch
 
-    return jax_launch.fused_fits(s, g, n, k, block, dh, rd)
+    return jax_launch.wo_a_fp8_fits(s, g, n, k, block, dh, rd)
 
 
 def _use_oracle(backend: BackendName | None) -> bool:
@@ -265,7 +265,7 @@ def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_group
     Same arguments as ``woa_jax.wo_a_fp8`` and ``torch_bridge.wo_a_fp8``. Where the torch
     launcher runs the chain as one fused kernel without splitting K (DeepSeek V4 at M = 1,
     G >= 16) and both ops take the native route, this launches that kernel natively too
-    (``jax_launch.fused_fits``): the same bits, one launch.
+    (``jax_launch.wo_a_fp8_fits``): the same bits, one launch.
 
     Args:
       o: ``[S, H, Dh]`` bf16; positions ``[>= S]``; cos/sin ``[P, rd / 2]`` (bf16 for AITER bytes).
@@ -293,7 +293,7 @@ def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_group
     else:
         w, w_scale = woa_jax.wo_a_weight_e8m0(weight, weight_scale, num_groups)
     block = w.shape[2] // w_scale.shape[2]
-    if _fused_native(o, positions, cos_cache, sin_cache, w, w_scale, block, num_groups,
+    if _wo_a_fp8_native(o, positions, cos_cache, sin_cache, w, w_scale, block, num_groups,
                      amax_floor, dtype, backend):
         from .backends.triton import jax_launch
 

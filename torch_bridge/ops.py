@@ -32,7 +32,8 @@ _FP8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 _SCALE_DTYPES = (torch.uint8, torch.float8_e8m0fnu)
 _PUBLIC_LAYOUTS = (ScaleLayout.ROW, ScaleLayout.MFMA_TILE, ScaleLayout.N32K4)
 
-#: Call signature -> plan, per op; the oldest plans go first beyond ``_PLAN_LIMIT`` entries.
+#: Call signature -> plan (with its direct eager launcher), per op; the oldest plans go first
+#: beyond ``_PLAN_LIMIT`` entries.
 _PLANS: dict[tuple, Any] = {}
 _PLAN_LIMIT = 512
 _dispatch._on_reset.append(_PLANS.clear)
@@ -83,31 +84,19 @@ def _remember(key: tuple, plan, table: dict | None = None, limit: int = _PLAN_LI
     table[key] = plan
 
 
-#: Plan key -> a direct launcher of the backend for plain eager calls of that signature
-#: (``Backend.eager_launcher``), or ``None`` where the backend binds none.
-_EAGER: dict[tuple, Any] = {}
-_dispatch._on_reset.append(_EAGER.clear)
-
-
 def _bind_eager(key: tuple, plan, op: str, *args) -> None:
-    """Ask ``plan.backend`` once per signature for a direct eager launcher of ``op``."""
+    """Ask ``plan.backend`` once per signature for a direct eager launcher of ``op`` and keep it
+    in the plan (``False`` where the backend binds none)."""
     be = plan.backend
-    _remember(key, be.eager_launcher(op, *args) if op in be.eager_ops else None, _EAGER)
+    launcher = be.eager_launcher(op, *args) if op in be.eager_ops else None
+    _remember(key, plan._replace(eager=launcher or False))
 
 
 def bound_launcher(key: tuple):
-    """The direct eager launcher kept for the plan key ``key`` (``quant_key``, ``gemm_key``),
+    """The direct eager launcher kept in the plan of ``key`` (``quant_key``, ``gemm_key``),
     else ``None``."""
-    return _EAGER.get(key)
-
-
-def _bound(key: tuple):
-    """``bound_launcher(key)``, looked up first on every call: one is kept only for a signature
-    that was validated and planned (also ``None`` for an unhashable option)."""
-    try:
-        return _EAGER.get(key)
-    except TypeError:
-        return None
+    plan = _lookup(key)
+    return (plan.eager or None) if plan is not None else None
 
 
 def require_torch(*, optional: tuple[str, ...] = (), **tensors) -> None:
@@ -215,6 +204,9 @@ class _QuantPlan(NamedTuple):
     scale_shape: tuple[int, ...]
     scale_dtype: torch.dtype
     layout: ScaleLayout
+    #: The backend's direct launcher for plain eager repeats; ``None`` until asked, ``False``
+    #: where it has none.
+    eager: Any = None
 
 
 @interop.jax_io(outputs=("x_fp8", "x_scale"))
@@ -256,13 +248,12 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
     """
     key = quant_key(o, positions, cos_cache, sin_cache, num_groups, quant_group_size,
                     scale_layout, backend, x_fp8, x_scale, fp8_dtype, amax_floor)
-    eager = _bound(key)
-    if eager:  # row layout only; new scales come as float8_e8m0fnu
-        got = eager(o, positions, cos_cache, sin_cache, x_fp8, x_scale)
+    plan = _lookup(key)
+    if plan is not None and plan.eager:  # row layout only; new scales come as float8_e8m0fnu
+        got = plan.eager(o, positions, cos_cache, sin_cache, x_fp8, x_scale)
         if got is not None:
             return got
     given_fp8, given_scale = x_fp8, x_scale
-    plan = _lookup(key)
     if plan is None:
         plan = _plan_quant(o, positions, cos_cache, sin_cache, num_groups, quant_group_size,
                            scale_layout, backend, x_fp8, x_scale, fp8_dtype, amax_floor)
@@ -281,7 +272,7 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
         o, positions, cos_cache, sin_cache, num_groups, quant_group_size, amax_floor=amax_floor,
         x_fp8=x_fp8, x_scale=row_buf)
     byte = byte.view(torch.uint8)
-    if row and key not in _EAGER:
+    if row and plan.eager is None:
         _bind_eager(key, plan, "inverse_rope_group_quant", o, positions, cos_cache, sin_cache,
                     num_groups, quant_group_size, amax_floor, plan.fp8, given_fp8, given_scale)
     if row:
@@ -359,6 +350,7 @@ class _GemmPlan(NamedTuple):
     backend: _dispatch.Backend | None  # None: M = 0
     shape: tuple[int, int, int]  # [M, G, N]
     float_scales: tuple[bool, bool]  # (x_scale, w_scale) given as float powers of two
+    eager: Any = None  # as _QuantPlan's
 
 
 @interop.jax_io(outputs=("out",))
@@ -390,12 +382,11 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype: torch.dtype = torch
       BackendUnavailableError: the requested backend cannot run the call.
     """
     key = gemm_key(x, w, x_scale, w_scale, dtype, backend, out)
-    eager = _bound(key)
-    if eager:
-        got = eager(x, w, x_scale, w_scale, out)
+    plan = _lookup(key)
+    if plan is not None and plan.eager:
+        got = plan.eager(x, w, x_scale, w_scale, out)
         if got is not None:
             return got
-    plan = _lookup(key)
     if plan is None:
         plan = _plan_gemm(x, w, x_scale, w_scale, dtype, backend, out)
         _remember(key, plan)
@@ -408,7 +399,7 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype: torch.dtype = torch
     y = plan.backend.batched_gemm_a8w8_mxscale(x, w, x_scale.view(torch.uint8),
                                                w_scale.view(torch.uint8), dtype=dtype, out=out)
     # Float scales are converted (and checked) on every call: no direct launch for them.
-    if not any(plan.float_scales) and key not in _EAGER:
+    if not any(plan.float_scales) and plan.eager is None:
         _bind_eager(key, plan, "batched_gemm_a8w8_mxscale", x, w, x_scale, w_scale, dtype, out)
     return y
 

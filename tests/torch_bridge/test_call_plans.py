@@ -112,31 +112,45 @@ def test_a_bound_eager_launcher_serves_repeats_of_its_signature_only(monkeypatch
 
     c = rope_case(np.random.default_rng(0), s=4, h=2, dh=128, rd=64, num_groups=2, gs=64)
     args = c.torch()
-    ops._EAGER.clear()
+    ops._PLANS.clear()
     asked = []
     monkeypatch.setattr(torch_ref.BACKEND, "eager_ops", frozenset({"inverse_rope_group_quant"}))
     monkeypatch.setattr(torch_ref.BACKEND, "eager_launcher",
                         lambda op, *a: asked.append(op) or None, raising=False)
     want = tb.inverse_rope_group_quant(*args, 2, 64, backend="torch")
     tb.inverse_rope_group_quant(*args, 2, 64, backend="torch")
-    assert asked == ["inverse_rope_group_quant"] and list(ops._EAGER.values()) == [None]
-    (key,) = ops._EAGER
+    assert asked == ["inverse_rope_group_quant"] and _asked() == {next(iter(ops._PLANS)): False}
+    (key,) = ops._PLANS
     marker = (torch.zeros(1), torch.zeros(1, dtype=torch.float8_e8m0fnu))
-    ops._EAGER[key] = lambda *a: marker
+    _bind(key, lambda *a: marker)
     assert tb.inverse_rope_group_quant(*args, 2, 64, backend="torch") == marker
-    ops._EAGER[key] = lambda *a: None  # refused: the op's own path
+    _bind(key, lambda *a: None)  # refused: the op's own path
     q, sc = tb.inverse_rope_group_quant(*args, 2, 64, backend="torch")
     assert torch.equal(q.view(torch.uint8), want[0].view(torch.uint8))
     scale = torch.empty_like(want[1])
     out = tb.inverse_rope_group_quant(*args, 2, 64, backend="torch", x_scale=scale)
     assert torch.equal(out[0].view(torch.uint8), want[0].view(torch.uint8)) and out[1] is scale
-    assert asked == ["inverse_rope_group_quant"] * 2 and len(ops._EAGER) == 2
-    (given,) = [k for k in ops._EAGER if k != key]
-    ops._EAGER[given] = lambda *a: a[4:]
+    assert asked == ["inverse_rope_group_quant"] * 2 and len(_asked()) == 2
+    (given,) = [k for k in _asked() if k != key]
+    _bind(given, lambda *a: a[4:])
     assert tb.inverse_rope_group_quant(*args, 2, 64, backend="torch", x_scale=scale) == (
         None, scale)
     _dispatch.reset_caches()
-    assert ops._EAGER == {}
+    assert ops._PLANS == {}
+
+
+def _asked() -> dict:
+    """Plan key -> the direct launcher kept in its plan, for the signatures whose backend was
+    asked for one (``False``: it had none)."""
+    from torch_bridge import ops
+
+    return {k: p.eager for k, p in ops._PLANS.items() if p.eager is not None}
+
+
+def _bind(key: tuple, launcher) -> None:
+    from torch_bridge import ops
+
+    ops._PLANS[key] = ops._PLANS[key]._replace(eager=launcher)
 
 
 def test_the_layer_keeps_one_eager_launcher_per_signature(monkeypatch):
@@ -192,15 +206,15 @@ def test_the_gemm_op_binds_a_direct_launcher_for_byte_scales(monkeypatch):
         assert torch.equal(tb.batched_gemm_a8w8_mxscale(x, w, floats, ws, backend="torch"), want)
     assert len(asked) == 2
     key = ops.gemm_key(x, w, xs, ws, torch.bfloat16, "torch", None)
-    assert set(ops._EAGER) == {key, ops.gemm_key(x, w, xs, ws, torch.bfloat16, "torch", out)}
+    assert set(_asked()) == {key, ops.gemm_key(x, w, xs, ws, torch.bfloat16, "torch", out)}
     marker = torch.zeros(1)
-    ops._EAGER[key] = lambda *a: marker
+    _bind(key, lambda *a: marker)
     assert tb.batched_gemm_a8w8_mxscale(x, w, xs, ws, backend="torch") is marker
     assert ops.bound_launcher(key)(x, w, xs, ws) is marker
-    ops._EAGER[key] = lambda *a: None  # refused: the op's own path
+    _bind(key, lambda *a: None)  # refused: the op's own path
     assert torch.equal(tb.batched_gemm_a8w8_mxscale(x, w, xs, ws, backend="torch"), want)
     _dispatch.reset_caches()
-    assert ops._EAGER == {}
+    assert ops._PLANS == {}
 
 
 def test_wo_a_fp8_runs_the_ops_direct_launchers_and_still_checks_its_arguments(monkeypatch):

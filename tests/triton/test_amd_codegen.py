@@ -24,7 +24,7 @@ _SCRIPT = textwrap.dedent("""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from torch_bridge.backends.triton import _common, configs, kernels, launch
+    from torch_bridge.backends.triton import configs, kernels, launch
 
     def amdgcn(arch, kernel, sig, cx, aligned=(), num_warps=4, num_stages=2):
         names = list(sig)
@@ -42,8 +42,9 @@ _SCRIPT = textwrap.dedent("""
     g, n, k = 16, 1024, 4096
     for arch, fp8_dtype in (("gfx942", torch.float8_e4m3fnuz), ("gfx950", torch.float8_e4m3fn)):
         fp8 = {torch.float8_e4m3fnuz: "fp8e4b8", torch.float8_e4m3fn: "fp8e4nv"}[fp8_dtype]
-        # As _common.hw_fp8_cast decides on ROCm (this CPU torch is not a ROCm build).
-        consts = {**_common.quant_constants(fp8_dtype, 1e-8), "HW_CAST": False,
+        # As configs.hw_fp8_cast decides on ROCm (this CPU torch is not a ROCm build).
+        name = str(fp8_dtype).removeprefix("torch.")
+        consts = {**dict(configs.quant_constants(name, 1e-8, configs.hw_fp8_cast(name, "hip"))),
                   "ROUND_PRODUCTS": configs.round_products("bfloat16", "float32", "hip")}
         # fp32 tables: the rotation rounds each product with v_mul_f32 (inline assembly)
         rope = {"o_ptr": "*bf16", "pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32"}
@@ -96,14 +97,14 @@ _SCRIPT = textwrap.dedent("""
                                             cfg.num_warps, cfg.num_stages)))
             print(*line)
 
-        cfg = launch.fused_config(1, 2, n, k, 128)  # the fused decode chain at G = 2
+        cfg = launch.wo_a_fp8_config(1, 2, n, k, 128)  # the fused decode chain at G = 2
         sig = {**rope, "w_ptr": f"*{fp8}", "ws_ptr": "*u8", "M": "i32", "n_pos_rows": "i32",
                "x_ptr": f"*{fp8}", "xs_ptr": "*u8", "y_ptr": "*bf16", "part_ptr": "*fp32",
                "count_ptr": "*i32"}
         cx = dict(SOM=2 * k, SCP=32, SSP=32, SWG=n * k, SWN=k, SWSG=n // 128 * k // 128,
                   SWSN=k // 128, SYM=2 * n, SYG=n, G=2, N=n, K=k, SB=128, DH=512, RD=64,
                   **consts, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SPLIT_K=cfg.split_k,
-                  OUT_BF16=True, QUANT_ROWS=configs.FUSED_QUANT_LANES // 128)
+                  OUT_BF16=True, QUANT_ROWS=configs.WO_A_FP8_QUANT_LANES // 128)
         asm = amdgcn(arch, kernels.wo_a_fp8_kernel, sig, cx, ("o_ptr", "w_ptr"),
                       cfg.num_warps, cfg.num_stages)
         print(arch, "gemm", "fused", fp8_mfma(asm), "global_atomic" in asm)

@@ -34,6 +34,7 @@ from torch_bridge.backends.triton import (  # noqa: E402
     chain,
     configs,
     launch,
+    plans,
 )
 from torch_bridge.backends.triton.configs import Bf16GemmConfig  # noqa: E402
 
@@ -174,14 +175,15 @@ def test_the_rule_picks_the_path_and_both_agree(rng, monkeypatch):
     h, dh, g, n = _SMALL
     o, pos, cos, sin, w = _small_chain(rng)
     runs = []
-    monkeypatch.setattr(_common, "PLANS", {})
-    for name in ("_wo_a_bf16_plan", "_rotating_plan"):
-        real = getattr(chain, name)
-        monkeypatch.setattr(chain, name,
-                            lambda *a, name=name, real=real: runs.append(name) or real(*a))
+    monkeypatch.setattr(_common, "LAUNCHES", {})
+    for name in ("wo_a_bf16", "wo_a_bf16_rotating"):
+        real = getattr(plans, name)
+        monkeypatch.setattr(plans, name,
+                            lambda *a, name=name, real=real, **k:
+                            runs.append(name) or real(*a, **k))
     monkeypatch.setattr(configs, "bf16_gemm_chosen", lambda *a, **k: True)
     y = launch.wo_a_bf16(o, pos, cos, sin, w, g)
-    assert runs == ["_rotating_plan"]
+    assert runs == ["wo_a_bf16_rotating"]
     monkeypatch.setattr(configs, "bf16_gemm_chosen", lambda *a, **k: False)
     y_copy = launch.wo_a_bf16(o, pos, cos, sin, w, g)
     assert len(runs) == 1
@@ -197,10 +199,11 @@ def test_plan_is_reused_and_keyed_on_layout(rng, monkeypatch):
     h, dh, g, n = _SMALL
     o, pos, cos, sin, w = _small_chain(rng)
     made = []
-    monkeypatch.setattr(_common, "PLANS", {})
-    for name in ("_wo_a_bf16_plan", "_rotating_plan"):
-        real = getattr(chain, name)
-        monkeypatch.setattr(chain, name, lambda *a, real=real: made.append(a[-1]) or real(*a))
+    monkeypatch.setattr(_common, "LAUNCHES", {})
+    for name in ("wo_a_bf16", "wo_a_bf16_rotating"):
+        real = getattr(plans, name)
+        monkeypatch.setattr(plans, name, lambda *a, real=real, **k: made.append(
+            next(c for c in a if isinstance(c, Bf16GemmConfig))) or real(*a, **k))
     y = launch.wo_a_bf16(o, pos, cos, sin, w, g, fused=True)
     assert_bitwise_equal(launch.wo_a_bf16(o, pos, cos, sin, w, g, fused=True), y)
     assert len(made) == 1
@@ -334,7 +337,7 @@ def test_blocker_and_block_k_limit():
 
 def test_kernel_file_imports_no_framework():
     """``bf16_kernels`` and the kernels it reuses import Triton only (any launcher may use them)."""
-    for module in (bf16_kernels, chain.kernels):
+    for module in (bf16_kernels, plans.kernels):
         tree = ast.parse(open(module.__file__).read())
         names = {a.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
                  for a in node.names}

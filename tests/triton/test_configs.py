@@ -130,20 +130,20 @@ def test_k_split_is_a_divisor_capped_by_programs():
 def test_fused_choices(key):
     m, g, block = key
     cfg, chosen = FUSED_CHOICES[key]
-    assert configs.fused_config(m, g, N, K, block) == cfg
-    assert configs.fused_chosen(m, g, N, K, block) == chosen
+    assert configs.wo_a_fp8_config(m, g, N, K, block) == cfg
+    assert configs.wo_a_fp8_chosen(m, g, N, K, block) == chosen
 
 
 def test_fused_rules():
     """The fused kernel: swapped pointer tiles of 128 weight rows and the fewest of 16, 32 or 64
     token columns that hold the tokens, 8 warps; K split into a divisor of the K blocks exactly
     for grids of ``FEW_PROGRAMS`` or fewer; chosen by default only where each program's
-    prologue quantizes at most ``FUSED_QUANT_LANES`` activations, so for the fewest tokens."""
+    prologue quantizes at most ``WO_A_FP8_QUANT_LANES`` activations, so for the fewest tokens."""
     for g, block in itertools.product(GS, (128, 32)):
         kb, chosen = K // block, []
         for m in MS:
-            cfg = configs.fused_config(m, g, N, K, block)
-            assert configs.fused_blocker(512, 64, block, cfg) is None
+            cfg = configs.wo_a_fp8_config(m, g, N, K, block)
+            assert configs.wo_a_fp8_blocker(512, 64, block, cfg) is None
             assert (cfg.block_n, cfg.num_warps, cfg.swap_ab) == (128, 8, True)
             assert cfg.block_m in (16, 32, 64) and min(m, 64) <= cfg.block_m, (m, g, cfg)
             assert cfg.block_m == 16 or cfg.block_m // 2 < m, (m, g, cfg)
@@ -151,16 +151,16 @@ def test_fused_rules():
             assert kb % cfg.split_k == 0 and cfg.split_k <= 8, (m, g, cfg)
             assert (cfg.split_k > 1) == (tiles <= configs.FEW_PROGRAMS), (m, g, cfg)
             assert cfg.split_k == 1 or max(tiles, 1) * cfg.split_k <= 256, (m, g, cfg)
-            chosen.append(configs.fused_chosen(m, g, N, K, block))
+            chosen.append(configs.wo_a_fp8_chosen(m, g, N, K, block))
             if chosen[-1]:
-                assert m * kb // cfg.split_k * block <= configs.FUSED_QUANT_LANES, (m, g, cfg)
+                assert m * kb // cfg.split_k * block <= configs.WO_A_FP8_QUANT_LANES, (m, g, cfg)
         assert chosen == sorted(chosen, reverse=True), (g, block, chosen)  # a prefix of MS
 
 
 def test_fused_blocker_names_the_obstacle():
-    assert "not a multiple of the scale block" in configs.fused_blocker(192, 64, 128)
-    assert "exceeds head_dim" in configs.fused_blocker(128, 256, 128)
-    assert "swapped tiles only" in configs.fused_blocker(
+    assert "not a multiple of the scale block" in configs.wo_a_fp8_blocker(192, 64, 128)
+    assert "exceeds head_dim" in configs.wo_a_fp8_blocker(128, 256, 128)
+    assert "swapped tiles only" in configs.wo_a_fp8_blocker(
         512, 64, 128, configs.GemmConfig(64, 128, tma=True))
 
 

@@ -133,7 +133,7 @@ def test_fused_split_k_is_the_same_in_deterministic_mode(rng, monkeypatch):
     real = chain._wo_a_fp8_op
     monkeypatch.setattr(chain, "_wo_a_fp8_op", lambda *a: (seen.append(a[12]), real(*a)))
     o, pos, cos, sin, w, ws = _chain_case(rng, 1, g=1, h=2)
-    split = launch.fused_config(1, 1, 128, 1024, 128).split_k
+    split = launch.wo_a_fp8_config(1, 1, 128, 1024, 128).split_k
     assert split > 1
     y = launch.wo_a_fp8(o, pos, cos, sin, w, ws, 1)
     torch.use_deterministic_algorithms(True)

@@ -74,7 +74,7 @@ def test_fused_decode_chain(s, g):
     launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, out=y, fused=True)
     err = relerr(y, ref)
     assert err <= TOLERANCES["gemm_bf16"].rel, f"seed {seed}: relerr {err:.3g}"
-    cfg = dataclasses.replace(launch.fused_config(s, g, N, HPG * DH, 128), split_k=1)
+    cfg = dataclasses.replace(launch.wo_a_fp8_config(s, g, N, HPG * DH, 128), split_k=1)
     one = launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, fused=True, config=cfg)
     two = launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, fused=False, config=cfg)
     bad = int((one.view(torch.int16) != two.view(torch.int16)).sum())
@@ -85,7 +85,7 @@ def test_fused_decode_chain(s, g):
 def test_fused_chain_cuda_graph_and_torch_compile(s, g):
     from torch_bridge.backends.triton import launch
 
-    assert launch.fused_chosen(s, g, N, HPG * DH, 128)
+    assert launch.wo_a_fp8_chosen(s, g, N, HPG * DH, 128)
 
     o, pos, cos, sin = rope_inputs(s, g, new_seed(), pos_dtype=torch.int32)
     weight, scale = checkpoint(g, new_seed())

@@ -31,9 +31,9 @@ def test_quant_op_direct_launch_gives_the_op_paths_bytes(g):
 
     seed = new_seed()
     o, pos, cos, sin = rope_inputs(3, g, seed)
-    ops._EAGER.clear()
+    ops._PLANS.clear()
     first = tb.inverse_rope_group_quant(o, pos, cos, sin, g, 128)
-    assert any(fn is not None for fn in ops._EAGER.values()), "nothing bound"
+    assert any(p.eager for p in ops._PLANS.values()), "nothing bound"
     for trial in range(3):  # fresh inputs of the same signature take the bound launch
         o2, pos2, cos2, sin2 = rope_inputs(3, g, seed + trial + 1)
         q, sc = tb.inverse_rope_group_quant(o2, pos2, cos2, sin2, g, 128)
@@ -190,7 +190,7 @@ def test_split_k_direct_launch_stays_on_its_stream_and_out_of_captures():
 
     seed = new_seed()
     x, w, xs, ws = gemm_inputs(1, 2, N, HPG * DH, seed)
-    ops._EAGER.clear()  # bind on the side stream, whatever ran this signature before
+    ops._PLANS.clear()  # bind on the side stream, whatever ran this signature before
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -243,7 +243,7 @@ def test_bound_launches_call_tritons_c_launch_directly():
 
     o, pos, cos, sin = rope_inputs(2, 2, new_seed())
     tb.inverse_rope_group_quant(o, pos, cos, sin, 2, 128)
-    compiled = [c for c, _ in _common.COMPILED.values()]
+    compiled = [c for run in _common.LAUNCHES.values() for c, _ in run._compiled.values()]
     assert compiled and all(_common.raw_launch(c) is not None for c in compiled)
 
 

@@ -83,7 +83,7 @@ def test_fused_chain_prologue_bytes_are_the_oracles(s, g, table, rope_dtype):
     chain's bits with the same tiles (the rotation's rounding leaves the GEMM alone)."""
     import dataclasses
 
-    from torch_bridge.backends.triton import _common, chain, configs, launch
+    from torch_bridge.backends.triton import chain, configs, launch
 
     seed = new_seed()
     o, pos, cos, sin = _inputs(s, g, table, rope_dtype, seed)
@@ -92,11 +92,11 @@ def test_fused_chain_prologue_bytes_are_the_oracles(s, g, table, rope_dtype):
     w = (torch.randn((g, N, k), generator=gen, device="cuda") * 64).to(torch.float8_e4m3fn)
     ws = torch.randint(118, 124, (g, N // 128, k // 128), generator=gen, device="cuda",
                        dtype=torch.uint8)
-    cfg = dataclasses.replace(configs.fused_config(s, g, N, k, 128), split_k=1)
+    cfg = dataclasses.replace(configs.wo_a_fp8_config(s, g, N, k, 128), split_k=1)
     x_fp8 = torch.empty((s, g, k), dtype=torch.float8_e4m3fn, device="cuda")
     x_scale = torch.empty((s, g, k // 128), dtype=torch.uint8, device="cuda")
     out = torch.empty((s, g, N), dtype=torch.bfloat16, device="cuda")
-    _common.LAUNCHERS[chain._wo_a_fp8_op](
+    chain._wo_a_fp8_op.launch_fn(
         o, pos, cos, sin, w, ws, x_fp8, x_scale, out, 1e-8, cfg.block_m, cfg.block_n, 1,
         cfg.num_warps, cfg.num_stages)
     rq, rs = _oracle_quant(o, pos, cos, sin, g)

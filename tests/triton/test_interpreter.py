@@ -31,7 +31,6 @@ from _cases import (  # noqa: E402
 from torch_bridge import _dispatch  # noqa: E402
 from torch_bridge.backends.triton import (  # noqa: E402
     BACKEND,
-    _common,
     gemm,
     kernels,
     launch,
@@ -295,7 +294,7 @@ def test_default_wgmma_shape_runs_the_triton_kernels_when_x_has_no_tma_view(rng)
     xt = x.transpose(0, 1).contiguous().transpose(0, 1)
     out = torch.full((3, 2, 128), float("nan"), dtype=torch.bfloat16, device=DEVICE)
     swapped = launch.GemmConfig(8, 64, swap_ab=True, num_warps=4, num_stages=8, wgmma=True)
-    launcher = _common.LAUNCHERS[gemm._batched_gemm_a8w8_mxscale_op]
+    launcher = gemm._batched_gemm_a8w8_mxscale_op.launch_fn
     launcher(xt, w, xs, ws, out, *dataclasses.astuple(swapped))
     assert torch.equal(out, launch.batched_gemm_a8w8_mxscale(x, w, xs, ws))
 
@@ -489,8 +488,8 @@ def test_eager_calls_launch_directly_and_fake_tensors_take_the_op(rng, monkeypat
 
     op = quant._inverse_rope_group_quant_op
     launched = []
-    real = _common.LAUNCHERS[op]
-    monkeypatch.setitem(_common.LAUNCHERS, op, lambda *a: (launched.append(a[0]), real(*a)))
+    real = op.launch_fn
+    monkeypatch.setattr(op, "launch_fn", lambda *a: (launched.append(a[0]), real(*a)))
     o, pos, cos, sin = rope_case(rng, s=2, h=2)
     q, sc = launch.inverse_rope_group_quant(o, pos, cos, sin, 2, 128)
     assert len(launched) == 1 and launched[0] is o

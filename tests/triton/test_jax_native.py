@@ -20,7 +20,7 @@ from _sm90 import run_compile_script
 
 import woa_jax
 from torch_bridge import jax_ops
-from torch_bridge.backends.triton import configs, jax_launch, kernels, launch, xla_ffi
+from torch_bridge.backends.triton import configs, jax_launch, kernels, launch, plans, xla_ffi
 from torch_bridge.backends.triton.xla_ffi import Ref
 from woa_jax.testing import assert_bitwise_equal
 
@@ -210,15 +210,19 @@ def test_parameter_map():
 # Launch specs against the torch launcher (CPU)
 # ---------------------------------------------------------------------------------------------
 
-def test_quant_constants_are_the_torch_launchers(monkeypatch):
+def test_quant_constants_are_one_plan_for_both_launchers():
+    """``plans.quant`` makes the constexprs of both launchers: the compiled CUDA kernel's
+    values here."""
+    def constants(fp8, amax_floor, rope_dtype):
+        return plans.quant(7, 16, DH, RD, 128, configs.quant_config(7), fp8=fp8,
+                           amax_floor=amax_floor, o_dtype="bfloat16", rope_dtype=rope_dtype,
+                           target="cuda").constexprs
 
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the compiled CUDA kernel's values
-    c = jax_launch._quant_constants(jnp.float8_e4m3fn, woa_jax.CUDA_AMAX_FLOOR, jnp.bfloat16,
-                                    jnp.bfloat16)
-    assert c == dict(INV_FP8_MAX=float(np.float32(1 / 448)), FP8_MAX=448.0,
-                     FP8_MIN_NORMAL_EXP=-6, AMAX_FLOOR=float(np.float32(1e-10)),
-                     HW_CAST=True, ROUND_PRODUCTS=0)
-    fnuz = jax_launch._quant_constants(jnp.float8_e4m3fnuz, 1e-8, jnp.bfloat16, jnp.float32)
+    c = constants("float8_e4m3fn", woa_jax.CUDA_AMAX_FLOOR, "bfloat16")
+    assert c.items() >= dict(INV_FP8_MAX=float(np.float32(1 / 448)), FP8_MAX=448.0,
+                             FP8_MIN_NORMAL_EXP=-6, AMAX_FLOOR=float(np.float32(1e-10)),
+                             HW_CAST=True, ROUND_PRODUCTS=0).items()
+    fnuz = constants("float8_e4m3fnuz", 1e-8, "float32")
     assert (fnuz["FP8_MAX"], fnuz["FP8_MIN_NORMAL_EXP"], fnuz["HW_CAST"]) == (240.0, -7, False)
     # fp32 tables: each product of the rotation rounded by PTX mul.rn (as the oracle rounds it)
     assert fnuz["ROUND_PRODUCTS"] == 1
@@ -324,23 +328,23 @@ def test_chain_fuses_where_the_torch_launcher_fuses_without_split(native_ok):
     fuse, and another backend never fuses natively."""
     def fused(s, g, backend="triton", dtype=jnp.bfloat16):
         o, pos, cos, sin, w, ws = _chain_shapes(s, g)
-        return jax_ops._fused_native(o, pos, cos, sin, w, ws, 128, g, 1e-8, dtype, backend)
+        return jax_ops._wo_a_fp8_native(o, pos, cos, sin, w, ws, 128, g, 1e-8, dtype, backend)
 
     assert fused(1, 16) and fused(1, 16, dtype=jnp.float32)
-    assert launch.fused_config(1, 2, N, HPG * DH, 128).split_k > 1
+    assert launch.wo_a_fp8_config(1, 2, N, HPG * DH, 128).split_k > 1
     assert not fused(1, 2) and not fused(2, 16) and not fused(1, 16, backend="torch")
-    assert jax_launch.fused_fits(1, 16, N, HPG * DH, 128, DH, RD)
-    assert not jax_launch.fused_fits(1, 16, N, HPG * DH, 128, 192, RD)  # Dh % B != 0
+    assert jax_launch.wo_a_fp8_fits(1, 16, N, HPG * DH, 128, DH, RD)
+    assert not jax_launch.wo_a_fp8_fits(1, 16, N, HPG * DH, 128, 192, RD)  # Dh % B != 0
 
 
 def test_fused_chain_checks_inputs_like_the_two_steps(native_ok):
     o, pos, cos, sin, w, _ = _chain_shapes(1, 16)
     bad = jax.ShapeDtypeStruct((16, 4, HPG * DH // 128), jnp.float8_e8m0fnu)
     with pytest.raises(ValueError, match=r"w_scale must be \[G, ceil\(N / 128\), K / 128\]"):
-        jax_ops._fused_native(o, pos, cos, sin, w, bad, 128, 16, 1e-8, jnp.bfloat16, "triton")
+        jax_ops._wo_a_fp8_native(o, pos, cos, sin, w, bad, 128, 16, 1e-8, jnp.bfloat16, "triton")
     ws = jax.ShapeDtypeStruct((16, N // 128, HPG * DH // 128), jnp.float8_e8m0fnu)
     with pytest.raises(TypeError, match="dtype must be bfloat16 or float32, got float16"):
-        jax_ops._fused_native(o, pos, cos, sin, w, ws, 128, 16, 1e-8, jnp.float16, "triton")
+        jax_ops._wo_a_fp8_native(o, pos, cos, sin, w, ws, 128, 16, 1e-8, jnp.float16, "triton")
 
 
 def test_chain_takes_the_fused_launch(native_ok, monkeypatch):
@@ -358,11 +362,11 @@ def test_chain_takes_the_fused_launch(native_ok, monkeypatch):
 
 
 def test_fused_spec_follows_fused_config():
-    call = jax_launch.fused_call(1, 16 * HPG, DH, RD, P, 16, N, HPG * DH, 128, N // 128,
+    call = jax_launch.wo_a_fp8_call(1, 16 * HPG, DH, RD, P, 16, N, HPG * DH, 128, N // 128,
                                  fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8,
                                  dtype=jnp.bfloat16, o_dtype=jnp.bfloat16,
                                  rope_dtype=jnp.bfloat16)
-    cfg = launch.fused_config(1, 16, N, HPG * DH, 128)
+    cfg = launch.wo_a_fp8_config(1, 16, N, HPG * DH, 128)
     cx = dict(call.constexprs)
     assert call.kernel is kernels.wo_a_fp8_kernel and call.scalars == (1, P)
     assert call.args[8:] == (Ref(6), Ref(7), Ref(8), Ref(8), Ref(8))
@@ -370,12 +374,12 @@ def test_fused_spec_follows_fused_config():
     assert (call.num_warps, call.num_stages) == (cfg.num_warps, cfg.num_stages)
     assert (cx["BLOCK_M"], cx["BLOCK_N"], cx["SOM"], cx["SWSG"], cx["SYM"]) == (
         cfg.block_m, cfg.block_n, 16 * HPG * DH, N // 128 * HPG * DH // 128, 16 * N)
-    assert cx["QUANT_ROWS"] == configs.FUSED_QUANT_LANES // 128 and cx["OUT_BF16"]
+    assert cx["QUANT_ROWS"] == configs.WO_A_FP8_QUANT_LANES // 128 and cx["OUT_BF16"]
     assert [(t.shape, t.dtype) for t in call.out_shape] == [
         ((1, 16, HPG * DH), jnp.float8_e4m3fn), ((1, 16, HPG * DH // 128), jnp.uint8),
         ((1, 16, N), jnp.bfloat16)]
-    with pytest.raises(ValueError, match="the native fused chain does not split K"):
-        jax_launch.fused_call(1, 2 * HPG, DH, RD, P, 2, N, HPG * DH, 128, N // 128,
+    with pytest.raises(ValueError, match="the native wo_a_fp8 kernel does not split K"):
+        jax_launch.wo_a_fp8_call(1, 2 * HPG, DH, RD, P, 2, N, HPG * DH, 128, N // 128,
                               fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8, dtype=jnp.bfloat16,
                               o_dtype=jnp.bfloat16, rope_dtype=jnp.bfloat16)
 
@@ -414,7 +418,7 @@ _COMPILE_SCRIPT = textwrap.dedent("""
     print("wgmma", "wgmma.mma_async" in k.asm["ptx"], "cp.async.bulk.tensor" in k.asm["ptx"],
           len(k.metadata.tensordesc_meta))
     for tables, rope_dtype in ((rope, jnp.bfloat16), (rope32, jnp.float32)):
-        call = jax_launch.fused_call(1, 128, 512, 64, 1024, 16, 1024, 4096, 128, 8,
+        call = jax_launch.wo_a_fp8_call(1, 128, 512, 64, 1024, 16, 1024, 4096, 128, 8,
                                      fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8,
                                      dtype=jnp.bfloat16, o_dtype=jnp.bfloat16,
                                      rope_dtype=rope_dtype)

@@ -70,36 +70,34 @@ def test_wgmma_relaunch_passes_every_argument_in_kernel_order(monkeypatch):
     Compiled = _stand_in_compiled(relaunches)
 
     class Kernel:
-        arg_names = real.arg_names
+        arg_names, params = real.arg_names, real.params
 
         def __getitem__(self, grid):
-            def launch_(**kwargs):
-                first_launches.append((grid, kwargs))
+            def launch_(*args, **kwargs):
+                named = dict(zip(real.arg_names, args, strict=False))
+                first_launches.append((grid, {**named, **kwargs}))
                 return Compiled()
             return launch_
 
     from triton import knobs
 
     monkeypatch.setattr(wgmma_kernels, "batched_gemm_a8w8_mxscale_wgmma_kernel", Kernel())
+    monkeypatch.setattr(_common, "interpreter_on", lambda: False)
     monkeypatch.setattr(_common, "current_stream", lambda *device: 1234)
     # A profiler's hook: the launch metadata is built for it, as on Triton's own path.
     monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda metadata: None)
-    monkeypatch.setattr(gemm, "COMPILED_WGMMA", {})
+    monkeypatch.setattr(_common, "LAUNCHES", {})
     monkeypatch.setattr(gemm, "sm_count", lambda index: 4)  # the interpreter's, on a GPU too
     g, n, k = 2, 256, 512
     w, ws = _fp8(g, n, k), torch.full((g, n // 128, k // 128), 127, dtype=torch.uint8)
-    for m in (64, 128, 80, 72):
+    for m in (64, 64, 80, 80):
         x, xs = _fp8(m, g, k), torch.full((m, g, k // 128), 127, dtype=torch.uint8)
         out = torch.empty((m, g, n), dtype=torch.bfloat16)
-        gemm._launch_wgmma(x, w, xs, ws, out, block_m=64, block_n=128, block=128, num_warps=4,
-                           num_stages=4, programs_per_sm=1, swap_ab=False)
-        if m == 80:
-            xs_80 = xs
-    # M 64, 128 and 80 share a specialization (M % 16 == 0; 4 programs, one per interpreter
-    # "SM"); M 72 (M % 16 == 8) is a new one.
-    assert [kw["M"] for _, kw in first_launches] == [64, 72] and len(relaunches) == 2
+        gemm._batched_gemm_a8w8_mxscale_op.launch_fn(x, w, xs, ws, out, *_WGMMA_FIELDS)
+    # Each signature's first launch goes through Triton, its repeat straight to the kernel.
+    assert [kw["M"] for _, kw in first_launches] == [64, 80] and len(relaunches) == 2
     grid, kwargs = first_launches[0]
-    assert grid == (4,) and list(kwargs) == list(real.arg_names)
+    assert grid == (4,) and sorted(kwargs) == sorted(real.arg_names)
     args = relaunches[-1]
     assert args[:9] == (4, 1, 1, 1234, "function", "metadata",
                         ("launch metadata", (4, 1, 1), 1234, len(real.arg_names)),
@@ -108,15 +106,26 @@ def test_wgmma_relaunch_passes_every_argument_in_kernel_order(monkeypatch):
     assert isinstance(values["x_desc"], TensorDescriptor)
     assert values["x_desc"].shape == [80, g * k] and values["x_desc"].block_shape == [64, 128]
     assert values["w_desc"].shape == [g * n, k] and values["y_desc"].shape == [80, g * n]
-    assert values["xs_ptr"].data_ptr() == xs_80.data_ptr() and values["M"] == 80
+    assert values["xs_ptr"].data_ptr() == xs.data_ptr() and values["M"] == 80
     assert values["STAGES"] == 4 and values["num_warps"] == 4 and values["G"] == g
     assert values["SWAP_AB"] is False
 
 
+#: ``GemmConfig``'s fields of a wgmma launch: 64 x 128 tiles, 4 warps, 4 stages, one program
+#: per SM.
+_WGMMA_FIELDS = (64, 128, 1, False, 4, 4, False, 1, True)
+
+
+def _stand_in_plan(kernel, grid, constexprs):
+    from torch_bridge.backends.triton import plans
+
+    return plans.Plan(kernel, grid, constexprs, num_warps=4)
+
+
 def test_relaunch_goes_straight_to_the_compiled_kernel_per_specialization(monkeypatch):
-    """``_common.launch`` (no GPU here: the kernel and the stream are stand-ins) compiles through
-    Triton's path once per specialization (plan key, argument dtypes, 16-byte alignment, integer
-    value classes), then relaunches the compiled kernel with the runtime arguments followed by
+    """``_common.Launch`` (no GPU here: the kernel and the stream are stand-ins) compiles through
+    Triton's path once per specialization (argument dtypes, 16-byte alignment, integer value
+    classes), then relaunches the compiled kernel with the runtime arguments followed by
     every constexpr in parameter order (defaults included) and Triton's metadata and hooks."""
     import inspect
 
@@ -142,25 +151,26 @@ def test_relaunch_goes_straight_to_the_compiled_kernel_per_specialization(monkey
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setattr(_common, "current_stream", lambda *device: 99)
     monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda metadata: None)
-    monkeypatch.setattr(_common, "COMPILED", {})
     kernel = Kernel()
+    one, other = (_common.Launch(_stand_in_plan(kernel, (3, 2), {"BLOCK": 16}))
+                  for _ in range(2))
     x, y = torch.zeros(64), torch.zeros(64)
-    calls = [((x, 32, y), "k"), ((x, 48, y), "k"),  # 32 and 48: both multiples of 16
-             ((x, 1, y), "k"),  # == 1: a new specialization
-             ((x[1:], 32, y), "k"),  # misaligned pointer: new
-             ((x.double(), 32, y), "k"),  # dtype: new
-             ((x, 32, y), "other plan")]  # another plan key: new
-    for args, key in calls:
-        _common.launch(kernel, (3, 2), args, {"BLOCK": 16}, key)
+    calls = [((x, 32, y), one), ((x, 48, y), one),  # 32 and 48: both multiples of 16
+             ((x, 1, y), one),  # == 1: a new specialization
+             ((x[1:], 32, y), one),  # misaligned pointer: new
+             ((x.double(), 32, y), one),  # dtype: new
+             ((x, 32, y), other)]  # another launch signature: new
+    for args, run in calls:
+        run(args)
     assert len(first_launches) == 5 and len(relaunches) == 1
-    assert first_launches[0] == ((3, 2), (x, 32, y), {"BLOCK": 16})
+    assert first_launches[0] == ((3, 2), (x, 32, y), {"BLOCK": 16, "num_warps": 4})
     assert relaunches[0] == (3, 2, 1, 99, "function", "metadata",
                              ("launch metadata", (3, 2, 1), 99, 5), knobs.runtime.launch_enter_hook,
                              None, x, 48, y, 16, True)
 
 
 def test_bound_launch_fills_its_tensor_slots_and_refuses_other_specializations(monkeypatch):
-    """``_common.bind`` (stand-in compiled kernel, no GPU): the bound launch passes the new
+    """``Launch.bind`` (stand-in compiled kernel, no GPU): the bound launch passes the new
     tensors in their slots and the bound ints and constexprs; a misaligned tensor, another
     current device or a dispatch mode make it refuse (the caller then takes the op's path)."""
     from triton import knobs
@@ -173,11 +183,9 @@ def test_bound_launch_fills_its_tensor_slots_and_refuses_other_specializations(m
     monkeypatch.setattr(_common.torch.cuda, "current_device", lambda: None)  # CPU: index None
     x, y = torch.zeros(64), torch.zeros(64)
     args = (x, 5, y)
-    monkeypatch.setattr(_common, "COMPILED", {
-        ("plan", *map(_common._specialization, args)): (Compiled(), (16, True))})
-    monkeypatch.setattr(_common, "BOUND_GRIDS", {"plan": (4, 2)})
-    assert _common.bind("other plan", args, (0, 2)) is None
-    bound = _common.bind("plan", args, (0, 2))
+    run = _compiled_launch((4, 2), args, Compiled(), (16, True))
+    assert _common.Launch(run.plan).bind(args, (0, 2)) is None  # not launched yet
+    bound = run.bind(args, (0, 2))
     x2, y2 = torch.ones(64), torch.ones(64)
     assert bound((x2, y2)) is True
     assert runs == [(4, 2, 1, 7, "function", "metadata", None, None,
@@ -204,7 +212,7 @@ def test_bound_launch_fills_its_tensor_slots_and_refuses_other_specializations(m
     assert bound((x2.as_subclass(Sub), y2)) is False
     assert len(runs) == 1
     # Only the call's inputs (the leading ``checked``) are checked: the rest are the caller's.
-    inputs_only = _common.bind("plan", (x2, 5, y2), (0, 2), checked=1)
+    inputs_only = run.bind((x2, 5, y2), (0, 2), checked=1)
     assert inputs_only((x2, y2[1:])) is True and inputs_only((x2[1:], y2)) is False
 
 
@@ -220,18 +228,23 @@ def test_pinned_bound_launch_refuses_other_streams_and_captures(monkeypatch):
     stream = [7]
     monkeypatch.setattr(_common, "current_stream", lambda *device: stream[0])
     x = torch.zeros(64)
-    monkeypatch.setattr(_common, "COMPILED", {
-        ("plan", *map(_common._specialization, (x,))): (_stand_in_compiled(runs)(), ())})
-    monkeypatch.setattr(_common, "BOUND_GRIDS", {"plan": (1,)})
-    bound = _common.bind("plan", (x,), (0,), stream=7)
+    run = _compiled_launch((1,), (x,), _stand_in_compiled(runs)(), ())
+    bound = run.bind((x,), (0,), stream=7)
     assert bound((x,)) is True and len(runs) == 1
     stream[0] = 8
     assert bound((x,)) is False
     stream[0] = 7
     monkeypatch.setattr(_common.torch.cuda, "is_current_stream_capturing", lambda: True)
     assert bound((x,)) is False
-    assert _common.bind("plan", (x,), (0,))((x,)) is True  # unpinned: any stream, captures too
+    assert run.bind((x,), (0,))((x,)) is True  # unpinned: any stream, captures too
     assert len(runs) == 2
+
+
+def _compiled_launch(grid, args, compiled, tail) -> _common.Launch:
+    """A launch whose kernel was compiled for ``args``' specialization (a stand-in)."""
+    run = _common.Launch(_stand_in_plan(None, grid, {}))
+    run._compiled[tuple(map(_common._specialization, args))] = (compiled, tail)
+    return run
 
 
 def _descriptor_kernel(raw_launches: list, metas=({"m": 0}, {"m": 1}, {"m": 2})):
@@ -293,15 +306,19 @@ def test_bound_wgmma_gemm_keeps_descriptor_expansions_per_base_address(monkeypat
         made.append((desc.base.data_ptr(), meta["m"]))
         return [f"map{meta['m']}", *desc.shape, *desc.strides]
 
+    real = wgmma_kernels.batched_gemm_a8w8_mxscale_wgmma_kernel
+
     class Kernel:
-        arg_names = wgmma_kernels.batched_gemm_a8w8_mxscale_wgmma_kernel.arg_names
+        arg_names, params = real.arg_names, real.params
 
         def __getitem__(self, grid):
-            return lambda **kwargs: _descriptor_kernel(raw)
+            return lambda *args, **kwargs: _descriptor_kernel(raw)
 
     monkeypatch.setattr(wgmma_kernels, "batched_gemm_a8w8_mxscale_wgmma_kernel", Kernel())
     monkeypatch.setattr(nvidia, "make_tensordesc_arg", make)
-    monkeypatch.setattr(gemm, "COMPILED_WGMMA", {})
+    monkeypatch.setattr(_common, "LAUNCHES", {})
+    monkeypatch.setattr(_common, "interpreter_on", lambda: False)
+    monkeypatch.setattr(gemm, "sm_count", lambda index: 4)
     monkeypatch.setattr(knobs.runtime, "launch_enter_hook", None)
     monkeypatch.setattr(_common.torch.cuda, "current_device", lambda: None)
     monkeypatch.setattr(_common, "current_stream", lambda *device: 3)
@@ -309,11 +326,11 @@ def test_bound_wgmma_gemm_keeps_descriptor_expansions_per_base_address(monkeypat
     w, ws = _fp8(g, n, k), torch.full((g, n // 128, k // 128), 127, dtype=torch.uint8)
     x, xs = _fp8(m, g, k), torch.full((m, g, k // 128), 127, dtype=torch.uint8)
     out = torch.empty((m, g, n), dtype=torch.bfloat16)
-    shape = dict(block_m=8, block_n=64, block=128, num_warps=4, num_stages=8,
-                 programs_per_sm=0, swap_ab=True)
-    assert gemm.WgmmaBound.of(x, w, xs, ws, out, shape) is None  # nothing compiled yet
-    gemm._launch_wgmma(x, w, xs, ws, out, **shape)
-    bound = gemm.WgmmaBound.of(x, w, xs, ws, out, shape)
+    run, launch_args = gemm._gemm_launch(x, w, xs, ws, out, (8, 64, 1, True, 4, 8, False, 0,
+                                                             True))
+    assert gemm.WgmmaBound.of(run, launch_args, out) is None  # nothing compiled yet
+    run(launch_args)
+    bound = gemm.WgmmaBound.of(run, launch_args, out)
     y = bound(x, w, xs, ws)
     assert y.shape == (m, g, n) and y.dtype == torch.bfloat16
     (args,) = raw
@@ -493,9 +510,8 @@ def test_an_unknown_launch_layout_takes_tritons_public_launch_on_every_call(monk
                 return _stand_in_compiled([])()
             return run
 
-    before = dict(_common.COMPILED)
+    run = _common.Launch(_stand_in_plan(Kernel(), (4, 2), {"BLOCK": 16}))
     for _ in range(3):
-        _common.launch(Kernel(), (4, 2), (1, 2), {"BLOCK": 16}, ("stand-in", 1))
-    assert calls == [((4, 2), (1, 2), {"BLOCK": 16})] * 3
-    assert _common.COMPILED == before
-    assert _common.bind(("stand-in", 1), (1, 2), ()) is None
+        run((1, 2))
+    assert calls == [((4, 2), (1, 2), {"BLOCK": 16, "num_warps": 4})] * 3
+    assert run.compiled((1, 2)) is None and run.bind((1, 2), ()) is None

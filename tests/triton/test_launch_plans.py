@@ -1,4 +1,4 @@
-"""Launch plans (``_common.plan``): a repeated call signature reuses its plan, and a changed
+"""Launches (``_common.launch_for``): a repeated call signature reuses its launch, and a changed
 shape, stride, dtype or option makes a new one that gives the right answer for the new layout.
 
 Runs through ``TRITON_INTERPRET=1`` on CPU (tests/conftest.py), at tiny shapes.
@@ -18,19 +18,18 @@ pytest.importorskip("triton")
 import jax.numpy as jnp  # noqa: E402
 from _cases import DEVICE, assert_quant_equal, jx, rope_case  # noqa: E402
 
-from torch_bridge.backends.triton import _common, chain, gemm, launch, quant  # noqa: E402
+from torch_bridge.backends.triton import _common, launch, plans  # noqa: E402
 
 
 @pytest.fixture
 def made(monkeypatch):
-    """Fresh plans; the list of plan makers that ran (one entry per plan made)."""
-    monkeypatch.setattr(_common, "PLANS", {})
+    """Fresh launches; the list of plans made (one entry per launch signature)."""
+    monkeypatch.setattr(_common, "LAUNCHES", {})
     calls = []
-    for module, name in ((quant, "_quant_plan"), (gemm, "_gemm_plan"),
-                         (chain, "_wo_a_fp8_plan"), (chain, "_inverse_rope_plan")):
-        real = getattr(module, name)
-        monkeypatch.setattr(module, name,
-                            lambda *a, real=real, name=name: (calls.append(name), real(*a))[1])
+    for name in ("quant", "gemm_pointer", "wo_a_fp8", "inverse_rope"):
+        real = getattr(plans, name)
+        monkeypatch.setattr(plans, name, lambda *a, real=real, name=name, **k: (
+            calls.append(name), real(*a, **k))[1])
     return calls
 
 
@@ -43,13 +42,13 @@ def test_quant_plan_is_reused_and_keyed_on_strides_and_dtypes(rng, made):
     o, pos, cos, sin = rope_case(rng)
     _quant_matches_oracle(o, pos, cos, sin)
     _quant_matches_oracle(o, pos, cos, sin)
-    assert made == ["_quant_plan"] and len(_common.PLANS) == 1
+    assert made == ["quant"] and len(_common.LAUNCHES) == 1
     padded = torch.zeros((3, 4 * 512 + 64), dtype=torch.bfloat16, device=DEVICE)
     padded[:, :2048] = o.reshape(3, -1)
     o_padded = padded[:, :2048].view(3, 4, 512)  # token stride 2112
     _quant_matches_oracle(o_padded, pos, cos, sin)
     _quant_matches_oracle(o, pos, cos.float(), sin.float())  # fp32 tables
-    assert made == ["_quant_plan"] * 3 and len(_common.PLANS) == 3
+    assert made == ["quant"] * 3 and len(_common.LAUNCHES) == 3
     _quant_matches_oracle(*rope_case(rng, s=5))  # another token count
     assert len(made) == 4
 
@@ -64,12 +63,12 @@ def test_gemm_plan_is_reused_and_keyed_on_strides(rng, made):
     ref = woa_jax.batched_gemm_a8w8_mxscale(*jx(x, w, xs, ws), dtype=jnp.float32)
     for _ in range(2):
         assert_close(launch.batched_gemm_a8w8_mxscale(x, w, xs, ws), ref, tolerance="gemm_bf16")
-    assert made == ["_gemm_plan"]
+    assert made == ["gemm_pointer"]
     xt = x.transpose(0, 1).contiguous().transpose(0, 1)  # [M, G, K] view of [G, M, K]
     assert_close(launch.batched_gemm_a8w8_mxscale(xt, w, xs, ws), ref, tolerance="gemm_bf16")
     y32 = launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, dtype=torch.float32)
     assert_close(y32, ref, tolerance="gemm_fp32")
-    assert made == ["_gemm_plan"] * 3
+    assert made == ["gemm_pointer"] * 3
 
 
 def test_chain_plans_are_reused(rng, made):
@@ -79,10 +78,10 @@ def test_chain_plans_are_reused(rng, made):
     ws = torch.from_numpy(rng.integers(118, 124, (2, 1, 8)).astype(np.uint8)).to(DEVICE)
     first = launch.wo_a_fp8(o, pos, cos, sin, w, ws, 2, fused=True)
     again = launch.wo_a_fp8(o, pos, cos, sin, w, ws, 2, fused=True)
-    assert torch.equal(first, again) and made == ["_wo_a_fp8_plan"]
+    assert torch.equal(first, again) and made == ["wo_a_fp8"]
     y = launch.inverse_rope(o, pos, cos, sin)
     assert torch.equal(launch.inverse_rope(o, pos, cos, sin), y)
     x = o.clone()
     launch.inverse_rope(x, pos, cos, sin, overwrite_o=True)  # in place: a plan of its own
     assert torch.equal(x, y)
-    assert made == ["_wo_a_fp8_plan", "_inverse_rope_plan", "_inverse_rope_plan"]
+    assert made == ["wo_a_fp8", "inverse_rope", "inverse_rope"]

@@ -20,7 +20,7 @@ _SCRIPT = textwrap.dedent("""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from torch_bridge.backends.triton import _common, configs, kernels, launch
+    from torch_bridge.backends.triton import configs, kernels, launch
 
     def ptx(kernel, sig, cx, aligned, num_warps=4, num_stages=4):
         # Like torch's launcher: pointers and ints that are multiples of 16 carry the hint.
@@ -85,7 +85,7 @@ _SCRIPT = textwrap.dedent("""
            "stride_sp": "i32", "q_ptr": "*fp8e4nv", "s_ptr": "*u8"}
     import torch
     cx = dict(H=128, DH=512, RD=64, GS=128, BLOCK_T=qc.block_r, BLOCK_H=qc.block_h,
-              **_common.quant_constants(torch.float8_e4m3fn, 1e-8), ROUND_PRODUCTS=0)
+              **dict(configs.quant_constants("float8_e4m3fn", 1e-8, True)), ROUND_PRODUCTS=0)
     assert cx["HW_CAST"]
     code = ptx(kernels.inverse_rope_group_quant_head_kernel, sig, cx,
                ("o_ptr", "pos_ptr", "cos_ptr", "sin_ptr", "stride_os", "stride_cp", "stride_sp",
@@ -94,17 +94,17 @@ _SCRIPT = textwrap.dedent("""
 
     # The fused chain at its G = 2 decode shape: wgmma and serial split-K; fp32 tables, so
     # the rotation's products are rounded by mul.rn (configs.round_products).
-    cfg = launch.fused_config(1, 2, n, k, sb)
+    cfg = launch.wo_a_fp8_config(1, 2, n, k, sb)
     sig = {"o_ptr": "*bf16", "pos_ptr": "*i32", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
            "w_ptr": "*fp8e4nv", "ws_ptr": "*u8", "M": "i32", "n_pos_rows": "i32",
            "x_ptr": "*fp8e4nv", "xs_ptr": "*u8", "y_ptr": "*bf16", **split}
     cx = dict(SOM=2 * k, SCP=32, SSP=32, SWG=n * k, SWN=k, SWSG=n // sb * k // sb,
               SWSN=k // sb, SYM=2 * n, SYG=n, G=2, N=n, K=k, SB=sb, DH=512, RD=64,
-              **_common.quant_constants(torch.float8_e4m3fn, 1e-8),
+              **dict(configs.quant_constants("float8_e4m3fn", 1e-8, True)),
               ROUND_PRODUCTS=configs.round_products("bfloat16", "float32", "cuda"),
               BLOCK_M=cfg.block_m,
               BLOCK_N=cfg.block_n, SPLIT_K=cfg.split_k, OUT_BF16=True,
-              QUANT_ROWS=configs.FUSED_QUANT_LANES // sb)
+              QUANT_ROWS=configs.WO_A_FP8_QUANT_LANES // sb)
     code = ptx(kernels.wo_a_fp8_kernel, sig, cx,
                tuple(sig)[:6] + ("x_ptr", "xs_ptr", "y_ptr", *split), cfg.num_warps,
                cfg.num_stages)

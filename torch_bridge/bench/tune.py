@@ -1,6 +1,6 @@
 """``--tune``: time candidate Triton launch shapes (GEMM, quant, fused decode chain) per (G, M),
 and ``--tuned``: run the sweep with the fastest shapes of a tuning run instead of the built-in
-choice (``configs.gemm_config``, ``configs.fused_config``, ``configs.quant_config``, which the
+choice (``configs.gemm_config``, ``configs.wo_a_fp8_config``, ``configs.quant_config``, which the
 launchers look up on every plan they build)."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def gemm_candidates(m: int) -> list:
                      C(128, 128, 1, False, 8, 4, tma=True, programs_per_sm=1)]
 
 
-def fused_candidates(m: int, g: int, n: int) -> list:
+def wo_a_fp8_candidates(m: int, g: int, n: int) -> list:
     """Launch shapes of the fused decode chain worth timing (swapped pointer-load tiles)."""
     from torch_bridge.backends.triton.launch import GemmConfig as C
 
@@ -80,7 +80,7 @@ def run_tune(sweep: problem.Sweep, *, on_gpu: bool, reps: int, progress, seed: i
         if "chain" in kinds and m <= 64:
             fused = functools.partial(chain_fp8_triton, fused=True)
             jobs += [("chain", f"fused {c.label()}", c, fused)
-                     for c in fused_candidates(m, g, sweep.n)]
+                     for c in wo_a_fp8_candidates(m, g, sweep.n)]
             jobs.append(("chain", "quant+gemm", None, chain_fp8_triton_2k))
         for kind, label, cfg, provider in jobs:
             row = {"mode": "tune", "kind": kind, "provider": label, "G": g, "M": m,
@@ -137,7 +137,7 @@ def use_tuned(rows: list[dict]) -> None:
     if gemm:
         configs.gemm_config = nearest(gemm)
     if fused:
-        configs.fused_config = nearest(fused)
+        configs.wo_a_fp8_config = nearest(fused)
     if quant:
         chosen = configs.QuantConfig(**config(quant[-1][2]))
         configs.quant_config = lambda s: chosen

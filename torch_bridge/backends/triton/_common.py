@@ -17,14 +17,11 @@ from . import configs, interpreter_on
 
 LIB = "woa_triton"
 
-#: The launch function behind each registered op, for ``run_mutating``'s eager path.
-LAUNCHERS: dict[object, object] = {}
-
 
 def launcher_op(name: str, mutates_args: tuple[str, ...]):
     """Register a launch function as the custom op ``woa_triton::name`` (opaque to
-    ``torch.compile`` and fake tensors, which see no effect beyond the mutated outputs) and
-    remember the function for plain eager calls."""
+    ``torch.compile`` and fake tensors, which see no effect beyond the mutated outputs), with
+    the function kept as its ``launch_fn`` for plain eager calls."""
     def register(fn):
         op = torch.library.custom_op(f"{LIB}::{name}", mutates_args=mutates_args)(fn)
 
@@ -32,7 +29,7 @@ def launcher_op(name: str, mutates_args: tuple[str, ...]):
         def _(*args, **kwargs) -> None:
             return None
 
-        LAUNCHERS[op] = fn
+        op.launch_fn = fn
         return op
     return register
 
@@ -60,33 +57,13 @@ def run_mutating(op, mutated: tuple[torch.Tensor, ...], *args) -> None:
     if torch.compiler.is_compiling():
         op(*args)
         return
-    launcher = LAUNCHERS.get(op)
-    if launcher is not None and _plain_eager(args):
-        launcher(*args)
+    launch_fn = getattr(op, "launch_fn", None)
+    if launch_fn is not None and _plain_eager(args):
+        launch_fn(*args)
     else:
         with torch._C._AutoDispatchBelowADInplaceOrView():
             op(*args)
     torch.autograd.graph.increment_version(mutated)
-
-
-#: Launch plans by call signature (``plan``). Bounded: every token count is a signature.
-PLANS: dict[tuple, tuple] = {}
-_MAX_PLANS = 4096
-
-
-def plan(key: tuple, make) -> tuple:
-    """The launch plan of one call signature: ``make()`` on first sight, then remembered.
-
-    ``key`` holds everything the plan depends on (the launcher's name, shapes, strides, dtypes,
-    device and options), so a repeated eager call pays a dict lookup instead of the launch
-    rules and their checks.
-    """
-    found = PLANS.get(key)
-    if found is None:
-        if len(PLANS) >= _MAX_PLANS:
-            PLANS.clear()
-        found = PLANS[key] = make()
-    return found
 
 
 def signature(t: torch.Tensor) -> tuple:
@@ -104,9 +81,6 @@ def on_device_of(t: torch.Tensor):
         return _SAME_DEVICE
     return torch.cuda.device(t.device)
 
-
-#: Compiled kernels by launch specialization (``launch``).
-COMPILED: dict[tuple, tuple] = {}
 
 #: The Triton releases (major, minor) whose private launch layout the direct launches call:
 #: ``CompiledKernel.run``'s arguments, ``CudaLauncher``'s C launch and its descriptor step.
@@ -150,32 +124,76 @@ def _specialization(a) -> object:
     return type(a)
 
 
-def launch(kernel, grid: tuple[int, ...], args: tuple, constexprs: dict, plan_key: tuple) -> None:
-    """``kernel[grid](*args, **constexprs)`` on the current device and stream.
+#: Every launch signature met so far (``launch_for``), bounded: every token count is one.
+LAUNCHES: dict[tuple, Launch] = {}
+_MAX_LAUNCHES = 4096
 
-    Triton's own launch path re-derives the specialization from every argument on each call,
-    several times the launch's host cost; a repeat of a compiled specialization (``plan_key``,
-    which fixes the constexprs, plus ``_specialization`` of each runtime argument) launches the
-    compiled kernel directly. The interpreter, and a Triton without ``direct_launches``,
-    always take Triton's path.
+
+def launch_for(key: tuple, make) -> Launch:
+    """The launch of one call signature: ``make()`` on first sight, then kept.
+
+    ``key`` holds everything the launch depends on (the kernel's name, shapes, strides, dtypes,
+    device and options), so a repeated call pays a dict lookup instead of the launch rules.
     """
-    if interpreter_on() or not direct_launches()[0]:
-        kernel[grid](*args, **constexprs)
-        return
-    key = (plan_key, *map(_specialization, args))
-    found = COMPILED.get(key)
+    found = LAUNCHES.get(key)
     if found is None:
-        compiled = kernel[grid](*args, **constexprs)
-        tail = tuple(constexprs[p.name] if p.name in constexprs else p.default
-                     for p in kernel.params[len(args):])
-        if len(COMPILED) >= _MAX_PLANS:
-            COMPILED.clear()
-            BOUND_GRIDS.clear()
-        BOUND_GRIDS[plan_key] = grid
-        COMPILED[key] = (compiled, tail)
-        return
-    compiled, tail = found
-    _run_compiled(compiled, grid, (*args, *tail))
+        if len(LAUNCHES) >= _MAX_LAUNCHES:
+            LAUNCHES.clear()
+        found = LAUNCHES[key] = make()
+    return found
+
+
+class Launch:
+    """One kernel at one launch signature (``plans.Plan``), the one object every path uses: the
+    custom op, its eager repeats (``bind``) and CUDA-graph capture.
+
+    ``__call__(args)`` is ``kernel[grid](*args, **constexprs)`` on the current stream. Triton's
+    own launch re-derives the specialization from every argument on each call, several times
+    the launch's host cost; a repeat of a compiled specialization (``_specialization`` of each
+    runtime argument) launches the compiled kernel directly. The interpreter, and a Triton
+    without ``direct_launches``, always take Triton's path. ``extra``: what the op's launcher
+    keeps beside the plan (the wgmma GEMM's descriptor views).
+    """
+
+    __slots__ = ("plan", "kernel", "grid", "options", "extra", "_compiled")
+
+    def __init__(self, plan, extra=None):
+        self.plan, self.kernel, self.grid = plan, plan.kernel, plan.grid
+        self.options = plan.compile_options()
+        self.extra = extra
+        self._compiled: dict[tuple, tuple] = {}
+
+    def __call__(self, args: tuple) -> None:
+        if interpreter_on() or not direct_launches()[0]:
+            self.kernel[self.grid](*args, **self.options)
+            return
+        spec = tuple(map(_specialization, args))
+        found = self._compiled.get(spec)
+        if found is None:
+            compiled = self.kernel[self.grid](*args, **self.options)
+            tail = tuple(self.options[p.name] if p.name in self.options else p.default
+                         for p in self.kernel.params[len(args):])
+            self._compiled[spec] = (compiled, tail)
+            return
+        compiled, tail = found
+        _run_compiled(compiled, self.grid, (*args, *tail))
+
+    def compiled(self, args: tuple):
+        """The compiled kernel of ``args``' specialization, once launched, else ``None``."""
+        found = self._compiled.get(tuple(map(_specialization, args)))
+        return None if found is None else found[0]
+
+    def bind(self, args: tuple, slots: tuple[int, ...], stream: int | None = None,
+             checked: int | None = None) -> Bound | None:
+        """This launch's compiled kernel for ``args``, bound with the tensors at ``slots`` left
+        open (``stream``, ``checked``: see ``Bound``); ``None`` before its first launch of that
+        specialization, under the interpreter or without ``direct_launches``."""
+        if not direct_launches()[0]:
+            return None
+        found = self._compiled.get(tuple(map(_specialization, args)))
+        if found is None:
+            return None
+        return Bound(found[0], found[1], self.grid, args, slots, stream, checked)
 
 
 def current_stream(device: int | None = None) -> int:
@@ -253,25 +271,6 @@ class Bound:
 
 
 _DATA_PTR = torch.Tensor.data_ptr
-
-
-def bind(plan_key: tuple, args: tuple, slots: tuple[int, ...], stream: int | None = None,
-         checked: int | None = None) -> Bound | None:
-    """The compiled kernel that ``launch(kernel, grid, args, constexprs, plan_key)`` ran, bound
-    with the tensors at ``slots`` left open (``stream``, ``checked``: see ``Bound``); ``None``
-    before that launch, under the interpreter or without ``direct_launches``. ``grid`` comes
-    from the launch plan of ``plan_key``."""
-    if not direct_launches()[0]:
-        return None
-    found = COMPILED.get((plan_key, *map(_specialization, args)))
-    grid = BOUND_GRIDS.get(plan_key)
-    if found is None or grid is None:
-        return None
-    return Bound(found[0], found[1], grid, args, slots, stream, checked)
-
-
-#: The grid of each launched plan key (``bind``).
-BOUND_GRIDS: dict[tuple, tuple[int, ...]] = {}
 
 
 @functools.cache
@@ -437,18 +436,11 @@ def target() -> str:
     return "hip" if torch.version.hip is not None else "cuda"
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """A torch dtype's name as ``configs`` and ``plans`` take it (``"float8_e4m3fn"``)."""
+    return str(dtype).removeprefix("torch.")
+
+
 def hw_fp8_cast(fp8_dtype: torch.dtype) -> bool:
     """``configs.hw_fp8_cast`` for ``fp8_dtype`` on this process's target."""
     return configs.hw_fp8_cast(str(fp8_dtype).removeprefix("torch."), target())
-
-
-def round_products(o: torch.Tensor, cos_cache: torch.Tensor) -> int:
-    """The rotation's ``ROUND_PRODUCTS`` for these operands here (``configs.round_products``)."""
-    return configs.round_products(str(o.dtype).removeprefix("torch."),
-                                  str(cos_cache.dtype).removeprefix("torch."), target())
-
-
-def quant_constants(fp8_dtype: torch.dtype, amax_floor: float) -> dict:
-    """The quantizing kernels' fp8 constexprs for this torch fp8 dtype (``configs``)."""
-    name = str(fp8_dtype).removeprefix("torch.")
-    return dict(configs.quant_constants(name, amax_floor, hw_fp8_cast(fp8_dtype)))

@@ -19,19 +19,17 @@ import torch
 
 from woa_jax import AITER_AMAX_FLOOR
 
-from . import bf16_kernels, configs, kernels
+from . import configs, plans
 from ._common import (
+    Launch,
     as_bytes,
-    bind,
     current_stream,
+    dtype_name,
     last_dims_contiguous,
-    launch,
+    launch_for,
     launcher_op,
     on_device_of,
     output,
-    plan,
-    quant_constants,
-    round_products,
     row_major,
     rows_contiguous,
     run_mutating,
@@ -57,30 +55,42 @@ def _wo_a_fp8_op(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tens
     if o.shape[0] == 0:
         return
     with on_device_of(o):
-        key, grid, constexprs, args = _wo_a_fp8_launch(
-            o, positions, cos_cache, sin_cache, w, w_scale, x_fp8, x_scale, out, amax_floor,
-            block_m, block_n, split_k, num_warps, num_stages)
-        launch(kernels.wo_a_fp8_kernel, grid, args, constexprs, key)
+        run, args = _wo_a_fp8_launch(o, positions, cos_cache, sin_cache, w, w_scale, x_fp8,
+                                     x_scale, out, amax_floor, block_m, block_n, split_k,
+                                     num_warps, num_stages)
+        run(args)
 
 
 def _wo_a_fp8_launch(o, positions, cos_cache, sin_cache, w, w_scale, x_fp8, x_scale, out,
                      amax_floor, block_m, block_n, split_k, num_warps, num_stages):
-    """``(plan key, grid, constexprs, runtime arguments)`` of one fused-chain launch (split-K's
-    scratch taken for it)."""
+    """``(launch, runtime arguments)`` of one ``wo_a_fp8_kernel`` call (split-K's scratch
+    taken for it)."""
     key = ("wo_a_fp8", *signature(o), *signature(cos_cache), sin_cache.stride(), *signature(w),
            *signature(w_scale), *signature(out), amax_floor, block_m, block_n, split_k,
            num_warps, num_stages)
-    grid, constexprs = plan(key, lambda: _wo_a_fp8_plan(
-        o, cos_cache, sin_cache, w, w_scale, out, amax_floor, block_m, block_n, num_warps,
-        num_stages))
-    split, parts, counters = split_scratch(out, split_k, grid[0] * grid[1])
-    return (key, split), (*grid, split), dict(constexprs, SPLIT_K=split), (
-        o, positions, cos_cache, sin_cache, w, w_scale, o.shape[0], cos_cache.shape[0], x_fp8,
-        x_scale, out, parts, counters)
+
+    def make(split: int) -> Launch:
+        s, _, dh = o.shape
+        g, n, k = w.shape
+        cfg = GemmConfig(block_m, block_n, split_k, True, num_warps, num_stages)
+        return Launch(plans.wo_a_fp8(
+            s, dh, 2 * cos_cache.shape[1], g, n, k, k // w_scale.shape[2], cfg, split,
+            o_row=o.stride(0), cos_row=cos_cache.stride(0), sin_row=sin_cache.stride(0),
+            w=w.stride(), w_scale=w_scale.stride(), y=out.stride(), fp8=dtype_name(w.dtype),
+            amax_floor=amax_floor, o_dtype=dtype_name(o.dtype),
+            rope_dtype=dtype_name(cos_cache.dtype), out_bf16=out.dtype == torch.bfloat16,
+            target=target()))
+
+    run = launch_for(key, lambda: make(split_k))
+    split, parts, counters = split_scratch(out, split_k, run.grid[0] * run.grid[1])
+    if split != split_k:  # no counters to be had: the same tile, unsplit
+        run = launch_for((key, split), lambda: make(split))
+    return run, (o, positions, cos_cache, sin_cache, w, w_scale, o.shape[0], cos_cache.shape[0],
+                 x_fp8, x_scale, out, parts, counters)
 
 
 #: Where ``_wo_a_fp8_launch``'s runtime arguments hold the call's tensors.
-_FUSED_TENSORS = (0, 1, 2, 3, 4, 5, 8, 9, 10, 11, 12)
+_WO_A_FP8_TENSORS = (0, 1, 2, 3, 4, 5, 8, 9, 10, 11, 12)
 
 
 def eager_wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: int,
@@ -102,22 +112,22 @@ def eager_wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: i
             or any(t.stride(-1) != 1 for t in (positions, cos_cache, sin_cache))
             or not w.is_contiguous() or not w_scale.is_contiguous()):
         return None
-    if (configs.fused_blocker(dh, 2 * cos_cache.shape[1], block, None)
-            or not configs.fused_chosen(s, g, n, k, block)):
+    if (configs.wo_a_fp8_blocker(dh, 2 * cos_cache.shape[1], block, None)
+            or not configs.wo_a_fp8_chosen(s, g, n, k, block)):
         return _eager_unfused(o, positions, cos_cache, sin_cache, w, w_scale, amax_floor)
-    cfg = configs.fused_config(s, g, n, k, block)
+    cfg = configs.wo_a_fp8_config(s, g, n, k, block)
     ws = as_bytes(w_scale)
     device = o.device
     x_fp8 = torch.empty((s, g, k), dtype=w.dtype, device=device)
     x_scale = torch.empty((s, g, k // block), dtype=torch.uint8, device=device)
     out = torch.empty((s, g, n), dtype=torch.bfloat16, device=device)
-    key, _, _, args = _wo_a_fp8_launch(o, positions, cos_cache, sin_cache, w, ws, x_fp8, x_scale,
-                                       out, float(amax_floor), cfg.block_m, cfg.block_n,
-                                       cfg.split_k, cfg.num_warps, cfg.num_stages)
-    bound = bind(key, args, _FUSED_TENSORS, current_stream(), checked=2)
+    run, args = _wo_a_fp8_launch(o, positions, cos_cache, sin_cache, w, ws, x_fp8, x_scale,
+                                 out, float(amax_floor), cfg.block_m, cfg.block_n, cfg.split_k,
+                                 cfg.num_warps, cfg.num_stages)
+    bound = run.bind(args, _WO_A_FP8_TENSORS, current_stream(), checked=2)
     if bound is None:
         return None
-    scratch = args[11:] if key[1] > 1 else None
+    scratch = args[11:] if run.plan.split_k > 1 else None
     shape = tuple(out.shape)
     strides = row_major(shape)
 
@@ -158,23 +168,6 @@ def _eager_unfused(o, positions, cos_cache, sin_cache, w, w_scale, amax_floor: f
     return run
 
 
-def _wo_a_fp8_plan(o, cos_cache, sin_cache, w, w_scale, out, amax_floor, block_m, block_n,
-                   num_warps, num_stages):
-    """``((N tiles x M tiles, G), constexprs)`` of one fused-chain launch signature."""
-    s, _, dh = o.shape
-    g, n, k = w.shape
-    block = k // w_scale.shape[2]
-    tiles = configs.cdiv(s, block_m) * configs.cdiv(n, block_n)
-    return (tiles, g), dict(
-        SOM=o.stride(0), SCP=cos_cache.stride(0), SSP=sin_cache.stride(0), SWG=w.stride(0),
-        SWN=w.stride(1), SWSG=w_scale.stride(0), SWSN=w_scale.stride(1), SYM=out.stride(0),
-        SYG=out.stride(1), G=g, N=n, K=k, SB=block, DH=dh, RD=2 * cos_cache.shape[1],
-        **quant_constants(w.dtype, amax_floor), ROUND_PRODUCTS=round_products(o, cos_cache),
-        BLOCK_M=block_m, BLOCK_N=block_n, OUT_BF16=out.dtype == torch.bfloat16,
-        QUANT_ROWS=configs.FUSED_QUANT_LANES // block, num_warps=num_warps,
-        num_stages=num_stages)
-
-
 def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
              sin_cache: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, num_groups: int,
              *, amax_floor: float = AITER_AMAX_FLOOR, dtype: torch.dtype = torch.bfloat16,
@@ -198,7 +191,7 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
       amax_floor: the quant's amax floor (AITER's 1e-8 or vLLM CUDA's 1e-10).
       dtype: bf16 or fp32 output.
       out: optional ``[S, G, N]`` output with N contiguous (written in place).
-      fused: ``None`` fuses where ``configs.fused_chosen`` says so; ``True`` requires the fused
+      fused: ``None`` fuses where ``configs.wo_a_fp8_chosen`` says so; ``True`` requires the fused
         kernel, ``False`` runs quant + GEMM.
       config: the fused kernel's launch shape (a swapped pointer-load ``GemmConfig``) when it
         runs, else the GEMM's; ``None`` picks by S and G.
@@ -216,12 +209,12 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
     if g != num_groups or h * dh != g * k:
         raise ValueError(f"o [S, H, Dh] = {list(o.shape)} and w [G, N, K] = {list(w.shape)} "
                          f"do not make num_groups = {num_groups} groups of K (need H * Dh = G * K)")
-    blocker = configs.fused_blocker(dh, 2 * cos_cache.shape[1], block,
+    blocker = configs.wo_a_fp8_blocker(dh, 2 * cos_cache.shape[1], block,
                                     config if fused is not False else None)
     if fused and blocker:
         raise ValueError(f"wo_a_fp8(fused=True) cannot fuse this chain: {blocker}")
     if fused is None:
-        fused = blocker is None and configs.fused_chosen(s, g, n, k, block)
+        fused = blocker is None and configs.wo_a_fp8_chosen(s, g, n, k, block)
     if not fused:
         x_fp8, x_scale = inverse_rope_group_quant(o, positions, cos_cache, sin_cache, g, block,
                                                   amax_floor=amax_floor,
@@ -229,7 +222,7 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
                                                                     device=o.device))
         return batched_gemm_a8w8_mxscale(x_fp8, w, x_scale, w_scale, dtype=dtype, out=out,
                                          config=config)
-    cfg = config or configs.fused_config(s, g, n, k, block)
+    cfg = config or configs.wo_a_fp8_config(s, g, n, k, block)
     configs.check_split(cfg, k // block)
     out = output(out, (s, g, n), dtype, o.device)
     # The prologue's quantized activations (read back by the same program, never returned).
@@ -247,42 +240,31 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
 # The BF16 chain
 # ---------------------------------------------------------------------------------------------
 
-#: (token, head) rows per program of ``inverse_rope_kernel``.
-ROPE_BLOCK_R = 32
-
-
 def _launch_inverse_rope(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
                          sin_cache: torch.Tensor, y: torch.Tensor) -> None:
     """Rotate ``o``'s rope tails into ``y``: ``o`` itself (in place), a ``[S, H, Dh]`` copy, or
     a ``[S, H, rd]`` buffer of the tails alone."""
     if o.shape[0] == 0:
         return
-    key, grid, constexprs, args = _inverse_rope_launch(o, positions, cos_cache, sin_cache, y)
+    run, args = _inverse_rope_launch(o, positions, cos_cache, sin_cache, y)
     with on_device_of(o):
-        launch(kernels.inverse_rope_kernel, grid, args, constexprs, key)
+        run(args)
 
 
 def _inverse_rope_launch(o, positions, cos_cache, sin_cache, y):
-    """``(plan key, grid, constexprs, runtime arguments)`` of one rotation launch."""
+    """``(launch, runtime arguments)`` of one rotation call."""
     mode = "in place" if y is o else ("tails" if y.shape[2] != o.shape[2] else "copy")
     key = ("inverse_rope", *signature(o), *signature(cos_cache), mode)
-    grid, constexprs = plan(key, lambda: _inverse_rope_plan(o, cos_cache, mode))
-    return key, grid, constexprs, (
-        o, positions, cos_cache, sin_cache, o.shape[0] * o.shape[1], cos_cache.shape[0],
-        o.stride(0), o.stride(1), cos_cache.stride(0), sin_cache.stride(0), y, y.stride(0),
-        y.stride(1))
+    run = launch_for(key, lambda: Launch(plans.inverse_rope(
+        *o.shape, 2 * cos_cache.shape[1], mode, o_dtype=dtype_name(o.dtype),
+        rope_dtype=dtype_name(cos_cache.dtype), target=target())))
+    return run, (o, positions, cos_cache, sin_cache, o.shape[0] * o.shape[1],
+                 cos_cache.shape[0], o.stride(0), o.stride(1), cos_cache.stride(0),
+                 sin_cache.stride(0), y, y.stride(0), y.stride(1))
 
 
 #: Where ``_inverse_rope_launch``'s runtime arguments hold the call's tensors.
 _ROPE_TENSORS = (0, 1, 2, 3, 10)
-
-
-def _inverse_rope_plan(o, cos_cache, mode: str):
-    """``(grid, constexprs)`` of one rotation launch signature."""
-    s, h, dh = o.shape
-    return (configs.cdiv(s * h, ROPE_BLOCK_R),), dict(
-        H=h, DH=dh, RD=2 * cos_cache.shape[1], BLOCK_R=ROPE_BLOCK_R, COPY_NOPE=mode == "copy",
-        TAIL_ONLY=mode == "tails", ROUND_PRODUCTS=round_products(o, cos_cache), num_warps=4)
 
 
 @launcher_op("inverse_rope", mutates_args=("y",))
@@ -379,11 +361,11 @@ def eager_wo_a_bf16(o, positions, cos_cache, sin_cache, w_bf16, num_groups: int)
             return None
         shape = (s, g, n)
         strides = row_major(shape)
-        key, _, _, args = _rotating_launch(
+        run, args = _rotating_launch(
             o, positions, cos_cache, sin_cache, w_bf16,
             torch.empty_strided(shape, strides, dtype=torch.bfloat16, device=device),
             dataclasses.astuple(cfg))
-        bound = bind(key, args, _ROTATING_TENSORS, checked=2)
+        bound = run.bind(args, _ROTATING_TENSORS, checked=2)
         if bound is None:
             return None
 
@@ -394,9 +376,9 @@ def eager_wo_a_bf16(o, positions, cos_cache, sin_cache, w_bf16, num_groups: int)
     # The rotated copy [S, H, Dh] as the [G, S, K] view that the op's path multiplies (the
     # same sizes and strides: the same cuBLAS call).
     view = (g, s, k), (k, g * k, 1)
-    key, _, _, args = _inverse_rope_launch(
+    run, args = _inverse_rope_launch(
         o, positions, cos_cache, sin_cache, torch.empty(o.shape, dtype=o.dtype, device=device))
-    bound = bind(key, args, _ROPE_TENSORS, checked=2)
+    bound = run.bind(args, _ROPE_TENSORS, checked=2)
     if bound is None:
         return None
     w_t = w_bf16.transpose(1, 2)  # [G, K, N]
@@ -428,27 +410,25 @@ def _wo_a_bf16_op(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Ten
     if o.shape[0] == 0:
         return
     _launch_inverse_rope(o, positions, cos_cache, sin_cache, tails)
-    shape = (block_m, block_n, block_k, num_warps, num_stages, tma)
-    key = ("wo_a_bf16", *signature(o), *signature(tails), *signature(w), *signature(out), shape,
-           tma and bf16_tma_ok(o, w, block_n))
-    path, grid, constexprs = plan(key, lambda: _wo_a_bf16_plan(o, cos_cache, w, out,
-                                                               Bf16GemmConfig(*shape)))
-    s = o.shape[0]
+    cfg = Bf16GemmConfig(block_m, block_n, block_k, num_warps, num_stages, tma)
+    tma = tma and bf16_tma_ok(o, w, block_n)
+    key = ("wo_a_bf16", *signature(o), *signature(tails), *signature(w), *signature(out), cfg,
+           tma)
+    s, h, dh = o.shape
+    g, n, k = w.shape
+    run = launch_for(key, lambda: Launch(plans.wo_a_bf16(
+        s, h, dh, tails.shape[2], g, n, k, cfg, tma, o=o.stride(), w=w.stride(), y=out.stride(),
+        target=target())))
     with on_device_of(o):
-        if path == "tma":
+        if tma:
             from triton.tools.tensor_descriptor import TensorDescriptor
 
-            g, n, k = w.shape
             bm, bn, bk = block_m, block_n, block_k
-            o_desc = TensorDescriptor(o, [s, o.shape[1] * o.shape[2]], [o.stride(0), 1], [bm, bk])
-            r_desc = TensorDescriptor(tails, [s, tails.shape[1] * tails.shape[2]],
-                                      [tails.stride(0), 1], [bm, bk])
-            w_desc = TensorDescriptor(w, [g * n, k], [k, 1], [bn, bk])
-            bf16_kernels.wo_a_bf16_tma_kernel[grid](o_desc, r_desc, w_desc, s, out,
-                                                         **constexprs)
+            run((TensorDescriptor(o, [s, h * dh], [o.stride(0), 1], [bm, bk]),
+                 TensorDescriptor(tails, [s, h * tails.shape[2]], [tails.stride(0), 1], [bm, bk]),
+                 TensorDescriptor(w, [g * n, k], [k, 1], [bn, bk]), s, out))
         else:
-            launch(bf16_kernels.wo_a_bf16_kernel, grid, (o, tails, w, s, out), constexprs,
-                   key)
+            run((o, tails, w, s, out))
 
 
 @launcher_op("wo_a_bf16_rotating", mutates_args=("out",))
@@ -459,55 +439,28 @@ def _wo_a_bf16_rotating_op(o: torch.Tensor, positions: torch.Tensor, cos_cache: 
     if o.shape[0] == 0:
         return
     shape = (block_m, block_n, block_k, num_warps, num_stages, False, True)
-    key, grid, constexprs, args = _rotating_launch(o, positions, cos_cache, sin_cache, w, out,
-                                                   shape)
+    run, args = _rotating_launch(o, positions, cos_cache, sin_cache, w, out, shape)
     with on_device_of(o):
-        launch(bf16_kernels.wo_a_bf16_rotating_kernel, grid, args, constexprs, key)
+        run(args)
 
 
 def _rotating_launch(o, positions, cos_cache, sin_cache, w, out, shape: tuple):
-    """``(plan key, grid, constexprs, runtime arguments)`` of one launch of the one-launch
-    chain; ``shape`` is ``Bf16GemmConfig``'s fields in order."""
+    """``(launch, runtime arguments)`` of one call of the one-launch chain; ``shape`` is
+    ``Bf16GemmConfig``'s fields in order."""
     key = ("wo_a_bf16_rotating", *signature(o), *signature(cos_cache), sin_cache.stride(),
            *signature(w), *signature(out), shape)
-    grid, constexprs = plan(key, lambda: _rotating_plan(o, cos_cache, sin_cache, w, out,
-                                                        Bf16GemmConfig(*shape)))
-    return key, grid, constexprs, (o, positions, cos_cache, sin_cache, w, o.shape[0],
-                                   cos_cache.shape[0], out)
+    s, _, dh = o.shape
+    g, n, k = w.shape
+    run = launch_for(key, lambda: Launch(plans.wo_a_bf16_rotating(
+        s, dh, 2 * cos_cache.shape[1], g, n, k, Bf16GemmConfig(*shape), o=o.stride(),
+        cos_row=cos_cache.stride(0), sin_row=sin_cache.stride(0), w=w.stride(),
+        y=out.stride(), o_dtype=dtype_name(o.dtype), rope_dtype=dtype_name(cos_cache.dtype),
+        target=target())))
+    return run, (o, positions, cos_cache, sin_cache, w, o.shape[0], cos_cache.shape[0], out)
 
 
 #: Where ``_rotating_launch``'s runtime arguments hold the call's tensors.
 _ROTATING_TENSORS = (0, 1, 2, 3, 4, 7)
-
-
-def _rotating_plan(o, cos_cache, sin_cache, w, out, cfg: Bf16GemmConfig):
-    """``(grid, constexprs)`` of one launch signature of the one-launch chain."""
-    s, h, dh = o.shape
-    g, n, k = w.shape
-    return (configs.cdiv(s, cfg.block_m) * configs.cdiv(n, cfg.block_n), g), dict(
-        SOM=o.stride(0), SOH=o.stride(1), SCP=cos_cache.stride(0), SSP=sin_cache.stride(0),
-        SWG=w.stride(0), SWN=w.stride(1), SYM=out.stride(0), SYG=out.stride(1), HPG=k // dh,
-        DH=dh, RD=2 * cos_cache.shape[1], N=n, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, ROUND_PRODUCTS=round_products(o, cos_cache),
-        DOT_IN_FP32=target() == "interpreter", SETTLE_MMA=target() == "cuda",
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-
-
-def _wo_a_bf16_plan(o, cos_cache, w, out, cfg: Bf16GemmConfig):
-    """``(kernel path, grid, constexprs)`` of one launch signature of the BF16 GEMM that reads
-    the rotated tails."""
-    s, h, dh = o.shape
-    g, n, k = w.shape
-    rd = 2 * cos_cache.shape[1]
-    grid = (configs.cdiv(s, cfg.block_m) * configs.cdiv(n, cfg.block_n), g)
-    common = dict(SYM=out.stride(0), SYG=out.stride(1), DH=dh, RD=rd, N=n,
-                  BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                  DOT_IN_FP32=target() == "interpreter", num_warps=cfg.num_warps,
-                  num_stages=cfg.num_stages)
-    if cfg.tma and bf16_tma_ok(o, w, cfg.block_n):
-        return "tma", grid, dict(HPG=k // dh, **common)
-    return "pointer", grid, dict(SOM=o.stride(0), SOH=o.stride(1), SWG=w.stride(0),
-                                 SWN=w.stride(1), H=h, K=k, **common)
 
 
 def wo_a_bf16(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,

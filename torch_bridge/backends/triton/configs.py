@@ -348,19 +348,19 @@ def wgmma_stages(requested: int, k_blocks: int, block_m: int, block_n: int, bloc
 
 #: Activations one step of the fused kernel's prologue quantizes: 32 groups of 128 (16 fp32
 #: values per thread at 8 warps).
-FUSED_QUANT_LANES = 4096
+WO_A_FP8_QUANT_LANES = 4096
 
 
-def fused_chosen(m: int, g: int, n: int, k: int, block: int) -> bool:
+def wo_a_fp8_chosen(m: int, g: int, n: int, k: int, block: int) -> bool:
     """Whether ``wo_a_fp8`` runs the fused kernel by default: when each program's prologue is
-    one step (at most ``FUSED_QUANT_LANES`` activations: M = 1 at G = 16, M <= 8 at G = 2);
+    one step (at most ``WO_A_FP8_QUANT_LANES`` activations: M = 1 at G = 16, M <= 8 at G = 2);
     longer prologues leave the tensor cores idle longer than a second launch costs."""
-    cfg = fused_config(m, g, n, k, block)
-    return m * (k // block) // cfg.split_k * block <= FUSED_QUANT_LANES
+    cfg = wo_a_fp8_config(m, g, n, k, block)
+    return m * (k // block) // cfg.split_k * block <= WO_A_FP8_QUANT_LANES
 
 
 @_memoized
-def fused_config(m: int, g: int, n: int, k: int, block: int) -> GemmConfig:
+def wo_a_fp8_config(m: int, g: int, n: int, k: int, block: int) -> GemmConfig:
     """The fused kernel's launch shape for ``m`` tokens: 16-64 token columns x 128 weight rows,
     8 warps; K split as the GEMM splits it when the tiles are few (``FEW_PROGRAMS``), then 4
     stages, else 5."""
@@ -381,7 +381,7 @@ def hw_fp8_cast(fp8_name: str, target: str) -> bool:
     return target == "cuda" and fp8_name == "float8_e4m3fn"
 
 
-def fused_blocker(dh: int, rd: int, block: int,
+def wo_a_fp8_blocker(dh: int, rd: int, block: int,
                   config: GemmConfig | None = None) -> str | None:
     """Why the fused kernel cannot run a chain of head dim ``dh``, rope dim ``rd`` and scale
     block ``block`` at launch shape ``config`` (``None`` when it can)."""

@@ -6,26 +6,25 @@ the wgmma kernel (``wgmma_kernels``, written in Triton's Gluon dialect).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
 from torch.autograd.graph import increment_version
 
-from . import configs, kernels
+from . import configs, plans
 from ._common import (
-    _run_compiled,
+    Launch,
     as_bytes,
-    bind,
     current_stream,
     descriptor_launcher,
     direct_launches,
     eager_stream,
-    launch,
+    launch_for,
     launch_hooks,
     launcher_op,
     on_device_of,
     output,
-    plan,
     raw_launch,
     row_major,
     rows_contiguous,
@@ -104,54 +103,52 @@ def _batched_gemm_a8w8_mxscale_op(x: torch.Tensor, w: torch.Tensor, x_scale: tor
                                   wgmma: bool) -> None:
     if x.shape[0] == 0:
         return
-    key, path, grid, split, constexprs = _gemm_launch(
-        x, w, x_scale, w_scale, out, (block_m, block_n, split_k, swap_ab, num_warps,
-                                      num_stages, tma, programs_per_sm, wgmma))
+    run, args = _gemm_launch(x, w, x_scale, w_scale, out,
+                             (block_m, block_n, split_k, swap_ab, num_warps, num_stages, tma,
+                              programs_per_sm, wgmma))
     with on_device_of(x):
-        if path == "wgmma":
-            _launch_wgmma(x, w, x_scale, w_scale, out, **constexprs)
-        elif path == "tma":
-            from triton.tools.tensor_descriptor import TensorDescriptor
-
-            m, g, k = x.shape
-            n = w.shape[1]
-            bm, bn, sb = constexprs["BLOCK_M"], constexprs["BLOCK_N"], constexprs["SB"]
-            x_desc = TensorDescriptor(x, [m, g * k], [x.stride(0), 1], [bm, sb])
-            w_desc = TensorDescriptor(w, [g * n, k], [k, 1], [bn, sb])
-            y_desc = TensorDescriptor(out, [m, g * n], [out.stride(0), 1], [bm, bn])
-            kernels.batched_gemm_a8w8_mxscale_tma_kernel[grid](
-                x_desc, w_desc, y_desc, x_scale, w_scale, m, grid[0], **constexprs)
-        else:
-            grid, args, constexprs, plan_key = _pointer_launch(
-                key, x, w, x_scale, w_scale, out, grid, split, constexprs)
-            launch(kernels.batched_gemm_a8w8_mxscale_kernel, grid, args, constexprs, plan_key)
+        run(args)
 
 
 def _gemm_launch(x, w, x_scale, w_scale, out, shape: tuple):
-    """``(plan key, kernel path, grid, split_k, constexprs)`` of one GEMM launch; ``shape``
-    holds ``GemmConfig``'s fields in order."""
+    """``(launch, runtime arguments)`` of one GEMM call (split-K's scratch taken for it);
+    ``shape`` holds ``GemmConfig``'s fields in order."""
+    m = x.shape[0]
     aligned = tuple(t.data_ptr() % 16 == 0 for t in (x, w, out))
     key = ("gemm", *signature(x), *signature(w), *signature(x_scale), *signature(w_scale),
            *signature(out), aligned, *shape)
-    return key, *plan(key, lambda: _gemm_plan(x, w, x_scale, w_scale, out, GemmConfig(*shape)))
+    run = launch_for(key, lambda: _gemm_plan(x, w, x_scale, w_scale, out, GemmConfig(*shape)))
+    path = run.extra[0]
+    if path == "pointer":
+        split, parts, counters = split_scratch(out, run.plan.split_k,
+                                               run.grid[0] * run.grid[1])
+        if split != run.plan.split_k:  # no counters to be had: the same tile, unsplit
+            run = launch_for((key, split), lambda: _gemm_plan(
+                x, w, x_scale, w_scale, out, dataclasses.replace(GemmConfig(*shape),
+                                                                 split_k=split)))
+        return run, (x, w, x_scale, w_scale, m, out, parts, counters)
+    if path == "tma":
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        g, k = x.shape[1:]
+        n = w.shape[1]
+        bm, bn, sb = (run.plan.constexprs[c] for c in ("BLOCK_M", "BLOCK_N", "SB"))
+        return run, (TensorDescriptor(x, [m, g * k], [x.stride(0), 1], [bm, sb]),
+                     TensorDescriptor(w, [g * n, k], [k, 1], [bn, sb]),
+                     TensorDescriptor(out, [m, g * n], [out.stride(0), 1], [bm, bn]),
+                     x_scale, w_scale, m, run.grid[0])
+    return run, (*(_descriptor(t, view) for t, view in zip((x, w, out), run.extra[1],
+                                                          strict=True)),
+                 x_scale, w_scale, m, run.grid[0])
 
 
-def _pointer_launch(key, x, w, x_scale, w_scale, out, grid, split, constexprs):
-    """``(grid, runtime arguments, constexprs, plan key)`` of one pointer-kernel launch
-    (split-K's scratch taken for it)."""
-    g = x.shape[1]
-    split, parts, counters = split_scratch(out, split, grid[0])
-    return ((grid[0] // g, g, split), (x, w, x_scale, w_scale, x.shape[0], out, parts, counters),
-            dict(constexprs, SPLIT_K=split), (key, split))
-
-
-#: Where ``_pointer_launch``'s runtime arguments hold the call's tensors (then the scratch).
+#: Where the pointer kernel's runtime arguments hold the call's tensors (then the scratch).
 _POINTER_TENSORS = (0, 1, 2, 3, 5, 6, 7)
 
 
 def eager_gemm(x, w, x_scale, w_scale, dtype: torch.dtype, out: torch.Tensor | None = None):
     """For plain eager calls that repeat this call's signature (the ops layer checks that):
-    ``run(x, w, x_scale, w_scale, out=None) -> out | None``, the compiled kernel launched
+    ``go(x, w, x_scale, w_scale, out=None) -> out | None``, the compiled kernel launched
     directly (``None``: this call needs the op's path). ``out``: bind for calls that pass an
     output buffer like it (its 16-byte alignment is checked on each call, its version bumped
     as the op's path does); else each call gets a new output. Split-K's scratch is the current
@@ -170,22 +167,21 @@ def eager_gemm(x, w, x_scale, w_scale, dtype: torch.dtype, out: torch.Tensor | N
     given = out is not None
     y = out if given else torch.empty(shape, dtype=dtype, device=device)
     xs, ws = as_bytes(x_scale), as_bytes(w_scale)
-    key, path, grid, split, constexprs = _gemm_launch(x, w, xs, ws, y, _fields(cfg))
+    run, args = _gemm_launch(x, w, xs, ws, y, _fields(cfg))
+    path = run.extra[0]
     if path == "wgmma":
-        return WgmmaBound.of(x, w, xs, ws, y, constexprs)
+        return WgmmaBound.of(run, args, y)
     if path != "pointer":
         return None
-    grid, args, _, plan_key = _pointer_launch(key, x, w, xs, ws, y, grid, split, constexprs)
-    split = plan_key[1]
-    scratch = args[6:] if split > 1 else ()
-    bound = bind(plan_key, args, _POINTER_TENSORS, current_stream() if scratch else None,
-                 5 if given else 4)
+    scratch = args[6:] if run.plan.split_k > 1 else ()
+    bound = run.bind(args, _POINTER_TENSORS, current_stream() if scratch else None,
+                     5 if given else 4)
     if bound is None:
         return None
 
     strides = row_major(shape)
 
-    def run(x, w, x_scale, w_scale, out=None):
+    def go(x, w, x_scale, w_scale, out=None):
         y = out if out is not None else torch.empty_strided(shape, strides, dtype=dtype,
                                                             device=device)
         if not bound((x, w, x_scale, w_scale, y, *(scratch or (y, y)))):
@@ -193,7 +189,7 @@ def eager_gemm(x, w, x_scale, w_scale, dtype: torch.dtype, out: torch.Tensor | N
         if out is not None:
             increment_version(out)
         return y
-    return run
+    return go
 
 
 def _fields(cfg: GemmConfig) -> tuple:
@@ -202,67 +198,31 @@ def _fields(cfg: GemmConfig) -> tuple:
             cfg.tma, cfg.programs_per_sm, cfg.wgmma)
 
 
-def _gemm_plan(x, w, x_scale, w_scale, out, cfg: GemmConfig):
-    """``(kernel path, grid, split_k, constexprs)`` of one GEMM launch signature."""
+def _gemm_plan(x, w, x_scale, w_scale, out, cfg: GemmConfig) -> Launch:
+    """The launch of one GEMM signature; its ``extra`` names the kernel path (``"wgmma"``
+    with its descriptor views, ``"tma"`` or ``"pointer"``)."""
     m, g, k = x.shape
     n = w.shape[1]
     block = k // x_scale.shape[2]
+    sms = sm_count(x.device.index)
+    scales = dict(x_scale=x_scale.stride(), w_scale=w_scale.stride())
     if cfg.wgmma:
         if block % cfg.block_n == 0 and tma_ok(x, w, out, cfg.block_n):
-            return "wgmma", None, 1, dict(
-                block_m=cfg.block_m, block_n=cfg.block_n, block=block, num_warps=cfg.num_warps,
-                num_stages=cfg.num_stages, programs_per_sm=cfg.programs_per_sm,
-                swap_ab=cfg.swap_ab)
+            plan, views = plans.gemm_wgmma(m, g, n, k, block, cfg, sms, x_row=x.stride(0),
+                                           y_row=out.stride(0), out_bytes=out.element_size(),
+                                           **scales)
+            return Launch(plan, ("wgmma", views))
         # A default shape whose operands the wgmma kernel cannot view (x transposed from
         # [G, M, K], a misaligned base; explicit ones were refused before): the Triton
         # kernels' own shape, as the swapped decode tile is too narrow for tl.dot.
         cfg = configs.gemm_config(m, g, n, k, block)
-    common = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SWAP_AB=cfg.swap_ab,
-                  OUT_BF16=out.dtype == torch.bfloat16, num_warps=cfg.num_warps,
-                  num_stages=cfg.num_stages, N=n, K=k, SB=block)
+    out_bf16 = out.dtype == torch.bfloat16
     if cfg.tma and cfg.split_k == 1 and tma_ok(x, w, out, cfg.block_n):
-        programs = configs.tile_programs(m, g, n, cfg.block_m, cfg.block_n, cfg.programs_per_sm,
-                                         sm_count(x.device.index))
-        return "tma", (programs,), 1, dict(
-            SXSM=x_scale.stride(0), SXSG=x_scale.stride(1), SWSG=w_scale.stride(0),
-            SWSN=w_scale.stride(1), G=g, **common)
-    tiles = configs.cdiv(m, cfg.block_m) * configs.cdiv(n, cfg.block_n)
-    return "pointer", (tiles * g,), cfg.split_k, dict(
-        SXM=x.stride(0), SXG=x.stride(1), SXSM=x_scale.stride(0), SXSG=x_scale.stride(1),
-        SWG=w.stride(0), SWN=w.stride(1), SWSG=w_scale.stride(0), SWSN=w_scale.stride(1),
-        SYM=out.stride(0), SYG=out.stride(1), **common)
-
-
-#: Compiled wgmma GEMMs by launch key (see ``_wgmma_launch``): Triton's own launch path
-#: re-derives the specialization on every call, several times a launch's host time.
-COMPILED_WGMMA: dict[tuple, object] = {}
-
-#: The wgmma kernel's leading parameters: its three descriptors, then the scale pointers.
-_WGMMA_TENSORS = ("x_desc", "w_desc", "y_desc", "xs_ptr", "ws_ptr")
-
-
-def _wgmma_launch(x, w, x_scale, w_scale, out, block_m, block_n, block, num_warps, num_stages,
-                  programs_per_sm, swap_ab):
-    """``(compile key, programs, descriptor views, the other arguments by name)`` of one wgmma
-    launch (``configs.wgmma_launch``); a view is the ``(shape, strides, tile)`` of x, w or
-    out's descriptor."""
-    m, g, k = x.shape
-    n = w.shape[1]
-    plan = configs.wgmma_launch(
-        m, g, n, k, block, GemmConfig(block_m, block_n, 1, swap_ab, num_warps, num_stages,
-                                      programs_per_sm=programs_per_sm, wgmma=True),
-        out_bytes=out.element_size(), sms=sm_count(x.device.index), x_row=x.stride(0),
-        y_row=out.stride(0), scale_strides=(x_scale.stride(0), x_scale.stride(1),
-                                            w_scale.stride(0), w_scale.stride(1)))
-    programs, args = plan.programs, plan.constexprs
-    # Everything Triton specializes this kernel on: the constexprs, the descriptors' tiles and
-    # dtypes, the integers' value classes (== 1, % 16) and the scale pointers' alignment; the
-    # row strides are in too (the descriptors' shapes and strides are runtime values).
-    key = (x.device.index, block_m, block_n, x.dtype, out.dtype, x.stride(0), out.stride(0),
-           *args.values(), m == 1, m % 16 == 0, programs == 1, programs % 16 == 0,
-           x_scale.data_ptr() % 16 == 0, w_scale.data_ptr() % 16 == 0)
-    return key, programs, plan.views, dict(xs_ptr=x_scale, ws_ptr=w_scale, M=m,
-                                           num_programs=programs, **args)
+        return Launch(plans.gemm_tma(m, g, n, k, block, cfg, sms, out_bf16=out_bf16, **scales),
+                      ("tma",))
+    return Launch(plans.gemm_pointer(m, g, n, k, block, cfg, cfg.split_k, x=x.stride(),
+                                     w=w.stride(), y=out.stride(), out_bf16=out_bf16, **scales),
+                  ("pointer",))
 
 
 def _descriptor(t: torch.Tensor, view: tuple):
@@ -277,22 +237,8 @@ def _descriptor(t: torch.Tensor, view: tuple):
                             smem_layout(tile, str(t.dtype).removeprefix("torch.")))
 
 
-def _launch_wgmma(x, w, x_scale, w_scale, out, **shape) -> None:
-    from . import wgmma_kernels
-
-    key, programs, views, rest = _wgmma_launch(x, w, x_scale, w_scale, out, **shape)
-    descs = {name: _descriptor(t, view)
-             for name, t, view in zip(_WGMMA_TENSORS, (x, w, out), views, strict=False)}
-    kernel = wgmma_kernels.batched_gemm_a8w8_mxscale_wgmma_kernel
-    if not direct_launches()[0]:
-        kernel[(programs,)](**descs, **rest)
-        return
-    compiled = COMPILED_WGMMA.get(key)
-    if compiled is None:
-        COMPILED_WGMMA[key] = kernel[(programs,)](**descs, **rest)
-        return
-    values = dict(descs, **rest)
-    _run_compiled(compiled, (programs,), tuple(values[name] for name in kernel.arg_names))
+#: The wgmma kernel's leading parameters: its three descriptors, then the scale pointers.
+_WGMMA_TENSORS = ("x_desc", "w_desc", "y_desc", "xs_ptr", "ws_ptr")
 
 
 class WgmmaBound:
@@ -323,21 +269,19 @@ class WgmmaBound:
         self._kept: tuple[dict, dict, dict] = ({}, {}, {})
 
     @classmethod
-    def of(cls, x, w, x_scale, w_scale, out, constexprs: dict) -> WgmmaBound | None:
-        """The wgmma launch of these operands, bound; ``None`` before its first launch or
-        where Triton's launcher is not the one ``descriptor_launcher`` knows (or without
-        ``direct_launches``)."""
-        from . import wgmma_kernels
-
+    def of(cls, run: Launch, args: tuple, out: torch.Tensor) -> WgmmaBound | None:
+        """The wgmma launch ``run`` of ``args`` (as ``_gemm_launch`` made them), bound; ``None``
+        before its first launch or where Triton's launcher is not the one
+        ``descriptor_launcher`` knows (or without ``direct_launches``)."""
         if not direct_launches()[0]:
             return None
-        key, programs, views, rest = _wgmma_launch(x, w, x_scale, w_scale, out, **constexprs)
-        compiled = COMPILED_WGMMA.get(key)
-        names = tuple(wgmma_kernels.batched_gemm_a8w8_mxscale_wgmma_kernel.arg_names)
+        compiled = run.compiled(args)
         found = compiled is not None and descriptor_launcher(compiled)
-        if not found or names[:5] != _WGMMA_TENSORS:
+        if not found or tuple(run.kernel.arg_names[:5]) != _WGMMA_TENSORS:
             return None
-        return cls(compiled, *found, programs, views, tuple(rest[n] for n in names[5:]), out,
+        x_scale, w_scale = args[3], args[4]
+        tail = (*args[5:], *(run.options[n] for n in run.kernel.arg_names[len(args):]))
+        return cls(compiled, *found, run.grid[0], run.extra[1], tail, out,
                    (x_scale.data_ptr() % 16 == 0, w_scale.data_ptr() % 16 == 0))
 
     def _expanded(self, i: int, t: torch.Tensor) -> list:

@@ -6,7 +6,7 @@ Each launch is compiled at trace time and lowered to the ``woa_triton_launch`` c
 through ``buffer_callback``.
 
 The kernels, launch rules and specialization are the torch launchers' (``kernels``,
-``wgmma_kernels``, ``configs.quant_config``, ``configs.gemm_config``, ``configs.fused_config``,
+``wgmma_kernels``, ``configs.quant_config``, ``configs.gemm_config``, ``configs.wo_a_fp8_config``,
 read at trace time), except that nothing splits K (split-K needs counters that stay zeroed
 between launches): the GEMM runs the Hopper wgmma kernel where the torch launcher does, else
 the pointer kernel with SPLIT_K = 1, and the fused chain runs only where the torch launcher
@@ -22,9 +22,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import triton
 
-from . import configs, interpreter_on, kernels, xla_ffi
+from . import configs, interpreter_on, plans, xla_ffi
 from .xla_ffi import Ref
 
 
@@ -89,39 +88,33 @@ def run(call: KernelCall, *arrays) -> tuple[jax.Array, ...]:
 # Inverse RoPE + 1 x GS E8M0 quantization
 # ---------------------------------------------------------------------------------------------
 
-def _quant_constants(fp8_dtype, amax_floor: float, o_dtype, rope_dtype) -> dict[str, Any]:
-    """The quantizing kernels' constexprs (``configs.quant_constants``, ``ROUND_PRODUCTS``) on
-    this route's only target, CUDA, where the e4m3fn cast is already round-to-nearest-even."""
-    name = np.dtype(fp8_dtype).name
-    target = "interpreter" if interpreter_on() else "cuda"
-    return dict(configs.quant_constants(name, amax_floor, configs.hw_fp8_cast(name, target)),
-                ROUND_PRODUCTS=configs.round_products(np.dtype(o_dtype).name,
-                                                      np.dtype(rope_dtype).name, target))
+def _target() -> str:
+    """This route's only targets: CUDA, or the interpreter in CPU tests."""
+    return "interpreter" if interpreter_on() else "cuda"
+
+
+def _call(plan: plans.Plan, args: tuple, out_shape: tuple) -> KernelCall:
+    return KernelCall(plan.kernel, args, out_shape, plan.grid, plan.num_warps, plan.num_stages,
+                      tuple(plan.constexprs.items()))
 
 
 def quant_call(s: int, h: int, dh: int, rd: int, n_pos: int, num_groups: int,
                quant_group_size: int, *, fp8_dtype, amax_floor: float, o_dtype,
                rope_dtype) -> KernelCall:
-    """The quant launch for ``o [S, H, Dh]``, cos/sin ``[n_pos, rd / 2]``, positions ``[S]``.
-
-    The kernel and grid are ``configs.quant_launch`` of ``configs.quant_config(S)``, as for
-    the torch launcher. Outputs:
+    """The quant launch for ``o [S, H, Dh]``, cos/sin ``[n_pos, rd / 2]``, positions ``[S]``
+    (``plans.quant`` of ``configs.quant_config(S)``, as for the torch launcher). Outputs:
     ``x_fp8 [S, G, D]`` in ``fp8_dtype`` and ``x_scale [S, G, D / GS]`` uint8.
     """
-    cfg = configs.quant_config(s)
     gs = quant_group_size
     d = h * dh // num_groups
     out_shape = (jax.ShapeDtypeStruct((s, num_groups, d), fp8_dtype),
                  jax.ShapeDtypeStruct((s, num_groups, d // gs), jnp.uint8))
-    plan = configs.quant_launch(s, h, dh, gs, cfg)
-    constexprs = dict(DH=dh, RD=rd, GS=gs, **_quant_constants(fp8_dtype, amax_floor, o_dtype,
-                                                              rope_dtype), **plan.shape)
-    kernel = (kernels.inverse_rope_group_quant_head_kernel if plan.per_head
-              else kernels.inverse_rope_group_quant_kernel)
+    plan = plans.quant(s, h, dh, rd, gs, configs.quant_config(s), fp8=np.dtype(fp8_dtype).name,
+                       amax_floor=amax_floor, o_dtype=np.dtype(o_dtype).name,
+                       rope_dtype=np.dtype(rope_dtype).name, target=_target())
     o, pos, cos, sin, q, scale = map(Ref, range(6))
-    return KernelCall(kernel, (o, pos, cos, sin, plan.n_work, n_pos, h * dh, rd // 2, rd // 2,
-                               q, scale),
-                      out_shape, plan.grid, cfg.num_warps, None, tuple(constexprs.items()))
+    return _call(plan, (o, pos, cos, sin, plan.n_work, n_pos, h * dh, rd // 2, rd // 2, q, scale),
+                 out_shape)
 
 
 def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int,
@@ -150,91 +143,76 @@ def gemm_call(m: int, g: int, n: int, k: int, block: int, n_blocks: int, *, dtyp
 
     The tile is ``configs.gemm_config(..., wgmma=wgmma)``'s: the wgmma kernel where it picks
     it (``sms``: the GPU's SM count, for its persistent grid), else the pointer kernel
-    without its TMA and split-K fields (module docstring). Strides follow from the shapes.
+    without its TMA and split-K fields (module docstring).
     """
     cfg = configs.gemm_config(m, g, n, k, block, wgmma=wgmma)
     kb = k // block
+    strides = dict(x_scale=plans.dense(m, g, kb), w_scale=plans.dense(g, n_blocks, kb))
+    out_shape = (jax.ShapeDtypeStruct((m, g, n), dtype),)
     if cfg.wgmma:
-        return _wgmma_call(m, g, n, k, block, n_blocks, dtype, cfg, sms)
-    constexprs = dict(
-        SXM=g * k, SXG=k, SXSM=g * kb, SXSG=kb, SWG=n * k, SWN=k, SWSG=n_blocks * kb, SWSN=kb,
-        SYM=g * n, SYG=n, N=n, K=k, SB=block, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        SPLIT_K=1, SWAP_AB=cfg.swap_ab, OUT_BF16=np.dtype(dtype) == np.dtype(jnp.bfloat16))
-    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), g, 1)
+        from . import wgmma_kernels
+
+        plan, views = plans.gemm_wgmma(m, g, n, k, block, cfg, sms, x_row=g * k, y_row=g * n,
+                                       out_bytes=np.dtype(dtype).itemsize, **strides)
+        names = ("float8_e4m3fn", "float8_e4m3fn", np.dtype(dtype).name)
+        x, w, y = (xla_ffi.Desc(index, shape, view_strides[0], tile,
+                                wgmma_kernels.smem_layout(tile, name))
+                   for index, (shape, view_strides, tile), name in zip((0, 1, 4), views, names,
+                                                                       strict=True))
+        return _call(plan, (x, w, y, Ref(2), Ref(3), m, plan.grid[0]), out_shape)
+    plan = plans.gemm_pointer(m, g, n, k, block, cfg, 1, x=plans.dense(m, g, k),
+                              w=plans.dense(g, n, k), y=plans.dense(m, g, n),
+                              out_bf16=np.dtype(dtype) == np.dtype(jnp.bfloat16), **strides)
     x, w, xs, ws, y = map(Ref, range(5))
     # Without split-K the parts and counters are never touched: y stands in for them.
-    return KernelCall(kernels.batched_gemm_a8w8_mxscale_kernel, (x, w, xs, ws, m, y, y, y),
-                      (jax.ShapeDtypeStruct((m, g, n), dtype),), grid, cfg.num_warps,
-                      cfg.num_stages, tuple(constexprs.items()))
-
-
-def _wgmma_call(m, g, n, k, block, n_blocks, dtype, cfg, sms) -> KernelCall:
-    """The wgmma kernel's launch (``configs.wgmma_launch``, as the torch launcher makes it)."""
-    from . import wgmma_kernels
-
-    kb = k // block
-    plan = configs.wgmma_launch(m, g, n, k, block, cfg, out_bytes=np.dtype(dtype).itemsize,
-                                sms=sms, x_row=g * k, y_row=g * n,
-                                scale_strides=(g * kb, kb, n_blocks * kb, kb))
-    names = ("float8_e4m3fn", "float8_e4m3fn", np.dtype(dtype).name)
-    x, w, y = (xla_ffi.Desc(index, shape, strides[0], tile,
-                            wgmma_kernels.smem_layout(tile, name))
-               for index, (shape, strides, tile), name in zip((0, 1, 4), plan.views, names,
-                                                              strict=True))
-    return KernelCall(wgmma_kernels.batched_gemm_a8w8_mxscale_wgmma_kernel,
-                      (x, w, y, Ref(2), Ref(3), m, plan.programs),
-                      (jax.ShapeDtypeStruct((m, g, n), dtype),), (plan.programs,),
-                      cfg.num_warps, None, tuple(plan.constexprs.items()))
+    return _call(plan, (x, w, xs, ws, m, y, y, y), out_shape)
 
 
 # ---------------------------------------------------------------------------------------------
 # The fused decode chain
 # ---------------------------------------------------------------------------------------------
 
-def fused_fits(s: int, g: int, n: int, k: int, block: int, dh: int, rd: int) -> bool:
+def wo_a_fp8_fits(s: int, g: int, n: int, k: int, block: int, dh: int, rd: int) -> bool:
     """Whether the chain runs natively as one fused launch: where the torch launcher fuses
-    (``configs.fused_chosen``) without splitting K (this route keeps no split-K counters):
+    (``configs.wo_a_fp8_chosen``) without splitting K (this route keeps no split-K counters):
     DeepSeek V4 at M = 1 and G >= 16."""
-    return (configs.fused_blocker(dh, rd, block) is None
-            and configs.fused_chosen(s, g, n, k, block)
-            and configs.fused_config(s, g, n, k, block).split_k == 1)
+    return (configs.wo_a_fp8_blocker(dh, rd, block) is None
+            and configs.wo_a_fp8_chosen(s, g, n, k, block)
+            and configs.wo_a_fp8_config(s, g, n, k, block).split_k == 1)
 
 
-def fused_call(s: int, h: int, dh: int, rd: int, n_pos: int, g: int, n: int, k: int,
-               block: int, n_blocks: int, *, fp8_dtype, amax_floor: float, dtype, o_dtype,
-               rope_dtype) -> KernelCall:
-    """The fused chain's launch for dense ``o [S, H, Dh]``, positions ``[S]``, cos/sin
+def wo_a_fp8_call(s: int, h: int, dh: int, rd: int, n_pos: int, g: int, n: int, k: int,
+                  block: int, n_blocks: int, *, fp8_dtype, amax_floor: float, dtype, o_dtype,
+                  rope_dtype) -> KernelCall:
+    """The one-launch chain for dense ``o [S, H, Dh]``, positions ``[S]``, cos/sin
     ``[n_pos, rd / 2]``, ``w [G, N, K]``, ``w_scale [G, n_blocks, K / B]`` (uint8). Outputs:
     the quantized activations ``x_fp8 [S, G, K]``, ``x_scale [S, G, K / B]`` uint8 (scratch)
-    and ``y [S, G, N]`` in ``dtype``. The tile is ``configs.fused_config``'s."""
-    cfg = configs.fused_config(s, g, n, k, block)
+    and ``y [S, G, N]`` in ``dtype``. The tile is ``configs.wo_a_fp8_config``'s."""
+    cfg = configs.wo_a_fp8_config(s, g, n, k, block)
     if cfg.split_k != 1:
-        raise ValueError(f"the native fused chain does not split K; fused_config({s}, {g}, ...) "
-                         f"asks for split_k={cfg.split_k} (see fused_fits)")
+        raise ValueError(f"the native wo_a_fp8 kernel does not split K; wo_a_fp8_config({s}, "
+                         f"{g}, ...) asks for split_k={cfg.split_k} (see wo_a_fp8_fits)")
     kb = k // block
     out_shape = (jax.ShapeDtypeStruct((s, g, k), fp8_dtype),
                  jax.ShapeDtypeStruct((s, g, kb), jnp.uint8),
                  jax.ShapeDtypeStruct((s, g, n), dtype))
-    constexprs = dict(
-        SOM=h * dh, SCP=rd // 2, SSP=rd // 2, SWG=n * k, SWN=k, SWSG=n_blocks * kb, SWSN=kb,
-        SYM=g * n, SYG=n, G=g, N=n, K=k, SB=block, DH=dh, RD=rd,
-        **_quant_constants(fp8_dtype, amax_floor, o_dtype, rope_dtype), BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n, SPLIT_K=1, OUT_BF16=np.dtype(dtype) == np.dtype(jnp.bfloat16),
-        QUANT_ROWS=configs.FUSED_QUANT_LANES // block)
-    grid = (triton.cdiv(s, cfg.block_m) * triton.cdiv(n, cfg.block_n), g, 1)
+    plan = plans.wo_a_fp8(
+        s, dh, rd, g, n, k, block, cfg, 1, o_row=h * dh, cos_row=rd // 2, sin_row=rd // 2,
+        w=plans.dense(g, n, k), w_scale=plans.dense(g, n_blocks, kb), y=plans.dense(s, g, n),
+        fp8=np.dtype(fp8_dtype).name, amax_floor=amax_floor, o_dtype=np.dtype(o_dtype).name,
+        rope_dtype=np.dtype(rope_dtype).name, out_bf16=np.dtype(dtype) == np.dtype(jnp.bfloat16),
+        target=_target())
     o, pos, cos, sin, w, ws, x, xs, y = map(Ref, range(9))
-    return KernelCall(kernels.wo_a_fp8_kernel,
-                      (o, pos, cos, sin, w, ws, s, n_pos, x, xs, y, y, y), out_shape, grid,
-                      cfg.num_warps, cfg.num_stages, tuple(constexprs.items()))
+    return _call(plan, (o, pos, cos, sin, w, ws, s, n_pos, x, xs, y, y, y), out_shape)
 
 
 def wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: int, *,
              amax_floor: float, dtype):
-    """``y [S, G, N]`` of the fused chain (``fused_fits`` must hold); inputs already checked,
+    """``y [S, G, N]`` of the fused chain (``wo_a_fp8_fits`` must hold); inputs already checked,
     ``positions`` ``[S]`` (the caller slices it)."""
     s, h, dh = o.shape
     g, n, k = w.shape
-    call = fused_call(s, h, dh, 2 * cos_cache.shape[1], cos_cache.shape[0], num_groups, n, k,
+    call = wo_a_fp8_call(s, h, dh, 2 * cos_cache.shape[1], cos_cache.shape[0], num_groups, n, k,
                       k // w_scale.shape[2], w_scale.shape[1], fp8_dtype=w.dtype,
                       amax_floor=amax_floor, dtype=dtype, o_dtype=o.dtype,
                       rope_dtype=cos_cache.dtype)

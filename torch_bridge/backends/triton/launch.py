@@ -14,12 +14,12 @@ from .configs import (
     QuantConfig,
     bf16_gemm_chosen,
     bf16_gemm_config,
-    fused_chosen,
-    fused_config,
     gemm_config,
     quant_config,
     quant_launch,
     wgmma_stages,
+    wo_a_fp8_chosen,
+    wo_a_fp8_config,
 )
 from .gemm import batched_gemm_a8w8_mxscale, wgmma_available, wgmma_chosen
 from .quant import inverse_rope_group_quant
@@ -31,8 +31,8 @@ __all__ = [
     "batched_gemm_a8w8_mxscale",
     "bf16_gemm_chosen",
     "bf16_gemm_config",
-    "fused_chosen",
-    "fused_config",
+    "wo_a_fp8_chosen",
+    "wo_a_fp8_config",
     "gemm_config",
     "inverse_rope",
     "inverse_rope_group_quant",

@@ -8,21 +8,20 @@ from torch.autograd.graph import increment_version
 
 from woa_jax import AITER_AMAX_FLOOR
 
-from . import configs, kernels
+from . import configs, plans
 from ._common import (
+    Launch,
     as_bytes,
-    bind,
+    dtype_name,
     last_dims_contiguous,
-    launch,
+    launch_for,
     launcher_op,
     on_device_of,
-    plan,
-    quant_constants,
-    round_products,
     row_major,
     rows_contiguous,
     run_mutating,
     signature,
+    target,
 )
 from .configs import QuantConfig
 
@@ -35,23 +34,24 @@ def _inverse_rope_group_quant_op(o: torch.Tensor, positions: torch.Tensor,
                                  num_warps: int, block_h: int) -> None:
     if o.shape[0] == 0:
         return
-    key, kernel, grid, constexprs, args = _quant_launch(
-        o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size, amax_floor,
-        QuantConfig(block_r, num_warps, block_h))
+    cfg = QuantConfig(block_r, num_warps, block_h)
+    run, args = _quant_launch(o, positions, cos_cache, sin_cache, x_fp8, x_scale,
+                              quant_group_size, amax_floor, cfg)
     with on_device_of(o):
-        launch(kernel, grid, args, constexprs, key)
+        run(args)
 
 
 def _quant_launch(o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size,
                   amax_floor, cfg: QuantConfig):
-    """``(plan key, kernel, grid, constexprs, runtime arguments)`` of one quant launch."""
+    """``(launch, runtime arguments)`` of one quant call."""
     key = ("quant", *signature(o), *signature(cos_cache), x_fp8.dtype, quant_group_size,
            amax_floor, cfg)
-    kernel, grid, n_work, constexprs = plan(key, lambda: _quant_plan(
-        o, cos_cache, x_fp8.dtype, quant_group_size, amax_floor, cfg))
-    return key, kernel, grid, constexprs, (
-        o, positions, cos_cache, sin_cache, n_work, cos_cache.shape[0], o.stride(0),
-        cos_cache.stride(0), sin_cache.stride(0), x_fp8, x_scale)
+    run = launch_for(key, lambda: Launch(plans.quant(
+        *o.shape, 2 * cos_cache.shape[1], quant_group_size, cfg, fp8=dtype_name(x_fp8.dtype),
+        amax_floor=amax_floor, o_dtype=dtype_name(o.dtype), rope_dtype=dtype_name(cos_cache.dtype),
+        target=target())))
+    return run, (o, positions, cos_cache, sin_cache, run.plan.n_work, cos_cache.shape[0],
+                 o.stride(0), cos_cache.stride(0), sin_cache.stride(0), x_fp8, x_scale)
 
 
 #: Where ``_quant_launch``'s runtime arguments hold the call's tensors.
@@ -80,16 +80,15 @@ def eager_quant(o, positions, cos_cache, sin_cache, num_groups: int, quant_group
     q = x_fp8 if x_fp8 is not None else torch.empty(shape_q, dtype=fp8_dtype, device=device)
     sc = (as_bytes(x_scale) if x_scale is not None
           else torch.empty(shape_s, dtype=torch.uint8, device=device))
-    key, _, _, _, args = _quant_launch(o, positions, cos_cache, sin_cache, q, sc,
-                                       quant_group_size, float(amax_floor),
-                                       configs.quant_config(s))
-    bound = bind(key, args, _QUANT_TENSORS, checked=6 if given else 4)
+    run, args = _quant_launch(o, positions, cos_cache, sin_cache, q, sc, quant_group_size,
+                              float(amax_floor), configs.quant_config(s))
+    bound = run.bind(args, _QUANT_TENSORS, checked=6 if given else 4)
     if bound is None:
         return None
     e8m0 = torch.float8_e8m0fnu
     strides_q, strides_s = row_major(shape_q), row_major(shape_s)
 
-    def run(o, positions, cos_cache, sin_cache, x_fp8=None, x_scale=None):
+    def go(o, positions, cos_cache, sin_cache, x_fp8=None, x_scale=None):
         q = (x_fp8 if x_fp8 is not None
              else torch.empty_strided(shape_q, strides_q, dtype=fp8_dtype, device=device))
         sc = (x_scale if x_scale is not None
@@ -99,20 +98,7 @@ def eager_quant(o, positions, cos_cache, sin_cache, num_groups: int, quant_group
         if given:
             increment_version([t for t in (x_fp8, x_scale) if t is not None])
         return q, sc
-    return run
-
-
-def _quant_plan(o, cos_cache, fp8_dtype, quant_group_size, amax_floor, cfg: QuantConfig):
-    """``(kernel name, grid, first scalar, constexprs)`` of one quant launch signature."""
-    s, h, dh = o.shape
-    launch = configs.quant_launch(s, h, dh, quant_group_size, cfg)
-    kernel = ("inverse_rope_group_quant_head_kernel" if launch.per_head
-              else "inverse_rope_group_quant_kernel")
-    constexprs = dict(GS=quant_group_size, DH=dh, RD=2 * cos_cache.shape[1],
-                      num_warps=cfg.num_warps, **launch.shape,
-                      ROUND_PRODUCTS=round_products(o, cos_cache),
-                      **quant_constants(fp8_dtype, amax_floor))
-    return getattr(kernels, kernel), launch.grid, launch.n_work, constexprs
+    return go
 
 
 def inverse_rope_group_quant(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
