@@ -1,9 +1,11 @@
 """The peer rows (vLLM's quant, DeepGEMM, their chain) where the peers are absent, the loader of
-vLLM's quant file and its stand-ins, and the check of a peer's quant bytes."""
+vLLM's quant file and its stand-ins, the ``vs_peer`` ratio and results files written before it."""
 
 from __future__ import annotations
 
+import io
 import pathlib
+import shutil
 import textwrap
 
 import numpy as np
@@ -12,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from torch_bridge.bench import peers, problem  # noqa: E402
+from torch_bridge.bench import peers, problem, report, results, sweep  # noqa: E402
 from torch_bridge.bench.providers import DEFAULT, PROVIDERS  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -25,6 +27,7 @@ def test_peer_rows_are_registered_in_the_default_sweep():
     assert kinds == {"quant_vllm": "quant", "gemm_deepgemm": "gemm", "chain_peer": "chain",
                      "chain_fp8": "chain"}
     assert set(kinds) <= set(DEFAULT)
+    assert set(sweep.PEER_OF.values()) <= set(PROVIDERS)
 
 
 @on_cpu
@@ -137,6 +140,19 @@ def test_vllm_quant_file_runs_under_the_interpreter(run_python, tmp_path):
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
 
 
+def test_vs_peer_divides_ours_by_the_peer_row():
+    rows = {name: {"kind": PROVIDERS[name].kind, "us": us} for name, us in
+            [("quant_triton", 3.0), ("quant_vllm", 4.0), ("chain_fp8", 10.0),
+             ("chain_fp8_triton", 9.0), ("chain_peer", 12.0), ("gemm_triton", 5.0),
+             ("gemm_deepgemm", None)]}
+    sweep.add_ratios(rows)
+    assert rows["quant_triton"]["vs_peer"] == 0.75
+    assert rows["chain_fp8"]["vs_peer"] == 10.0 / 12.0
+    assert rows["chain_fp8_triton"]["vs_peer"] == 0.75
+    assert {n for n, r in rows.items() if "vs_peer" in r} == set(sweep.PEER_OF)
+    assert "vs_deepgemm" not in rows["gemm_triton"]  # the peer row was skipped
+
+
 def _quant_problem(seed: int = 0):
     """A problem holding only a made-up quant oracle: ``[3, 2, 256]`` fp8, 1 x 128 scales."""
     rng = np.random.default_rng(seed)
@@ -161,3 +177,34 @@ def test_peer_quant_check_reports_rounding_boundaries_and_fails_wrong_bytes():
     q[0, 0, :2] ^= 1  # under equal scales: two bytes where one is allowed
     with pytest.raises(AssertionError, match="2 of 1536 fp8 bytes under equal scales differ"):
         problem.check_quant_near(q, s, p, "quant_cuda_floor")
+
+
+def test_results_of_earlier_columns_are_upgraded_when_appended(tmp_path):
+    """The committed H200 rows predate ``vs_peer``: a run appends to them, their cells kept."""
+    path = tmp_path / "nvidia-h200.csv"
+    shutil.copy(REPO / "benchmarks" / "results" / "nvidia-h200.csv", path)
+    before = results.read(path)
+    assert "vs_peer" not in before[0]
+    assert results.check_appendable(path) is False
+    results.append(path, {"run": "r", "machine": "nvidia-h200"},
+                   [{"mode": "sweep", "provider": "quant_triton", "us": 2.0, "vs_peer": 0.5}])
+    after = results.read(path)
+    assert len(after) == len(before) + 1
+    assert [{k: v for k, v in r.items() if k != "vs_peer"} for r in after[:-1]] == before
+    assert {r["vs_peer"] for r in after[:-1]} == {None} and after[-1]["vs_peer"] == 0.5
+    with path.open(newline="") as f:
+        assert tuple(f.readline().rstrip("\r\n").split(",")) == results.COLUMNS
+
+
+def test_tables_show_vs_peer_and_read_rows_without_it():
+    from rich.console import Console
+
+    old = {"mode": "sweep", "provider": "gemm_triton", "G": 2, "M": 1, "timer": "graph",
+           "us": 5.0, "check": "relerr 1e-3"}
+    new = {**old, "provider": "quant_triton", "vs_peer": 0.8}
+    out = io.StringIO()
+    report.print_tables([old, new], Console(file=out, width=200))
+    assert "/ peer" in out.getvalue() and "0.80x" in out.getvalue()
+    out = io.StringIO()
+    report.print_tables([old], Console(file=out, width=200))
+    assert "/ peer" not in out.getvalue() and "gemm_triton" in out.getvalue()
