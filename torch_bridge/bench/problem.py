@@ -155,10 +155,12 @@ def _j(t):
 
 
 def oracle(p: Problem, what: str):
-    """The ``woa_jax`` result of ``what`` (quant, gemm, chain_fp8, chain_bf16), cached on ``p``.
+    """The ``woa_jax`` result of ``what`` (quant, quant_cuda_floor, gemm, chain_fp8,
+    chain_bf16), cached on ``p``.
 
-    The FP8 chain's oracle is the quant oracle's output through the GEMM oracle (the quant is
-    computed once for both checks).
+    ``quant_cuda_floor`` is the quant with vLLM's CUDA amax floor (1e-10) instead of AITER's
+    (1e-8, ours). The FP8 chain's oracle is the quant oracle's output through the GEMM oracle
+    (the quant is computed once for both checks).
     """
     if what in p.cache:
         return p.cache[what]
@@ -168,9 +170,11 @@ def oracle(p: Problem, what: str):
     import woa_jax
 
     gemm = jax.jit(woa_jax.batched_gemm_a8w8_mxscale, static_argnames="dtype")
-    if what == "quant":
-        r = jax.jit(woa_jax.inverse_rope_group_quant, static_argnums=(4, 5))(
-            _j(p.o), _j(p.pos), _j(p.cos_bf16), _j(p.sin_bf16), p.g, 128)
+    if what in ("quant", "quant_cuda_floor"):
+        floor = woa_jax.CUDA_AMAX_FLOOR if what == "quant_cuda_floor" else woa_jax.AITER_AMAX_FLOOR
+        r = jax.jit(woa_jax.inverse_rope_group_quant, static_argnums=(4, 5),
+                    static_argnames="amax_floor")(
+            _j(p.o), _j(p.pos), _j(p.cos_bf16), _j(p.sin_bf16), p.g, 128, amax_floor=floor)
     elif what == "gemm":
         r = gemm(_j(p.x), _j(p.w), _j(p.xs), _j(p.ws), dtype=jnp.float32)
     elif what == "chain_fp8":
@@ -181,7 +185,8 @@ def oracle(p: Problem, what: str):
         r = jax.jit(woa_jax.wo_a_bf16, static_argnums=6)(
             _j(p.o), _j(p.pos), _j(p.cos32), _j(p.sin32), w2, s2, p.g)
     else:
-        raise ValueError(f"unknown oracle {what!r}; expected quant, gemm, chain_fp8 or chain_bf16")
+        raise ValueError(f"unknown oracle {what!r}; expected quant, quant_cuda_floor, gemm, "
+                         "chain_fp8 or chain_bf16")
     p.cache[what] = r
     return r
 
@@ -205,3 +210,42 @@ def check_quant_bytes(q, scale, p: Problem) -> str:
     assert_bitwise_equal(q, rq, name="quant fp8")
     assert_bitwise_equal(scale, rs, name="quant scale")
     return "bytes exact"
+
+
+#: Beyond this fraction of differing bytes (and more than one), a peer's quant is wrong, not
+#: rounded otherwise: a wrong layout, rotation or rounding rule changes most bytes, while a
+#: scale computed with an approximate log2 differs from the oracle's in about 1e-7 of the groups.
+PEER_QUANT_MAX_DIFFER = 1e-3
+
+
+def check_quant_near(q, scale_bytes, p: Problem, what: str) -> str:
+    """A peer's quant against the ``what`` oracle: ``"bytes exact"`` or ``"bytes differ: fp8
+    N/T, scale n/t"``.
+
+    Raises:
+      AssertionError: a scale byte more than one off, more than ``PEER_QUANT_MAX_DIFFER`` of
+        the scale bytes differing, or of the fp8 bytes of the groups whose scales agree.
+    """
+    import numpy as np
+
+    from woa_jax.testing import to_numpy
+
+    rq, rs = oracle(p, what)
+    qa, qe = (to_numpy(a).view(np.uint8) for a in (q, rq))
+    sa, se = (to_numpy(a).view(np.uint8).astype(np.int32) for a in (scale_bytes, rs))
+    if qa.shape != qe.shape or sa.shape != se.shape:
+        raise AssertionError(f"shapes fp8 {qa.shape}, scale {sa.shape} != the oracle's "
+                             f"{qe.shape}, {se.shape}")
+    n_scale = int((sa != se).sum())
+    same_scale = np.repeat(sa == se, qa.shape[-1] // sa.shape[-1], axis=-1)
+    n_fp8, n_fp8_same = int((qa != qe).sum()), int(((qa != qe) & same_scale).sum())
+    if np.abs(sa - se).max() > 1:
+        raise AssertionError(f"a scale byte differs from the {what} oracle's by "
+                             f"{int(np.abs(sa - se).max())} (a rounding boundary moves it by one)")
+    for count, total, which in ((n_scale, sa.size, "scale bytes"),
+                                (n_fp8_same, qa.size, "fp8 bytes under equal scales")):
+        if count > max(1, PEER_QUANT_MAX_DIFFER * total):
+            raise AssertionError(f"{count} of {total} {which} differ from the {what} oracle")
+    if n_fp8 == n_scale == 0:
+        return "bytes exact"
+    return f"bytes differ: fp8 {n_fp8}/{qa.size}, scale {n_scale}/{sa.size}"

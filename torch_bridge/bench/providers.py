@@ -1,9 +1,10 @@
 """Torch providers: each checks its output against the oracle, then returns what to time.
 
 A provider is ``fn(sets, on_gpu) -> (calls, check)``: one zero-argument call per input set and
-the check's verdict (``"bytes exact"`` or ``"relerr E"``); it raises ``Skip`` with the reason
-where it cannot run, and ``AssertionError`` where its output is wrong. Setup (scale conversion,
-padding, output buffers, the layer object) stays outside the calls.
+the check's verdict (``"bytes exact"``, a peer quant's ``"bytes differ: ..."`` or ``"relerr
+E"``); it raises ``Skip`` with the reason where it cannot run, and ``AssertionError`` where its
+output is wrong. Setup (scale conversion, padding, output buffers, the layer object) stays
+outside the calls. The peers (vLLM's quant, DeepGEMM) come from ``peers``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import dataclasses
 import functools
 from collections.abc import Callable
 
-from .problem import Problem, Skip, check_close, check_quant_bytes
+from . import peers
+from .problem import Problem, Skip, check_close, check_quant_bytes, check_quant_near
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,27 +63,76 @@ def gemm_triton(sets, on_gpu, *, config=None):
             for p, y in zip(sets, outs, strict=True)], msg
 
 
-def gemm_deepgemm(sets, on_gpu):
-    if not on_gpu:
-        raise Skip("DeepGEMM runs on NVIDIA GPUs only")
-    try:
-        import deep_gemm
-    except ImportError as e:
-        raise Skip(f"deep_gemm does not import ({e})") from None
-    einsum = getattr(deep_gemm, "fp8_einsum", None)
-    if einsum is None:
-        raise Skip(f"deep_gemm {getattr(deep_gemm, '__version__', '?')} has no fp8_einsum")
+#: DeepGEMM's sm_90 recipe: per-token 1 x 128 activation and 128 x 128 weight scale blocks.
+_DG_RECIPE = (1, 128, 128)
+
+
+def _dg_activation_scales(dg, xs):
+    """E8M0 activation scales ``[M, G, K / 128]`` as DeepGEMM's fp32 MN-major, TMA-aligned
+    tensor (what vLLM's quant writes), so that ``fp8_einsum`` transforms nothing when timed."""
     from torch_bridge.backends.torch_ref import e8m0_decode
 
-    prepared = [(p.x.contiguous(), e8m0_decode(p.xs).contiguous(), p.w,
-                 e8m0_decode(p.ws).contiguous(), _out(p)) for p in sets]
+    sf = dg.get_mn_major_tma_aligned_tensor(e8m0_decode(xs).transpose(0, 1).contiguous())
+    if dg.get_mn_major_tma_aligned_tensor(sf).data_ptr() != sf.data_ptr():
+        raise AssertionError("DeepGEMM would transform its own activation-scale layout again")
+    return sf.transpose(0, 1)
+
+
+def gemm_deepgemm(sets, on_gpu):
+    from torch_bridge.backends.torch_ref import e8m0_decode
+
+    dg = peers.deep_gemm(pdl=False)  # DeepGEMM's default; none of the GEMM rows uses PDL
+    prepared = [(p.x, _dg_activation_scales(dg, p.xs), p.w, e8m0_decode(p.ws).contiguous(),
+                 _out(p)) for p in sets]
 
     def run(x, xs, w, ws, y):
-        einsum("bhr,hdr->bhd", (x, xs), (w, ws), y)
+        dg.fp8_einsum("bhr,hdr->bhd", (x, xs), (w, ws), y, recipe=_DG_RECIPE)
         return y
 
     msg = check_close(run(*prepared[0]), sets[0], "gemm")
     return [(lambda a=a: run(*a)) for a in prepared], msg
+
+
+def _vllm_quant_call(quant, p: Problem):
+    """vLLM's quant over ``p`` as its Hopper layers call it (fp32 scales for DeepGEMM's sm_90
+    recipe), given its ``[P, rope_dim]`` fp32 cos || sin cache of our tables' values."""
+    import torch
+
+    cache = torch.cat([p.cos_bf16, p.sin_bf16], 1).float()
+    rope_dim = cache.shape[1]
+    return lambda: quant(p.o, p.pos, cache, n_groups=p.g, heads_per_group=p.o.shape[1] // p.g,
+                         nope_dim=p.o.shape[2] - rope_dim, rope_dim=rope_dim,
+                         quant_group_size=128, tma_aligned_scales=False)
+
+
+def quant_vllm(sets, on_gpu):
+    from torch_bridge import interop
+
+    if not on_gpu:
+        raise Skip("vLLM's kernel casts with .to(float8e4nv), which the Triton interpreter "
+                   "rounds otherwise than a GPU (127.0 to 64.0)")
+    calls = [_vllm_quant_call(peers.vllm_quant(), p) for p in sets]
+    q, scale = calls[0]()
+    return calls, check_quant_near(q, interop.e8m0_bytes(scale), sets[0], "quant_cuda_floor")
+
+
+def chain_peer(sets, on_gpu):
+    import torch
+
+    from torch_bridge.backends.torch_ref import e8m0_decode
+
+    dg = peers.deep_gemm(pdl=True)  # as vLLM sets it on sm_90 and later
+    quant = peers.vllm_quant()
+
+    def chain(p, quant_call, ws):
+        x, xs = quant_call()
+        z = torch.empty((p.m, p.g, p.w.shape[1]), dtype=torch.bfloat16, device=x.device)
+        dg.fp8_einsum("bhr,hdr->bhd", (x, xs), (p.w, ws), z, recipe=_DG_RECIPE)
+        return z
+
+    prepared = [(p, _vllm_quant_call(quant, p), e8m0_decode(p.ws).contiguous()) for p in sets]
+    msg = check_close(chain(*prepared[0]), sets[0], "chain_fp8")
+    return [(lambda a=a: chain(*a)) for a in prepared], msg
 
 
 def gemm_scaled_mm(sets, on_gpu):
@@ -160,6 +211,14 @@ def chain_bf16_ref(sets, on_gpu):
                                           overwrite_o=True)) for p in sets], msg
 
 
+def chain_fp8(sets, on_gpu):
+    layers = [projection(p, "auto") for p in sets]
+    p0 = sets[0]
+    msg = check_close(layers[0](p0.o, p0.pos), p0, "chain_fp8")
+    return ([(lambda f=f, p=p: f(p.o, p.pos)) for f, p in zip(layers, sets, strict=True)],
+            f"{msg}, path {layers[0].path}")
+
+
 def chain_fp8_triton(sets, on_gpu, *, fused=None, config=None):
     from torch_bridge.backends.triton import launch
 
@@ -190,7 +249,10 @@ PROVIDERS: dict[str, Provider] = {p.name: p for p in [
     Provider("copy", "device-to-device copy (bandwidth ceiling; only when named)", None),
     Provider("quant_triton", "Triton inverse RoPE + 1x128 E8M0 quant", quant_triton),
     Provider("gemm_triton", "Triton block-scaled FP8 batched GEMM", gemm_triton),
-    Provider("gemm_deepgemm", "DeepGEMM fp8_einsum('bhr,hdr->bhd'), fp32 scales", gemm_deepgemm),
+    Provider("quant_vllm", "vLLM 0.33's fused inverse RoPE + FP8 quant (Triton, PDL), fp32 "
+             "scales in DeepGEMM's layout", quant_vllm),
+    Provider("gemm_deepgemm", "DeepGEMM fp8_einsum('bhr,hdr->bhd'), scales in its layout",
+             gemm_deepgemm),
     Provider("gemm_scaled_mm", "torch._scaled_mm blockwise, one call per group", gemm_scaled_mm),
     Provider("gemm_bf16", "torch bf16 einsum of the dequantized operands", gemm_bf16),
     Provider("chain_bf16", "WoAProjection(backend='bf16'): the shipped fallback, copying o",
@@ -199,10 +261,14 @@ PROVIDERS: dict[str, Provider] = {p.name: p for p in [
              chain_bf16_inplace),
     Provider("chain_bf16_ref", "Triton in-place inverse RoPE + torch bf16 einsum",
              chain_bf16_ref),
+    Provider("chain_fp8", "WoAProjection(backend='auto'): the shipped layer as users call it",
+             chain_fp8),
     Provider("chain_fp8_triton", "Triton wo_a_fp8 (fused at decode, else quant + GEMM)",
              chain_fp8_triton),
     Provider("chain_fp8_triton_2k", "Triton quant + GEMM, always two kernels",
              chain_fp8_triton_2k),
+    Provider("chain_peer", "vLLM 0.33's quant + DeepGEMM fp8_einsum, PDL: vLLM's Hopper chain",
+             chain_peer),
     *_jax_providers(),
 ]}
 

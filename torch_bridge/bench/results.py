@@ -22,7 +22,10 @@ import subprocess
 COLUMNS = ("run", "machine", "device", "python", "torch", "triton", "jax", "cuda", "commit",
            "source", "mode", "kind", "provider", "G", "M", "N", "K", "sets", "chunk", "calls",
            "timer", "clock", "us", "device_us", "TFLOP/s", "GB/s", "pct_ceiling", "vs_bf16",
-           "vs_ref", "vs_deepgemm", "vs_scaled_mm", "runs_ms", "config", "check")
+           "vs_ref", "vs_deepgemm", "vs_peer", "vs_scaled_mm", "runs_ms", "config", "check")
+#: Columns added after results files were first written: a file whose header is ``COLUMNS``
+#: without some of these is upgraded in place (those cells left empty) when appended to.
+LATER_COLUMNS = ("vs_peer",)
 #: The packages whose sources a row measures, beside this one in the same directory.
 SOURCE_PACKAGES = ("woa_jax", "torch_bridge")
 _ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -94,22 +97,44 @@ def default_dir() -> pathlib.Path:
     return pathlib.Path(cache) / "results"
 
 
+def _header(path: pathlib.Path) -> tuple[str, ...]:
+    with path.open(newline="") as f:
+        return tuple(next(csv.reader(f), None) or ())
+
+
 def check_appendable(path: pathlib.Path) -> bool:
-    """Whether ``path`` is new (True) or a CSV of these columns (False); else ``ValueError``."""
+    """Whether ``path`` is new (True) or a CSV of these columns or of an earlier set of them
+    (False; see ``LATER_COLUMNS``); else ``ValueError``."""
     if not path.exists() or path.stat().st_size == 0:
         return True
-    with path.open(newline="") as f:
-        header = next(csv.reader(f), None)
-    if tuple(header or ()) != COLUMNS:
+    header = _header(path)
+    earlier = tuple(c for c in COLUMNS if c in header) == header and \
+        set(COLUMNS) - set(header) <= set(LATER_COLUMNS)
+    if not earlier:
         raise ValueError(f"{path} has other columns than this harness writes; move it aside "
                          "or pass another --results-dir")
     return False
 
 
+def _upgrade(path: pathlib.Path) -> None:
+    """Rewrite a CSV of earlier columns under ``COLUMNS``, its cells unchanged, the added
+    ones empty (through a temporary file, so that a failure leaves the original)."""
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", newline="") as f:
+        w = csv.DictWriter(f, COLUMNS, restval="")
+        w.writeheader()
+        w.writerows(rows)
+    tmp.replace(path)
+
+
 def append(path: pathlib.Path, meta: dict, rows: list[dict]) -> None:
     """Append ``rows`` (with ``meta``) to the CSV at ``path`` (in an existing directory),
-    writing its header if new."""
+    writing its header if new and upgrading a header of earlier columns first."""
     new = check_appendable(path)
+    if not new and _header(path) != COLUMNS:
+        _upgrade(path)
     with path.open("a", newline="") as f:
         w = csv.writer(f)
         if new:
