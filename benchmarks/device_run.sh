@@ -6,6 +6,7 @@
 #   bash benchmarks/device_run.sh sustained  # the M >= 1024 sweep at the sustained clock
 #   bash benchmarks/device_run.sh tune     # launch-shape candidates at G = 16
 #   bash benchmarks/device_run.sh tp       # 2 GPUs: NCCL TP check and TP2 vs TP1
+#   bash benchmarks/device_run.sh jax_step # jitted 8- and 61-layer steps, G = $WOA_STEP_GROUPS (16)
 # Wheels in .whl/ (git-ignored; packages a machine without an index lacks) are installed
 # first. Where the copy has no git history, set WOA_COMMIT to the commit measured; rows also
 # carry the source digest.
@@ -60,8 +61,14 @@ tp)
     --out "$OUT" > "$OUT/tp_bench.log" 2>&1
   tail -24 "$OUT/tp_bench.log"
   ;;
+jax_step)
+  # One G per call keeps a run within a device command's 10 minutes.
+  CUDA_VISIBLE_DEVICES=0 timeout 560 $BENCH --jax-step --groups "${WOA_STEP_GROUPS:-16}" \
+    --reps 10 > "$OUT/jax_step.log" 2>&1
+  grep -E "jax_step_" "$OUT/jax_step.log" | cut -c1-200
+  ;;
 *)
-  echo "usage: $0 tests|bench|sustained|tune|tp" >&2
+  echo "usage: $0 tests|bench|sustained|tune|tp|jax_step" >&2
   exit 2
   ;;
 esac

@@ -3,9 +3,9 @@ timed; rows appended to ``benchmarks/results/<machine>.csv``.
 
 ``python -m torch_bridge.bench --help`` (or ``woa bench --help``); the method is described in
 the repository's ``benchmarks/README.md``. Modules: ``problem`` (shapes, inputs, oracle),
-``providers`` / ``jax_providers`` (what each row runs), ``sweep``, ``prefill``, ``tune``,
-``hostcost``, ``timing``, ``results`` (the CSV), ``report`` (tables, plots), ``tp`` (two-GPU
-tensor parallel).
+``providers`` / ``jax_providers`` (what each row runs), ``sweep``, ``prefill``, ``jax_step``
+(jitted multi-layer steps), ``tune``, ``hostcost``, ``timing``, ``results`` (the CSV),
+``report`` (tables, plots), ``tp`` (two-GPU tensor parallel).
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ _SWEEP_COLUMNS = (("us", "us", 1, ""), ("device us", "device_us", 1, ""),
                   ("TFLOP/s", "TFLOP/s", 0, ""), ("GB/s", "GB/s", 0, ""),
                   ("% ceiling", "pct_ceiling", 0, ""), ("vs BF16", "vs_bf16", 2, "x"),
                   ("/ ref BF16", "vs_ref", 2, "x"), ("/ DeepGEMM", "vs_deepgemm", 2, "x"),
-                  ("/ peer", "vs_peer", 2, "x"), ("/ _scaled_mm", "vs_scaled_mm", 2, "x"))
+                  ("/ peer", "vs_peer", 2, "x"), ("/ _scaled_mm", "vs_scaled_mm", 2, "x"),
+                  ("/ graph", "vs_graph", 2, "x"))
 
 
 def _fmt(v, digits: int, suffix: str = "") -> str:
@@ -36,7 +37,8 @@ def _table(title: str, rows: list[dict], lead: tuple[str, ...], console) -> None
 
 
 def print_tables(rows: list[dict], console) -> None:
-    """The sweep, prefill, host-cost and tuning tables of ``rows`` (those that have rows)."""
+    """The sweep, prefill, jax_step, host-cost and tuning tables of ``rows`` (those that have
+    rows)."""
     sweep = [r for r in rows if r["mode"] == "sweep"]
     if sweep:
         timers = sorted({f"{r['timer']}" + (f", {r['clock']} clock" if r.get("clock") else "")
@@ -47,6 +49,13 @@ def print_tables(rows: list[dict], console) -> None:
     if pre:
         _table("prefill: total wo_a time of M tokens in chunks (us)", pre,
                ("provider", "G", "M", "chunk"), console)
+    step = [r for r in rows if r["mode"] == "jax_step"]
+    if step:
+        from .jax_step import layers_of
+
+        _table("jax_step: L layers per jitted step vs a CUDA graph of them in torch, us per "
+               "layer", [{**r, "L": layers_of(r)} for r in step],
+               ("provider", "L", "G", "M", "timer"), console)
     host = [r for r in rows if r["mode"] == "host_cost"]
     if host:
         _table("host time per back-to-back eager call (us)", host, ("provider", "G", "M"),

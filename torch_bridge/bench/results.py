@@ -4,7 +4,9 @@
 Each row carries the machine, the versions, the commit and a digest of the measured sources
 (a copied tree may have no git history, or a stale one), the provider, the shape, how it was
 timed (``timer``: graph, eager, jit, wall or host; ``clock``: burst or sustained on a GPU) and
-the metrics that were measured; a cell left empty was not measured.
+the metrics that were measured; a cell left empty was not measured. New columns go at the
+end, so that an older file's header is a prefix of ``COLUMNS``: its rows read with the new
+cells empty, and appending to it first extends its header.
 """
 
 from __future__ import annotations
@@ -22,10 +24,8 @@ import subprocess
 COLUMNS = ("run", "machine", "device", "python", "torch", "triton", "jax", "cuda", "commit",
            "source", "mode", "kind", "provider", "G", "M", "N", "K", "sets", "chunk", "calls",
            "timer", "clock", "us", "device_us", "TFLOP/s", "GB/s", "pct_ceiling", "vs_bf16",
-           "vs_ref", "vs_deepgemm", "vs_peer", "vs_scaled_mm", "runs_ms", "config", "check")
-#: Columns added after results files were first written: a file whose header is ``COLUMNS``
-#: without some of these is upgraded in place (those cells left empty) when appended to.
-LATER_COLUMNS = ("vs_peer",)
+           "vs_ref", "vs_deepgemm", "vs_scaled_mm", "runs_ms", "config", "check", "vs_graph",
+           "vs_peer")
 #: The packages whose sources a row measures, beside this one in the same directory.
 SOURCE_PACKAGES = ("woa_jax", "torch_bridge")
 _ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -103,38 +103,33 @@ def _header(path: pathlib.Path) -> tuple[str, ...]:
 
 
 def check_appendable(path: pathlib.Path) -> bool:
-    """Whether ``path`` is new (True) or a CSV of these columns or of an earlier set of them
-    (False; see ``LATER_COLUMNS``); else ``ValueError``."""
+    """Whether ``path`` is new (True) or a CSV of these columns or of an older harness's, a
+    prefix of them (False); else ``ValueError``."""
     if not path.exists() or path.stat().st_size == 0:
         return True
     header = _header(path)
-    earlier = tuple(c for c in COLUMNS if c in header) == header and \
-        set(COLUMNS) - set(header) <= set(LATER_COLUMNS)
-    if not earlier:
+    if not header or header != COLUMNS[:len(header)]:
         raise ValueError(f"{path} has other columns than this harness writes; move it aside "
                          "or pass another --results-dir")
     return False
 
 
-def _upgrade(path: pathlib.Path) -> None:
-    """Rewrite a CSV of earlier columns under ``COLUMNS``, its cells unchanged, the added
-    ones empty (through a temporary file, so that a failure leaves the original)."""
-    with path.open(newline="") as f:
-        rows = list(csv.DictReader(f))
+def _extend_header(path: pathlib.Path) -> None:
+    """Rewrite an older harness's header as ``COLUMNS`` (its rows stay as they are: their
+    missing trailing cells read empty)."""
+    first, nl, rest = path.read_bytes().partition(b"\n")
+    end = b"\r" if first.endswith(b"\r") else b""
     tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", newline="") as f:
-        w = csv.DictWriter(f, COLUMNS, restval="")
-        w.writeheader()
-        w.writerows(rows)
-    tmp.replace(path)
+    tmp.write_bytes(",".join(COLUMNS).encode() + end + nl + rest)
+    os.replace(tmp, path)
 
 
 def append(path: pathlib.Path, meta: dict, rows: list[dict]) -> None:
     """Append ``rows`` (with ``meta``) to the CSV at ``path`` (in an existing directory),
-    writing its header if new and upgrading a header of earlier columns first."""
+    writing its header if new and extending an older one."""
     new = check_appendable(path)
     if not new and _header(path) != COLUMNS:
-        _upgrade(path)
+        _extend_header(path)
     with path.open("a", newline="") as f:
         w = csv.writer(f)
         if new:
@@ -144,13 +139,17 @@ def append(path: pathlib.Path, meta: dict, rows: list[dict]) -> None:
 
 
 def read(path: str | os.PathLike) -> list[dict]:
-    """The rows of a results CSV, numbers as floats, empty cells as None."""
+    """The rows of a results CSV, numbers as floats, empty cells as None (and the columns an
+    older harness did not write)."""
     out = []
     with open(path, newline="") as f:
-        for r in csv.DictReader(f):
-            row: dict = {}
+        reader = csv.DictReader(f)
+        header = tuple(reader.fieldnames or ())
+        later = COLUMNS[len(header):] if header == COLUMNS[:len(header)] else ()
+        for r in reader:
+            row: dict = dict.fromkeys(later)
             for k, v in r.items():
-                if v == "":
+                if v is None or v == "":
                     row[k] = None
                 elif k in ("G", "M", "N", "K", "sets", "chunk", "calls"):
                     row[k] = int(v)

@@ -9,6 +9,7 @@ import pathlib
 
 from ..cli.errors import ExitCode, OneLineParser
 from . import problem, results
+from .jax_step import ROUTES as STEP_ROUTES
 from .providers import DEFAULT, PROVIDERS
 from .tune import KINDS as TUNE_KINDS
 
@@ -45,9 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
                                          for name, prov in PROVIDERS.items())
     p = _Parser(prog="woa bench", description=_DESCRIPTION, epilog=epilog,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--groups", type=_ints, help="G values (default: 16,8,2 on GPU, 2 on CPU)")
+    p.add_argument("--groups", type=_ints,
+                   help="G values (default: 16,8,2 on GPU, --jax-step 2,8,16; 2 on CPU)")
     p.add_argument("--ms", type=_ints,
-                   help="M values (default: 1,2,4,...,8192 on GPU; 1,5 on CPU; host cost: 1)")
+                   help="M values (default: 1,2,4,...,8192 on GPU, --jax-step "
+                        "1,16,64,256,1024,8192; 1,5 on CPU, --jax-step 1; host cost: 1)")
     p.add_argument("--providers", type=_names, default=DEFAULT,
                    help=f"comma-separated subset of {','.join(PROVIDERS)} (default: all but "
                         "copy)")
@@ -60,6 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--host-cost", action="store_true",
                       help="host time per back-to-back eager call of each public op, the "
                            "layer, torch._scaled_mm, torch.bmm and a bare Triton launch")
+    mode.add_argument("--jax-step", action="store_true",
+                      help="L layers in one jitted step (native, callback, XLA BF16) against a "
+                           "CUDA graph of the same layers in torch, per layer")
+    p.add_argument("--layers", type=_ints,
+                   help="with --jax-step: layers per step (default: 8,61 on GPU, 2 on CPU)")
+    p.add_argument("--routes", type=_names,
+                   help=f"with --jax-step: comma-separated subset of {','.join(STEP_ROUTES)} "
+                        "(default: all)")
     p.add_argument("--tune-kinds", type=_names, default=TUNE_KINDS,
                    help=f"with --tune: comma-separated subset of {','.join(TUNE_KINDS)}")
     p.add_argument("--sustained", action="store_true",
@@ -95,14 +106,22 @@ def _check_args(args) -> None:
         raise SystemExit(f"unknown --tune-kinds {unknown}; expected a subset of "
                          f"{list(TUNE_KINDS)}")
     for flag in ("sustained", "eager"):
-        if getattr(args, flag) and (args.prefill or args.host_cost):
-            raise SystemExit(f"--{flag} applies to the sweep and --tune, not to --prefill or "
-                             "--host-cost (those run their calls back to back, eagerly)")
+        if getattr(args, flag) and (args.prefill or args.host_cost or args.jax_step):
+            raise SystemExit(f"--{flag} applies to the sweep and --tune, not to --prefill, "
+                             "--host-cost or --jax-step (those time their own way)")
+    for flag in ("layers", "routes"):
+        if getattr(args, flag) is not None and not args.jax_step:
+            raise SystemExit(f"--{flag} applies to --jax-step only")
+    if args.routes is not None:
+        unknown = sorted(set(args.routes) - set(STEP_ROUTES))
+        if unknown or not args.routes:
+            raise SystemExit(f"--routes {','.join(args.routes)!r} is not a non-empty subset "
+                             f"of {','.join(STEP_ROUTES)}")
     if args.reps < 1:
         raise SystemExit(f"--reps must be at least 1, got {args.reps}")
-    if args.plot and (args.tune or args.prefill or args.host_cost):
-        raise SystemExit("--plot draws the sweep; --tune, --prefill and --host-cost print "
-                         "tables only")
+    if args.plot and (args.tune or args.prefill or args.host_cost or args.jax_step):
+        raise SystemExit("--plot draws the sweep; --tune, --prefill, --host-cost and "
+                         "--jax-step print tables only")
 
 
 def _read_csv(path: str, flag: str) -> list[dict]:
@@ -216,6 +235,20 @@ def _measure(args, on_gpu: bool, console, save) -> list[dict]:
                 cfg = dataclasses.replace(cfg, groups=args.groups)
             rows = run_prefill(sweep, cfg, on_gpu=on_gpu, progress=progress, seed=args.seed)
             save(rows)
+        elif args.jax_step:
+            from . import jax_step
+
+            cfg = jax_step.GPU if on_gpu else jax_step.CPU
+            cfg = dataclasses.replace(cfg, layers=args.layers or cfg.layers,
+                                      groups=args.groups or cfg.groups, ms=args.ms or cfg.ms)
+            routes = tuple(r for r in STEP_ROUTES if r in (args.routes or STEP_ROUTES))
+
+            def on_rows(new):
+                rows.extend(new)
+                save(new)
+
+            jax_step.run_jax_step(sweep, cfg, routes, on_gpu=on_gpu, reps=args.reps,
+                                  seed=args.seed, progress=progress, on_rows=on_rows)
         elif args.host_cost:
             from .hostcost import run_host_cost
 
