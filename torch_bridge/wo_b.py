@@ -16,9 +16,8 @@ from __future__ import annotations
 import torch
 
 from woa_jax import AITER_AMAX_FLOOR, checks
-from woa_jax import tp as woa_tp
 from woa_jax.checks import as_enum
-from woa_jax.tp import ProjectionPath
+from woa_jax.wo_b import ProjectionPath, check_wo_b_weight
 
 from . import _dispatch, interop, ops
 from ._dispatch import BackendName
@@ -124,7 +123,7 @@ class WoBProjection:
         path off (``fp8_unavailable`` says why) and dequantize as they are.
       amax_floor: the activation quantizer's floor (1e-8, AITER's).
 
-    Validation happens here (``woa_jax.tp.check_wo_b_weight``: 2-D, dtypes, whole blocks in both
+    Validation happens here (``woa_jax.wo_b.check_wo_b_weight``: 2-D, dtypes, whole blocks in both
     dimensions). The FP8 weight is kept as a zero-copy ``[1, hidden, K']`` view (the weight must be
     contiguous); the BF16 weight is built on first use and cached.
     """
@@ -152,7 +151,7 @@ class WoBProjection:
             return
         if scale is None:
             raise ValueError(f"an FP8 ({wname}) wo_b weight needs its block scale, got None")
-        self.hidden, self.in_features, self.block = woa_tp.check_wo_b_weight(weight, scale)
+        self.hidden, self.in_features, self.block = check_wo_b_weight(weight, scale)
         checks.check_wo_a_weight_values(weight, scale, names=("wo_b weight", "wo_b weight_scale"))
         if not weight.is_contiguous():
             raise ValueError("wo_b weight must be contiguous to be viewed as [1, hidden, K']; "
