@@ -40,21 +40,13 @@ def check_wo_b_weight(weight, weight_scale) -> tuple[int, int, int]:
     Both dimensions must be whole blocks: the row-parallel split cuts the input columns at block
     boundaries and the GEMM's weight tiles are square.
     """
-    hidden, k = checks.check_rank(weight, 2, "wo_b weight", "[hidden, G * N]")
-    checks.check_dtype(weight, ("float8_e4m3fn", "float8_e4m3fnuz"), "wo_b weight")
-    srows, scols = checks.check_rank(weight_scale, 2, "wo_b weight_scale",
-                                      "[hidden / B, G * N / B]")
-    checks.check_dtype(weight_scale, checks._WEIGHT_SCALES, "wo_b weight_scale")
-    if scols < 1 or k % scols != 0 or k // scols not in (32, 128):
-        raise ValueError(
-            f"wo_b weight_scale {(srows, scols)} does not tile weight {(hidden, k)} in 128x128 or "
-            "32x32 blocks"
-        )
-    block = k // scols
+    hidden, k, srows, block = checks.check_weight_blocks(
+        weight, weight_scale, ("wo_b weight", "wo_b weight_scale"),
+        ("[hidden, G * N]", "[hidden / B, G * N / B]"))
     if hidden % block != 0 or srows != hidden // block:
         raise ValueError(
-            f"wo_b weight {(hidden, k)} with scale {(srows, scols)}: hidden={hidden} must be a "
-            f"multiple of the {block}-wide block and the scale must have hidden / {block} rows"
+            f"wo_b weight {(hidden, k)} with scale {(srows, k // block)}: hidden={hidden} must be "
+            f"a multiple of the {block}-wide block and the scale must have hidden / {block} rows"
         )
     return hidden, k, block
 
