@@ -27,14 +27,13 @@ import torch
 import woa_jax
 from woa_jax import AITER_AMAX_FLOOR, checks
 
-from . import _capability, _dispatch, _shapes, interop, ops
+from . import _capability, _dispatch, _shapes, _weights, interop, ops
 from ._dispatch import BackendName, Case
-from .backends import torch_ref
 
 log = logging.getLogger("woa")
 
-_FP8_NAMES = ("float8_e4m3fn", "float8_e4m3fnuz")
-_PLAIN_NAMES = ("bfloat16", "float16", "float32")
+_WO_A = _weights.Projection("wo_a", "weight", "weight_scale", "[G * N, K]", "[G, N, K]",
+                            "WoAProjection")
 #: Call plans kept per projection; the oldest go first beyond this many signatures.
 _PLAN_LIMIT = 64
 
@@ -82,9 +81,10 @@ class WoAProjection:
         (``woa_jax.checks.check_wo_a_weight_values``: NaN fp8 bytes, NaN/Inf/zero/negative float
         scales, the E8M0 NaN byte).
 
-    Validation happens once here: rank, dtypes, scale shape (``woa_jax.check_wo_a_weight``),
-    values, and the lossless E8M0 conversion. The FP8 weight is kept as a zero-copy ``[G, N, K]``
-    view; the BF16 dequantized weight is built only if the BF16 chain runs (``weight_bf16``).
+    Validation happens once here, as for ``WoBProjection`` (``_weights.take_weight``): rank,
+    dtypes, scale shape (``woa_jax.check_wo_a_weight``), values, and the lossless E8M0
+    conversion. The FP8 weight is kept as a zero-copy ``[G, N, K]`` view; the BF16 dequantized
+    weight is built only if the BF16 chain runs (``weight_bf16``).
     """
 
     @interop.jax_io()
@@ -93,21 +93,19 @@ class WoAProjection:
                  amax_floor: float = AITER_AMAX_FLOOR,
                  config: woa_jax.DSV4Config | str | None = None,
                  check_finite: bool | None = None):
-        scale = weight_scale
         finite = ops.finite_check_wanted(check_finite)
-        ops.require_torch(weight=weight, weight_scale=scale, cos_cache=cos_cache,
-                          sin_cache=sin_cache, optional=("weight_scale",))
-        rows, k = checks.check_rank(weight, 2, "weight", "[G * N, K]")
-        ops.check_weight_device(weight=weight, weight_scale=scale)
+        (self.block, self.weight_fp8, self.weight_scale_e8m0,
+         self.fp8_unavailable) = _weights.take_weight(
+            weight, weight_scale, num_groups, _WO_A,
+            lambda w, s: _wo_a_block(w, s, num_groups, config))
+        ops.require_torch(cos_cache=cos_cache, sin_cache=sin_cache)
         ops.check_weight_device(cos_cache=cos_cache, sin_cache=sin_cache)  # copied per device
-        if rows % checks.check_int(num_groups, "num_groups") != 0:
-            raise ValueError(f"weight rows {rows} are not divisible by num_groups={num_groups!r}")
         cshape = checks.check_rank(cos_cache, 2, "cos_cache", "[P, rope_dim / 2]")
         if tuple(sin_cache.shape) != cshape:
             raise ValueError(f"cos_cache and sin_cache must have the same shape, got {cshape} "
                              f"and {tuple(sin_cache.shape)}")
-        checks.check_dtype(cos_cache, _PLAIN_NAMES, "cos_cache")
-        checks.check_dtype(sin_cache, _PLAIN_NAMES, "sin_cache")
+        checks.check_dtype(cos_cache, _weights.PLAIN_NAMES, "cos_cache")
+        checks.check_dtype(sin_cache, _weights.PLAIN_NAMES, "sin_cache")
         if rope_dim is not None and cshape[1] * 2 != rope_dim:
             raise ValueError(
                 f"cos_cache [P, rope_dim / 2] = {cshape} rotates {2 * cshape[1]} lanes per head, "
@@ -115,49 +113,13 @@ class WoAProjection:
                 f"({rope_dim // 2} columns) or rope_dim={2 * cshape[1]}")
         self.amax_floor = checks.check_amax_floor(amax_floor)
         _dispatch.requested_backend(backend)  # reject a bad name now, not at the first call
+        rows, self.k = weight.shape
         self.num_groups = num_groups
         self.n = rows // num_groups
-        self.k = k
         self.cos_cache, self.sin_cache = cos_cache, sin_cache
         self._backend = backend
-        self._weight2d = weight
-        self._scale = scale
-        wname = checks.dtype_name(weight)
-        self.block: int | None = None
-        self.weight_fp8: torch.Tensor | None = None
-        self.weight_scale_e8m0: torch.Tensor | None = None
-        self.fp8_unavailable: str | None = None
+        self._weight2d, self._scale = weight, weight_scale
         self._w_bf16: torch.Tensor | None = None
-        if wname in _FP8_NAMES:
-            if scale is None:
-                raise ValueError(f"an FP8 ({wname}) wo_a weight needs its block scale "
-                                 "(checkpoint '.scale' / 'weight_scale_inv'), got None")
-            if not weight.is_contiguous():
-                raise ValueError("weight must be contiguous to be viewed as [G, N, K]")
-            _, _, self.block = woa_jax.check_wo_a_weight(weight, scale, num_groups)
-            _shapes.check_wo_a(rows, k, self.block, num_groups, config, what="weight")
-            checks.check_wo_a_weight_values(weight, scale)
-            self.weight_fp8 = weight.view(num_groups, self.n, k)
-            try:
-                if self.n % self.block != 0:
-                    raise ValueError(f"N={self.n} is not a multiple of the {self.block}-row "
-                                     "weight block")
-                e8m0 = interop.e8m0_bytes(scale)
-                if e8m0.data_ptr() != scale.data_ptr():  # converted: kept for every stream
-                    ops.ready_everywhere(e8m0)
-                self.weight_scale_e8m0 = e8m0.view(num_groups, self.n // self.block,
-                                                   k // self.block)
-            except ValueError as e:
-                self.fp8_unavailable = f"weight scale unusable by the FP8 path: {e}"
-        elif wname in _PLAIN_NAMES:
-            if scale is not None:
-                raise ValueError(f"a {wname} wo_a weight is unquantized and takes no scale; "
-                                 f"got a weight_scale of shape {tuple(scale.shape)}")
-            _shapes.check_wo_a(rows, k, None, num_groups, config, what="weight")
-            self.fp8_unavailable = f"{wname} checkpoint has no scale"
-        else:
-            raise TypeError(f"weight must be float8_e4m3fn, float8_e4m3fnuz or an unquantized "
-                            f"bfloat16/float16/float32 tensor, got {wname}")
         self._paths: dict[tuple, tuple[str, str | None]] = {}
         #: The signature of the last call's ``o`` (``path`` and ``fallback_reason`` follow it).
         self._last: tuple | None = None
@@ -232,12 +194,8 @@ class WoAProjection:
     def weight_bf16(self) -> torch.Tensor:
         """The dequantized ``[G, N, K]`` bf16 weight, built on first use and cached."""
         if self._w_bf16 is None:
-            if self._scale is None:
-                self._w_bf16 = self._weight2d.to(torch.bfloat16).view(self.num_groups, self.n,
-                                                                      self.k)
-            else:
-                self._w_bf16 = ops.ready_everywhere(torch_ref.dequant_wo_a_weight(
-                    self._weight2d, self._scale, self.num_groups, torch.bfloat16))
+            self._w_bf16 = _weights.dequant_bf16(self._weight2d, self._scale, self.block,
+                                                 _WO_A).view(self.num_groups, self.n, self.k)
         return self._w_bf16
 
     @property
@@ -413,6 +371,16 @@ class WoAProjection:
         kind = checks.dtype_name(self._weight2d)
         return (f"WoAProjection(G={self.num_groups}, N={self.n}, K={self.k}, weight={kind}, "
                 f"block={self.block})")
+
+
+def _wo_a_block(weight: torch.Tensor, scale: torch.Tensor | None, num_groups: int,
+               config) -> int | None:
+    """``wo_a``'s shape rules for ``_weights.take_weight``: an fp8 weight's scale tiles it
+    (``woa_jax.check_wo_a_weight``; returns B), and ``num_groups`` groups of ``config`` tile it
+    (``_shapes.check_wo_a``)."""
+    block = None if scale is None else woa_jax.check_wo_a_weight(weight, scale, num_groups)[2]
+    _shapes.check_wo_a(*weight.shape, block, num_groups, config, what="weight")
+    return block
 
 
 @interop.jax_io()

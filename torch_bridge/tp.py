@@ -20,7 +20,8 @@ import torch.distributed as dist
 import woa_jax
 from woa_jax import AITER_AMAX_FLOOR, checks
 from woa_jax import tp as woa_tp
-from woa_jax.tp import ProjectionPath, TPShard
+from woa_jax.tp import TPShard
+from woa_jax.wo_b import ProjectionPath
 
 from . import _dispatch, checkpoint, interop, ops
 from ._dispatch import BackendName

@@ -16,15 +16,14 @@ from __future__ import annotations
 import torch
 
 from woa_jax import AITER_AMAX_FLOOR, checks
-from woa_jax import tp as woa_tp
 from woa_jax.checks import as_enum
-from woa_jax.tp import ProjectionPath
+from woa_jax.wo_b import ProjectionPath, check_wo_b_weight
 
-from . import _dispatch, interop, ops
+from . import _dispatch, _weights, interop, ops
 from ._dispatch import BackendName
-from .backends import torch_ref
 
-_FLOAT_NAMES = ("bfloat16", "float16", "float32")
+_WO_B = _weights.Projection("wo_b", "wo_b weight", "wo_b weight_scale", "[hidden, G * N]",
+                            "[1, hidden, K']", "WoBProjection")
 
 
 def group_quant_e8m0_2d(z: torch.Tensor, block: int = 128, *,
@@ -50,7 +49,7 @@ def group_quant_e8m0_2d(z: torch.Tensor, block: int = 128, *,
       ``(q [T, K] fp8_dtype, scale [T, K / block] float8_e8m0fnu)``.
     """
     t, k = checks.check_rank(z, 2, "z", "[T, K]")
-    checks.check_dtype(z, _FLOAT_NAMES, "z")
+    checks.check_dtype(z, _weights.PLAIN_NAMES, "z")
     if block not in (32, 64, 128) or k % block != 0:
         raise ValueError(f"block must be 32, 64 or 128 and divide K={k}, got {block}")
     if fp8_dtype not in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
@@ -113,59 +112,42 @@ def _mm_fp32(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
     return torch.mm(a.to(torch.float32), b_t.to(torch.float32).t())  # exact upcast
 
 
+def _wo_b_block(weight: torch.Tensor, scale: torch.Tensor | None) -> int | None:
+    """``wo_b``'s shape rules for ``_weights.take_weight``: an fp8 weight's scale tiles both
+    dimensions in whole blocks (``woa_jax.wo_b.check_wo_b_weight``; returns B)."""
+    return None if scale is None else check_wo_b_weight(weight, scale)[2]
+
+
 class WoBProjection:
     """The ``wo_b`` projection of one layer (one tensor-parallel rank's input columns).
 
     Args:
       weight: ``[hidden, K']`` checkpoint weight (``K' = G_l * N``): float8_e4m3fn/e4m3fnuz with a
-        scale, or bf16/fp16/fp32 with ``scale=None`` (an unquantized checkpoint: BF16 path only).
-      scale: ``[hidden / B, K' / B]`` block scales (B = 128, or 32 for V4.1): float8_e8m0fnu, uint8
-        E8M0 bytes, or float powers of two. Float scales that are not powers of two keep the FP8
-        path off (``fp8_unavailable`` says why) and dequantize as they are.
+        scale, or bf16/fp16/fp32 with ``weight_scale=None`` (an unquantized checkpoint: BF16 path
+        only).
+      weight_scale: ``[hidden / B, K' / B]`` block scales (B = 128, or 32 for V4.1):
+        float8_e8m0fnu, uint8 E8M0 bytes, or float powers of two. Float scales that are not powers
+        of two keep the FP8 path off (``fp8_unavailable`` says why) and dequantize as they are.
       amax_floor: the activation quantizer's floor (1e-8, AITER's).
 
-    Validation happens here (``woa_jax.tp.check_wo_b_weight``: 2-D, dtypes, whole blocks in both
-    dimensions). The FP8 weight is kept as a zero-copy ``[1, hidden, K']`` view (the weight must be
-    contiguous); the BF16 weight is built on first use and cached.
+    Raises:
+      TypeError, ValueError: as ``WoAProjection`` for its weight and scale, and a bad
+        ``amax_floor``.
+
+    Validation happens here, as for ``WoAProjection`` (``_weights.take_weight``): 2-D, dtypes,
+    whole blocks in both dimensions (``woa_jax.wo_b.check_wo_b_weight``), values, and the lossless
+    E8M0 conversion. The FP8 weight is kept as a zero-copy ``[1, hidden, K']`` view (the weight
+    must be contiguous); the BF16 weight is built on first use and cached.
     """
 
     @interop.jax_io()
     def __init__(self, weight, weight_scale, *, amax_floor: float = AITER_AMAX_FLOOR):
-        scale = weight_scale
-        ops.require_torch(weight=weight, weight_scale=scale, optional=("weight_scale",))
-        ops.check_weight_device(weight=weight, weight_scale=scale)
-        wname = checks.dtype_name(weight)
+        (self.block, self.weight_fp8, self.weight_scale_e8m0,
+         self.fp8_unavailable) = _weights.take_weight(weight, weight_scale, 1, _WO_B, _wo_b_block)
         self.amax_floor = checks.check_amax_floor(amax_floor)
-        self._weight2d, self._scale = weight, scale
-        self.weight_fp8: torch.Tensor | None = None
-        self.weight_scale_e8m0: torch.Tensor | None = None
-        self.fp8_unavailable: str | None = None
+        self.hidden, self.in_features = weight.shape
+        self._weight2d, self._scale = weight, weight_scale
         self._w_bf16: torch.Tensor | None = None
-        if wname in _FLOAT_NAMES:
-            if scale is not None:
-                raise ValueError(f"a {wname} wo_b weight is unquantized and takes no scale; got "
-                                 f"a scale of shape {tuple(scale.shape)}")
-            self.hidden, self.in_features = checks.check_rank(weight, 2, "wo_b weight",
-                                                               "[hidden, G * N]")
-            self.block = None
-            self.fp8_unavailable = f"{wname} wo_b checkpoint has no scale"
-            return
-        if scale is None:
-            raise ValueError(f"an FP8 ({wname}) wo_b weight needs its block scale, got None")
-        self.hidden, self.in_features, self.block = woa_tp.check_wo_b_weight(weight, scale)
-        checks.check_wo_a_weight_values(weight, scale, names=("wo_b weight", "wo_b weight_scale"))
-        if not weight.is_contiguous():
-            raise ValueError("wo_b weight must be contiguous to be viewed as [1, hidden, K']; "
-                             "pass weight.contiguous()")
-        self.weight_fp8 = weight.view(1, self.hidden, self.in_features)
-        try:
-            e8m0 = interop.e8m0_bytes(scale, "wo_b weight scale")
-            if e8m0.data_ptr() != scale.data_ptr():  # converted: kept for every stream
-                ops.ready_everywhere(e8m0, "WoBProjection")
-            self.weight_scale_e8m0 = e8m0.view(1, self.hidden // self.block,
-                                               self.in_features // self.block)
-        except ValueError as e:
-            self.fp8_unavailable = f"wo_b weight scale unusable by the FP8 path: {e}"
 
     @classmethod
     def from_tensors(cls, weight, weight_scale, **kwargs) -> WoBProjection:
@@ -176,12 +158,7 @@ class WoBProjection:
     def weight_bf16(self) -> torch.Tensor:
         """The dequantized ``[hidden, K']`` bf16 weight (exact for E8M0 scales), cached."""
         if self._w_bf16 is None:
-            if self._scale is None:
-                w = self._weight2d.to(torch.bfloat16)
-            else:
-                s = torch_ref.weight_scale_f32(self._scale)
-                w = torch_ref.dequant_blocks(self._weight2d, s, self.block, torch.bfloat16)
-            self._w_bf16 = w if w is self._weight2d else ops.ready_everywhere(w, "WoBProjection")
+            self._w_bf16 = _weights.dequant_bf16(self._weight2d, self._scale, self.block, _WO_B)
         return self._w_bf16
 
     @interop.jax_io()
@@ -205,7 +182,7 @@ class WoBProjection:
         ops.require_torch(z=z)
         mode = as_enum(ProjectionPath, path, "path")
         t, k = checks.check_rank(z, 2, "z", "[T, G * N]")
-        checks.check_dtype(z, _FLOAT_NAMES, "z")
+        checks.check_dtype(z, _weights.PLAIN_NAMES, "z")
         if k != self.in_features:
             raise ValueError(f"z [T, G * N] = {(t, k)} does not match wo_b's {self.in_features} "
                              "input columns")

@@ -52,17 +52,19 @@ from .quant import (
 from .rope import forward_rope, inverse_rope, inverse_rope_float64
 from .tp import (
     TP_AXIS,
-    ProjectionPath,
     TPShard,
     check_tp_weights,
-    check_wo_b_weight,
-    dequant_wo_b_weight,
     shard_wo_a_wo_b,
     tp_mesh,
     tp_shard,
     wo_a_wo_b,
     wo_a_wo_b_partial,
     wo_a_wo_b_tp,
+)
+from .wo_b import (
+    ProjectionPath,
+    check_wo_b_weight,
+    dequant_wo_b_weight,
     wo_b_bf16,
     wo_b_fp8,
     wo_b_weight_e8m0,

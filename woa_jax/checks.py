@@ -27,6 +27,7 @@ __all__ = [
     "check_int",
     "check_rank",
     "check_rope_inputs",
+    "check_weight_blocks",
     "check_wo_a_weight_values",
     "dtype_name",
 ]
@@ -183,6 +184,34 @@ def check_amax_floor(amax_floor) -> float:
     if not (math.isfinite(amax_floor) and amax_floor > 0):
         raise ValueError(f"amax_floor must be a finite number > 0, got {amax_floor!r}")
     return float(amax_floor)
+
+
+def check_weight_blocks(weight, weight_scale, names: tuple[str, str],
+                        dims: tuple[str, str]) -> tuple[int, int, int, int]:
+    """Check an fp8 checkpoint weight ``[R, K]`` and its block scale ``[Rs, K / B]``: ranks,
+    dtypes, and scale columns that cut K into whole blocks (B = 128, or 32 for V4.1).
+
+    Only ``.shape`` and ``.dtype`` are read. How many rows ``Rs`` the scale needs is the caller's
+    rule (``wo_a`` allows a ragged last row block, ``wo_b`` does not).
+
+    Args:
+      weight, weight_scale: the tensors as stored.
+      names: how errors name the weight and the scale.
+      dims: the named dims of the weight and of the scale, e.g.
+        ``("[G * N, K]", "[G * N / B, K / B]")``.
+
+    Returns:
+      ``(R, K, Rs, B)``.
+    """
+    w_name, s_name = names
+    rows, k = check_rank(weight, 2, w_name, dims[0])
+    check_dtype(weight, _FP8, w_name)
+    srows, scols = check_rank(weight_scale, 2, s_name, dims[1])
+    check_dtype(weight_scale, _WEIGHT_SCALES, s_name)
+    if scols < 1 or k % scols != 0 or k // scols not in (32, 128):
+        raise ValueError(f"{s_name} {(srows, scols)} does not tile weight {(rows, k)} in 128x128 "
+                         "or 32x32 blocks")
+    return rows, k, srows, k // scols
 
 
 def _first_bad(bad: np.ndarray) -> tuple[int, ...]:

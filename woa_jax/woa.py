@@ -28,18 +28,10 @@ def check_wo_a_weight(weight, weight_scale, num_groups: int) -> tuple[int, int, 
       ValueError: a rank or shape does not fit, or G does not divide the rows.
       TypeError: a dtype does not fit, or ``num_groups`` is not an integer.
     """
-    rows, k = checks.check_rank(weight, 2, "weight", "[G * N, K]")
-    checks.check_dtype(weight, ("float8_e4m3fn", "float8_e4m3fnuz"), "weight")
+    rows, k, srows, block = checks.check_weight_blocks(
+        weight, weight_scale, ("weight", "weight_scale"), ("[G * N, K]", "[G * N / B, K / B]"))
     if rows % checks.check_int(num_groups, "num_groups") != 0:
         raise ValueError(f"weight rows {rows} are not divisible by num_groups={num_groups}")
-    srows, scols = checks.check_rank(weight_scale, 2, "weight_scale", "[G * N / B, K / B]")
-    checks.check_dtype(weight_scale, checks._WEIGHT_SCALES, "weight_scale")
-    if scols < 1 or k % scols != 0 or k // scols not in (32, 128):
-        raise ValueError(
-            f"weight_scale {(srows, scols)} does not tile weight {(rows, k)} in 128x128 or 32x32 "
-            "blocks"
-        )
-    block = k // scols
     if srows != -(-rows // block):
         raise ValueError(
             f"weight_scale has {srows} rows; a {rows}-row weight in {block}x{block} blocks needs "

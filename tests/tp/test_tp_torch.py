@@ -23,7 +23,7 @@ from _tp_cases import CONFIGS, FLASH_TINY, LAYER, ROPE_ROWS, make_case
 from torch_bridge import checkpoint, interop
 from torch_bridge.tp import TPOutputProjection, read_wo_b, wo_b_names
 from torch_bridge.wo_b import WoBProjection, group_quant_e8m0_2d
-from woa_jax import group_quant_e8m0, rope_cos_sin
+from woa_jax import group_quant_e8m0, rope_cos_sin, wo_b_bf16, wo_b_fp8
 from woa_jax import tp as wtp
 from woa_jax.testing import assert_bitwise_equal, assert_close, relative_error
 
@@ -224,7 +224,7 @@ def test_wo_b_projection_matches_the_oracle(path):
     z = jnp.asarray(rng.standard_normal((7, 1024), dtype=np.float32) * 0.1, jnp.bfloat16)
     proj = WoBProjection(t["wo_b.weight"], t["wo_b.scale"])
     y = proj(interop.to_torch(z), path=path, backend="torch")
-    fn = jax.jit(wtp.wo_b_fp8 if path == "fp8" else wtp.wo_b_bf16)
+    fn = jax.jit(wo_b_fp8 if path == "fp8" else wo_b_bf16)
     ref = fn(z, jnp.asarray(make_case(FLASH_TINY)["wo_b.weight"]),
              jnp.asarray(make_case(FLASH_TINY)["wo_b.scale"]))
     assert y.dtype == torch.float32
@@ -344,5 +344,5 @@ def test_wo_b_fp8_on_triton_quantizes_with_the_triton_kernel():
     proj = WoBProjection(_torch(c["wo_b.weight"]), _torch(c["wo_b.scale"]))
     assert proj._gemm_backend(zt, torch.float32, "triton") == "triton"
     y = proj(zt, backend="triton")
-    ref = jax.jit(wtp.wo_b_fp8)(z, jnp.asarray(c["wo_b.weight"]), jnp.asarray(c["wo_b.scale"]))
+    ref = jax.jit(wo_b_fp8)(z, jnp.asarray(c["wo_b.weight"]), jnp.asarray(c["wo_b.scale"]))
     assert_close(y, ref, tolerance="gemm_fp32", name="wo_b fp8 on triton")
