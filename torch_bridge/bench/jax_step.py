@@ -248,7 +248,8 @@ def _layer_differs(m: int, g: int, n: int, k: int, block: int, dh: int, rd: int,
     """How the torch layer's launches differ from a route's (for the check's message)."""
     from torch_bridge.backends.triton import configs, gemm
 
-    if configs.wo_a_fp8_blocker(dh, rd, block) is None and configs.wo_a_fp8_chosen(m, g, n, k, block):
+    if (configs.wo_a_fp8_blocker(dh, rd, block) is None
+            and configs.wo_a_fp8_chosen(m, g, n, k, block)):
         split = configs.wo_a_fp8_config(m, g, n, k, block).split_k
         return "the layer runs the fused chain" + (f", K split {split} ways" if split > 1 else "")
     wgmma = on_gpu and gemm.wgmma_available(None)[0]

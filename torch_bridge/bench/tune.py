@@ -39,7 +39,10 @@ def gemm_candidates(m: int) -> list:
     hopper = [C(bm, 128, num_warps=bm // 16, num_stages=st, wgmma=True, programs_per_sm=pps)
               for bm, st, pps in ((128, 4, 0), (128, 4, 1), (128, 5, 1), (64, 3, 2),
                                   (64, 4, 0), (64, 4, 2), (64, 6, 0))]
-    return hopper + [C(64, 128, 1, False, 4, 4), C(64, 128, 1, False, 4, 4, tma=True),
+    # Few tiles (G = 2 to 4): pointer tiles with K split.
+    split = [C(64, bn, sk, sw, 4, 4) for bn in (64, 128) for sk in (2, 4, 8)
+             for sw in (False, True)]
+    return hopper + split + [C(64, 128, 1, False, 4, 4), C(64, 128, 1, False, 4, 4, tma=True),
                      C(64, 128, 1, False, 4, 4, tma=True, programs_per_sm=2),
                      C(128, 128, 1, False, 8, 4, tma=True),
                      C(128, 128, 1, False, 8, 4, tma=True, programs_per_sm=1)]

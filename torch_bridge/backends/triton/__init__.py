@@ -66,6 +66,7 @@ class _TritonBackend:
         common = sys.modules.get(f"{__name__}._common")
         if common is not None:
             common.direct_launches.cache_clear()
+            common._PDL.clear()
 
     def supports(self, op: str, case: Case) -> tuple[bool, str]:
         want = "cpu" if interpreter_on() else "cuda"

@@ -436,6 +436,27 @@ def target() -> str:
     return "hip" if torch.version.hip is not None else "cuda"
 
 
+#: ``pdl`` per device index (a plain dict: asked on every plan, ``functools.cache`` would make
+#: Dynamo warn under ``torch.compile``).
+_PDL: dict[int | None, bool] = {}
+
+
+def pdl(device_index: int | None) -> bool:
+    """Whether launches on this device are programmatic dependent launches
+    (``plans.pdl_launches``), unless ``WOA_PDL=0``."""
+    found = _PDL.get(device_index)
+    if found is None:
+        from ... import _capability
+        from . import plans
+
+        found = target() == "cuda" and _capability.env_flag("WOA_PDL", True)
+        if found:
+            major, minor = torch.cuda.get_device_capability(device_index)
+            found = plans.pdl_launches("cuda", 10 * major + minor)
+        _PDL[device_index] = found
+    return found
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     """A torch dtype's name as ``configs`` and ``plans`` take it (``"float8_e4m3fn"``)."""
     return str(dtype).removeprefix("torch.")

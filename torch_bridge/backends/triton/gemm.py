@@ -25,6 +25,7 @@ from ._common import (
     launcher_op,
     on_device_of,
     output,
+    pdl,
     raw_launch,
     row_major,
     rows_contiguous,
@@ -221,8 +222,8 @@ def _gemm_plan(x, w, x_scale, w_scale, out, cfg: GemmConfig) -> Launch:
         return Launch(plans.gemm_tma(m, g, n, k, block, cfg, sms, out_bf16=out_bf16, **scales),
                       ("tma",))
     return Launch(plans.gemm_pointer(m, g, n, k, block, cfg, cfg.split_k, x=x.stride(),
-                                     w=w.stride(), y=out.stride(), out_bf16=out_bf16, **scales),
-                  ("pointer",))
+                                     w=w.stride(), y=out.stride(), out_bf16=out_bf16,
+                                     pdl=pdl(x.device.index), **scales), ("pointer",))
 
 
 def _descriptor(t: torch.Tensor, view: tuple):

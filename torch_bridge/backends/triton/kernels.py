@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
@@ -164,6 +165,19 @@ def _inverse_rope_group(x, lane0, pos, row_ok, cos_ptr, sin_ptr, stride_cp, stri
 
 
 @triton.jit
+def _dependent_start(PDL: tl.constexpr, LET_NEXT_START: tl.constexpr):
+    """Under programmatic dependent launch (Hopper on) a kernel may start while the one before
+    it on the stream still runs: wait until that kernel has finished and its writes are
+    visible, before any load. ``LET_NEXT_START``: let the next kernel launch now (it waits in
+    turn); only for kernels of one wave, as the next kernel's waiting programs would take the
+    SMs a later wave needs."""
+    if PDL:
+        if LET_NEXT_START:
+            gdc_launch_dependents()
+        gdc_wait()
+
+
+@triton.jit
 def inverse_rope_group_quant_kernel(
     o_ptr, pos_ptr, cos_ptr, sin_ptr, n_rows, n_pos_rows, stride_os, stride_cp, stride_sp,
     q_ptr, s_ptr,  # outputs after inputs and scalars (the order jax_launch passes them in)
@@ -178,6 +192,7 @@ def inverse_rope_group_quant_kernel(
     HW_CAST: tl.constexpr,  # the target's fp32 -> fp8 cast is RNE (CUDA e4m3fn)
     ROUND_PRODUCTS: tl.constexpr,  # how the rotation rounds its products (_product)
     BLOCK_R: tl.constexpr,
+    PDL: tl.constexpr = False,  # launched as a programmatic dependent launch (_dependent_start)
 ):
     """One program quantizes ``BLOCK_R`` consecutive 1 x GS groups of the flat ``[S * NQ, GS]``.
 
@@ -187,6 +202,7 @@ def inverse_rope_group_quant_kernel(
     ``split``/``join`` (cheaper than a second load of ``lane ^ 1``).
     """
     HALF: tl.constexpr = GS // 2
+    _dependent_start(PDL, True)
     pid = tl.program_id(0)
     rows = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < n_rows
@@ -246,6 +262,7 @@ def inverse_rope_group_quant_head_kernel(
     HW_CAST: tl.constexpr,  # the target's fp32 -> fp8 cast is RNE (CUDA e4m3fn)
     ROUND_PRODUCTS: tl.constexpr,  # how the rotation rounds its products (_product)
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+    PDL: tl.constexpr = False,  # launched as a programmatic dependent launch (_dependent_start)
 ):
     """One program quantizes ``BLOCK_T`` tokens x ``BLOCK_H`` heads, one 1 x GS group at a time.
 
@@ -266,6 +283,7 @@ def inverse_rope_group_quant_head_kernel(
     ROPE_FROM: tl.constexpr = DH - RD
     FP8_TY: tl.constexpr = q_ptr.dtype.element_ty
     HEAD_BLOCKS: tl.constexpr = H // BLOCK_H
+    _dependent_start(PDL, True)
     pid = tl.program_id(0)
     toks = (pid // HEAD_BLOCKS).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     tok_ok = toks < n_tokens
@@ -367,6 +385,7 @@ def batched_gemm_a8w8_mxscale_kernel(
     N: tl.constexpr, K: tl.constexpr, SB: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
     SWAP_AB: tl.constexpr, OUT_BF16: tl.constexpr,
+    PDL: tl.constexpr = False,  # launched as a programmatic dependent launch (_dependent_start)
 ):
     """``y[m, g, n] = sum_kb xs[m,g,kb] * ws[g,n/SB,kb] * sum_{k in kb} x[m,g,k] w[g,n,k]``.
 
@@ -379,6 +398,7 @@ def batched_gemm_a8w8_mxscale_kernel(
     reduces the parts in the kernel, in K order (see ``_gemm_tile``).
     """
     NUM_N: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
+    _dependent_start(PDL, False)
     pid = tl.program_id(0)
     _gemm_tile(x_ptr, w_ptr, xs_ptr, ws_ptr, M, y_ptr, part_ptr, count_ptr, pid // NUM_N,
               pid % NUM_N, tl.program_id(1).to(tl.int64), tl.program_id(2), SXM, SXG, SXSM,

@@ -33,6 +33,8 @@ class Plan:
         extra = {"num_warps": self.num_warps}
         if self.num_stages is not None:
             extra["num_stages"] = self.num_stages
+        if self.constexprs.get("PDL"):
+            extra["launch_pdl"] = True
         return {**self.constexprs, **extra}
 
 
@@ -44,15 +46,24 @@ def _fp8_constants(fp8: str, amax_floor: float, o_dtype: str, rope_dtype: str,
 
 
 def quant(s: int, h: int, dh: int, rd: int, quant_group_size: int, cfg: QuantConfig, *,
-          fp8: str, amax_floor: float, o_dtype: str, rope_dtype: str, target: str) -> Plan:
-    """``inverse_rope_group_quant`` of ``o [S, H, Dh]`` with a rope tail of ``rd`` lanes."""
+          fp8: str, amax_floor: float, o_dtype: str, rope_dtype: str, target: str,
+          pdl: bool = False) -> Plan:
+    """``inverse_rope_group_quant`` of ``o [S, H, Dh]`` with a rope tail of ``rd`` lanes;
+    ``pdl``: a programmatic dependent launch (``pdl_launches``)."""
     launch = configs.quant_launch(s, h, dh, quant_group_size, cfg)
     kernel = (kernels.inverse_rope_group_quant_head_kernel if launch.per_head
               else kernels.inverse_rope_group_quant_kernel)
     return Plan(kernel, launch.grid, dict(
         GS=quant_group_size, DH=dh, RD=rd, **launch.shape,
-        **_fp8_constants(fp8, amax_floor, o_dtype, rope_dtype, target)), cfg.num_warps,
+        **_fp8_constants(fp8, amax_floor, o_dtype, rope_dtype, target), PDL=pdl), cfg.num_warps,
         n_work=launch.n_work)
+
+
+def pdl_launches(target: str, capability: int) -> bool:
+    """Whether the quant and the pointer GEMM launch as programmatic dependent launches: on
+    CUDA from Hopper (``capability`` 90) on, so that each one's launch and prologue overlap the
+    kernel before it on the stream (the kernels wait for its writes before reading)."""
+    return target == "cuda" and capability >= 90
 
 
 def dense(*shape: int) -> tuple[int, ...]:
@@ -66,15 +77,15 @@ def dense(*shape: int) -> tuple[int, ...]:
 
 def gemm_pointer(m: int, g: int, n: int, k: int, block: int, cfg: GemmConfig, split_k: int, *,
                  x: tuple, x_scale: tuple, w: tuple, w_scale: tuple, y: tuple,
-                 out_bf16: bool) -> Plan:
+                 out_bf16: bool, pdl: bool = False) -> Plan:
     """The pointer-load GEMM (``batched_gemm_a8w8_mxscale_kernel``) over operands of these
-    strides, K split ``split_k`` ways: grid ``(tiles, G, split_k)``."""
+    strides, K split ``split_k`` ways: grid ``(tiles, G, split_k)``; ``pdl`` as for ``quant``."""
     tiles = configs.cdiv(m, cfg.block_m) * configs.cdiv(n, cfg.block_n)
     return Plan(kernels.batched_gemm_a8w8_mxscale_kernel, (tiles, g, split_k), dict(
         SXM=x[0], SXG=x[1], SXSM=x_scale[0], SXSG=x_scale[1], SWG=w[0], SWN=w[1],
         SWSG=w_scale[0], SWSN=w_scale[1], SYM=y[0], SYG=y[1], N=n, K=k, SB=block,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SPLIT_K=split_k, SWAP_AB=cfg.swap_ab,
-        OUT_BF16=out_bf16), cfg.num_warps, cfg.num_stages, split_k=split_k)
+        OUT_BF16=out_bf16, PDL=pdl), cfg.num_warps, cfg.num_stages, split_k=split_k)
 
 
 def gemm_tma(m: int, g: int, n: int, k: int, block: int, cfg: GemmConfig, sms: int, *,
