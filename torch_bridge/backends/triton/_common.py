@@ -443,13 +443,14 @@ _PDL: dict[int | None, bool] = {}
 
 def pdl(device_index: int | None) -> bool:
     """Whether launches on this device are programmatic dependent launches
-    (``plans.pdl_launches``), unless ``WOA_PDL=0``."""
+    (``plans.pdl_launches``): only with ``WOA_PDL=1``, as they speed the quant alone but slow
+    the quant + GEMM chain at decode sizes (``benchmarks/RESULTS.md``)."""
     found = _PDL.get(device_index)
     if found is None:
         from ... import _capability
         from . import plans
 
-        found = target() == "cuda" and _capability.env_flag("WOA_PDL", True)
+        found = target() == "cuda" and _capability.env_flag("WOA_PDL", False)
         if found:
             major, minor = torch.cuda.get_device_capability(device_index)
             found = plans.pdl_launches("cuda", 10 * major + minor)
