@@ -35,6 +35,11 @@ ENV_VARS: dict[str, str] = {
 }
 
 
+def interpreter_on() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
 def env_flag(name: str, default: bool) -> bool:
     """A ``0``/``1`` switch; unset or empty means ``default``; anything else is a ``ValueError``."""
     raw = os.environ.get(name, "").strip()

@@ -2,7 +2,7 @@
 
 import sys
 
-from . import main
+from .run import main
 
 try:
     code = main()

@@ -12,19 +12,14 @@ Importing this package touches no GPU and does not import Triton.
 from __future__ import annotations
 
 import functools
-import os
 import sys
 
 from ... import _capability
+from ..._capability import interpreter_on
 from ..._dispatch import Case
 
 _ROPE_DTYPES = ("bfloat16", "float16", "float32")
 _GEMM_BLOCKS = (32, 64, 128)
-
-
-def interpreter_on() -> bool:
-    """Whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def _fp8_arch_reason(arch: str | None) -> str | None:

@@ -13,7 +13,8 @@ import functools
 
 import torch
 
-from . import configs, interpreter_on
+from ..._capability import interpreter_on
+from . import configs
 
 LIB = "woa_triton"
 

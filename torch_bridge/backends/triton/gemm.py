@@ -40,7 +40,7 @@ from .split_k import split_scratch
 @functools.cache
 def sm_count(device_index: int | None) -> int:
     """The device's SM count; 4 under the interpreter, so persistent grids loop in CPU tests."""
-    from . import interpreter_on
+    from ..._capability import interpreter_on
 
     if interpreter_on():
         return 4
@@ -61,7 +61,7 @@ def wgmma_available(device_index: int | None) -> tuple[bool, str]:
 
 
 def _probe_wgmma(device_index: int | None) -> tuple[bool, str]:
-    from . import interpreter_on
+    from ..._capability import interpreter_on
 
     if interpreter_on():
         return False, "TRITON_INTERPRET=1 runs no wgmma (Gluon) kernels"

@@ -23,7 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import configs, interpreter_on, plans, xla_ffi
+from ..._capability import interpreter_on
+from . import configs, plans, xla_ffi
 from .xla_ffi import Ref
 
 
