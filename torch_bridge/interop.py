@@ -116,7 +116,7 @@ def torch_to_numpy(t: torch.Tensor) -> np.ndarray:
 FLOAT_SCALE_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
-def e8m0_bytes(scale: torch.Tensor, what: str = "weight_scale") -> torch.Tensor:
+def e8m0_bytes(scale: torch.Tensor, what: str = "weight_scale", *, hint: str = "") -> torch.Tensor:
     """Scales as contiguous uint8 E8M0 bytes on ``scale``'s device, losslessly.
 
     ``float8_e8m0fnu`` and ``uint8`` are re-viewed. Float scales (fp32/fp64/fp16/bf16) must be
@@ -126,6 +126,7 @@ def e8m0_bytes(scale: torch.Tensor, what: str = "weight_scale") -> torch.Tensor:
     Args:
       scale: the scales, any shape.
       what: the tensor's name in messages.
+      hint: the way out, appended to a ``ValueError``'s message.
 
     Raises:
       TypeError: a dtype that holds no scale.
@@ -147,7 +148,7 @@ def e8m0_bytes(scale: torch.Tensor, what: str = "weight_scale") -> torch.Tensor:
                else "not a power of two" if float(mant[tuple(idx)]) != 0.5
                else "outside the E8M0 range [2**-127, 2**127]")
         raise ValueError(f"{what} is not losslessly representable as E8M0: element {idx} = "
-                         f"{v!r} is {why}")
+                         f"{v!r} is {why}" + (f"; {hint}" if hint else ""))
     return byte.to(torch.uint8).contiguous()
 
 

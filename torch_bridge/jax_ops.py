@@ -160,8 +160,9 @@ def _on_xla_stream(ctx):
         yield
 
 
-def _bytes(x):
-    return jax.lax.bitcast_convert_type(x, jnp.uint8) if np.dtype(x.dtype).itemsize == 1 else x
+def _fp8_bytes(x):
+    """fp8 data as uint8 for DLPack (which has no fp8 dtypes); torch views it back."""
+    return jax.lax.bitcast_convert_type(x, jnp.uint8)
 
 
 def _command_buffer(flag: bool | None) -> bool:
@@ -253,8 +254,8 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=jnp.bfloat16, *,
                 _to_torch(x_b, f8), _to_torch(w_b, f8), _to_torch(xs_b), _to_torch(ws_b),
                 dtype=_torch_dtype(dtype), out=_to_torch(out))
 
-    return _callback(launch, out_type, _command_buffer(command_buffer), _bytes(x), _bytes(w),
-                     _bytes(x_scale), _bytes(w_scale))
+    return _callback(launch, out_type, _command_buffer(command_buffer), _fp8_bytes(x),
+                     _fp8_bytes(w), woa_jax.e8m0_bytes(x_scale), woa_jax.e8m0_bytes(w_scale))
 
 
 def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_groups: int, *,

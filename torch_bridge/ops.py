@@ -391,9 +391,9 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype: torch.dtype = torch
         plan = _plan_gemm(x, w, x_scale, w_scale, dtype, backend, out)
         _remember(key, plan)
     if plan.float_scales[0]:
-        x_scale = _float_scale_bytes(x_scale, "x_scale")
+        x_scale = interop.e8m0_bytes(x_scale, "x_scale", hint=_FLOAT_SCALES_HINT)
     if plan.float_scales[1]:
-        w_scale = _float_scale_bytes(w_scale, "w_scale")
+        w_scale = interop.e8m0_bytes(w_scale, "w_scale", hint=_FLOAT_SCALES_HINT)
     if plan.backend is None:
         return out if out is not None else torch.empty(plan.shape, dtype=dtype, device=x.device)
     y = plan.backend.batched_gemm_a8w8_mxscale(x, w, x_scale.view(torch.uint8),
@@ -404,21 +404,15 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype: torch.dtype = torch
     return y
 
 
+_FLOAT_SCALES_HINT = ("the GEMM takes E8M0 bytes (uint8 or float8_e8m0fnu) or float scales that "
+                      "are exact powers of two (woa_jax.e8m0_from_scale converts and checks them)")
+
+
 def gemm_key(x, w, x_scale, w_scale, dtype, backend, out) -> tuple:
     """The call signature of a ``batched_gemm_a8w8_mxscale`` call: its plan's key."""
     sig = tensor_signature
     return ("gemm", sig(x), sig(w), sig(x_scale), sig(w_scale), type(dtype), dtype,
             backend_signature(backend), sig(out))
-
-
-def _float_scale_bytes(scale: torch.Tensor, what: str) -> torch.Tensor:
-    """Float scales as E8M0 bytes, or a ``ValueError`` naming ``what`` and the way out."""
-    try:
-        return interop.e8m0_bytes(scale, what)
-    except ValueError as e:
-        raise ValueError(f"{e}; the GEMM takes E8M0 bytes (uint8 or float8_e8m0fnu) or float "
-                         "scales that are exact powers of two (woa_jax.e8m0_from_scale converts "
-                         "and checks them)") from None
 
 
 def _plan_gemm(x, w, x_scale, w_scale, dtype, backend, out) -> _GemmPlan:

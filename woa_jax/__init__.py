@@ -41,6 +41,7 @@ from .examples import (
 from .gemm import batched_gemm_a8w8_mxscale, batched_gemm_float64, dequant_weight
 from .layouts import from_scale_layout, scale_shape, to_scale_layout
 from .quant import (
+    e8m0_bytes,
     e8m0_decode,
     e8m0_from_scale,
     e8m0_scale,
@@ -94,6 +95,7 @@ __all__ = [
     "Draws",
     "DSV4_CONFIGS",
     "DSV4Config",
+    "e8m0_bytes",
     "e8m0_decode",
     "e8m0_from_scale",
     "e8m0_scale",

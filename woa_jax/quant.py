@@ -29,11 +29,14 @@ def e8m0_decode(scale_bytes):
     Byte 0 decodes to +0.0 and 255 to +inf (the in-kernel decode; ml_dtypes gives 2**-127 and NaN
     there). Real data never reaches either end.
     """
-    b = _as_bytes(scale_bytes).astype(jnp.uint32)
+    b = e8m0_bytes(scale_bytes).astype(jnp.uint32)
     return jax.lax.bitcast_convert_type(b << 23, jnp.float32)
 
 
-def _as_bytes(scale):
+def e8m0_bytes(scale):
+    """E8M0 scales (uint8 or float8_e8m0fnu) as a ``uint8`` JAX array, under ``jax.jit`` too
+    (kernels take no float8_e8m0fnu pointers). Float scales are converted first, at load, by
+    ``e8m0_from_scale``; here they are a ``TypeError``."""
     name = checks.dtype_name(scale)
     if name == "float8_e8m0fnu":
         return jax.lax.bitcast_convert_type(jnp.asarray(scale), jnp.uint8)

@@ -9,7 +9,7 @@ import numpy as np
 from . import checks
 from ._spec import AITER_AMAX_FLOOR, QuantSemantics
 from .gemm import batched_gemm_a8w8_mxscale
-from .quant import e8m0_decode, e8m0_from_scale, inverse_rope_group_quant
+from .quant import e8m0_bytes, e8m0_decode, e8m0_from_scale, inverse_rope_group_quant
 from .rope import inverse_rope, inverse_rope_float64
 
 
@@ -58,10 +58,7 @@ def _scale_bytes(weight_scale):
     ``e8m0_from_scale``, ``float8_e8m0fnu`` re-viewed."""
     if checks.dtype_name(weight_scale) in checks._FLOAT_SCALES:
         weight_scale = e8m0_from_scale(weight_scale)
-    ws = jnp.asarray(weight_scale)
-    if checks.dtype_name(ws) == "float8_e8m0fnu":
-        ws = jax.lax.bitcast_convert_type(ws, jnp.uint8)
-    return ws
+    return e8m0_bytes(weight_scale)
 
 
 def dequant_wo_a_weight(weight, weight_scale, num_groups: int, *, dtype=jnp.bfloat16):

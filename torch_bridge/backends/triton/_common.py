@@ -402,11 +402,6 @@ def row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def as_bytes(scale: torch.Tensor) -> torch.Tensor:
-    """E8M0 scales as uint8 (Triton takes no ``float8_e8m0fnu`` arguments)."""
-    return scale.view(torch.uint8) if scale.dtype != torch.uint8 else scale
-
-
 def rows_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 

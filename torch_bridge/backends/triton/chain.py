@@ -19,10 +19,10 @@ import torch
 
 from woa_jax import AITER_AMAX_FLOOR
 
+from ...interop import e8m0_bytes
 from . import configs, plans
 from ._common import (
     Launch,
-    as_bytes,
     current_stream,
     dtype_name,
     last_dims_contiguous,
@@ -116,7 +116,7 @@ def eager_wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: i
             or not configs.wo_a_fp8_chosen(s, g, n, k, block)):
         return _eager_unfused(o, positions, cos_cache, sin_cache, w, w_scale, amax_floor)
     cfg = configs.wo_a_fp8_config(s, g, n, k, block)
-    ws = as_bytes(w_scale)
+    ws = e8m0_bytes(w_scale)
     device = o.device
     x_fp8 = torch.empty((s, g, k), dtype=w.dtype, device=device)
     x_scale = torch.empty((s, g, k // block), dtype=torch.uint8, device=device)
@@ -231,7 +231,7 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
     run_mutating(_wo_a_fp8_op, (x_fp8, x_scale, out), last_dims_contiguous(o),
                  rows_contiguous(positions), rows_contiguous(cos_cache),
                  rows_contiguous(sin_cache), rows_contiguous(w),
-                 rows_contiguous(as_bytes(w_scale)), x_fp8, x_scale, out, float(amax_floor),
+                 rows_contiguous(e8m0_bytes(w_scale)), x_fp8, x_scale, out, float(amax_floor),
                  cfg.block_m, cfg.block_n, cfg.split_k, cfg.num_warps, cfg.num_stages)
     return out
 

@@ -12,10 +12,10 @@ import functools
 import torch
 from torch.autograd.graph import increment_version
 
+from ...interop import e8m0_bytes
 from . import configs, plans
 from ._common import (
     Launch,
-    as_bytes,
     current_stream,
     descriptor_launcher,
     direct_launches,
@@ -167,7 +167,7 @@ def eager_gemm(x, w, x_scale, w_scale, dtype: torch.dtype, out: torch.Tensor | N
     shape = (m, g, n)
     given = out is not None
     y = out if given else torch.empty(shape, dtype=dtype, device=device)
-    xs, ws = as_bytes(x_scale), as_bytes(w_scale)
+    xs, ws = e8m0_bytes(x_scale), e8m0_bytes(w_scale)
     run, args = _gemm_launch(x, w, xs, ws, y, _fields(cfg))
     path = run.extra[0]
     if path == "wgmma":
@@ -360,7 +360,7 @@ def batched_gemm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.T
     out = output(out, (m, g, n), dtype, x.device)
     x = rows_contiguous(x)
     w = rows_contiguous(w)
-    xs, ws = rows_contiguous(as_bytes(x_scale)), rows_contiguous(as_bytes(w_scale))
+    xs, ws = rows_contiguous(e8m0_bytes(x_scale)), rows_contiguous(e8m0_bytes(w_scale))
     if config is not None and config.wgmma:
         _check_explicit_wgmma(config, x, w, out, block)
     configs.check_split(cfg, k // block)

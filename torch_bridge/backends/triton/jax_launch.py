@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import woa_jax
+
 from ..._capability import interpreter_on
 from . import configs, plans, xla_ffi
 from .xla_ffi import Ref
@@ -217,13 +219,8 @@ def wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: int, *,
                       k // w_scale.shape[2], w_scale.shape[1], fp8_dtype=w.dtype,
                       amax_floor=amax_floor, dtype=dtype, o_dtype=o.dtype,
                       rope_dtype=cos_cache.dtype)
-    _, _, y = run(call, o, positions, cos_cache, sin_cache, w, _scale_bytes(w_scale))
+    _, _, y = run(call, o, positions, cos_cache, sin_cache, w, woa_jax.e8m0_bytes(w_scale))
     return y
-
-
-def _scale_bytes(x):
-    """E8M0 scales as uint8 (Triton has no float8_e8m0fnu pointers)."""
-    return x if x.dtype == jnp.uint8 else jax.lax.bitcast_convert_type(x, jnp.uint8)
 
 
 def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, *, dtype):
@@ -235,5 +232,5 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, *, dtype):
                      wgmma=wgmma, sms=sm_count() if wgmma else 0)
     if m == 0:
         return jnp.zeros((0, g, n), dtype)
-    (y,) = run(call, x, w, _scale_bytes(x_scale), _scale_bytes(w_scale))
+    (y,) = run(call, x, w, woa_jax.e8m0_bytes(x_scale), woa_jax.e8m0_bytes(w_scale))
     return y

@@ -8,10 +8,10 @@ from torch.autograd.graph import increment_version
 
 from woa_jax import AITER_AMAX_FLOOR
 
+from ...interop import e8m0_bytes
 from . import configs, plans
 from ._common import (
     Launch,
-    as_bytes,
     dtype_name,
     last_dims_contiguous,
     launch_for,
@@ -79,7 +79,7 @@ def eager_quant(o, positions, cos_cache, sin_cache, num_groups: int, quant_group
     device = o.device
     given = x_fp8 is not None or x_scale is not None
     q = x_fp8 if x_fp8 is not None else torch.empty(shape_q, dtype=fp8_dtype, device=device)
-    sc = (as_bytes(x_scale) if x_scale is not None
+    sc = (e8m0_bytes(x_scale) if x_scale is not None
           else torch.empty(shape_s, dtype=torch.uint8, device=device))
     run, args = _quant_launch(o, positions, cos_cache, sin_cache, q, sc, quant_group_size,
                               float(amax_floor), configs.quant_config(s))
@@ -141,7 +141,7 @@ def inverse_rope_group_quant(o: torch.Tensor, positions: torch.Tensor, cos_cache
             raise ValueError(f"{name} must be a contiguous {list(shape)} tensor, got shape "
                              f"{list(t.shape)} with strides {list(t.stride())}")
     cfg = config or configs.quant_config(s)
-    scale_bytes = as_bytes(x_scale)
+    scale_bytes = e8m0_bytes(x_scale)
     run_mutating(_inverse_rope_group_quant_op, (x_fp8, scale_bytes),
                  last_dims_contiguous(o), rows_contiguous(positions),
                  rows_contiguous(cos_cache), rows_contiguous(sin_cache), x_fp8, scale_bytes,
