@@ -39,99 +39,6 @@ from torch_bridge.backends.triton import (  # noqa: E402
     split_k,
 )
 
-
-@pytest.mark.parametrize("gs,g,pos_dtype", [(128, 2, torch.int64), (128, 1, torch.int32),
-                                             (64, 2, torch.int32), (32, 4, torch.int64)])
-@pytest.mark.parametrize("config", [launch.QuantConfig(8, 2), launch.QuantConfig(32, 2),
-                                    launch.QuantConfig(2, 2, block_h=2),
-                                    launch.QuantConfig(4, 2, block_h=3)],
-                         ids=lambda c: c.label())
-def test_quant_bit_exact(rng, gs, g, pos_dtype, config):
-    """Both quant kernels (flat rows; per head, where block_h=3 does not divide H=4 and is cut
-    to a divisor) give the oracle's bytes."""
-    o, pos, cos, sin = rope_case(rng, pos_dtype=pos_dtype)
-    q, sc = launch.inverse_rope_group_quant(o, pos, cos, sin, g, gs, config=config)
-    assert q.dtype == torch.float8_e4m3fn and sc.dtype == torch.uint8
-    assert tuple(q.shape) == (3, g, 4 * 512 // g) and tuple(sc.shape) == (3, g, 4 * 512 // g // gs)
-    assert_quant_equal(q, sc, *woa_jax.inverse_rope_group_quant(*jx(o, pos, cos, sin), g, gs))
-
-
-@pytest.mark.parametrize("dh,gs", [(128, 128), (128, 64), (192, 64), (256, 32)])
-def test_quant_heads_of_fewer_or_more_groups_than_the_load_window(rng, dh, gs):
-    """The per-head kernel loads up to four groups ahead of its stores: heads of 1, 2, 3 and 8
-    groups give the oracle's bytes too."""
-    o, pos, cos, sin = rope_case(rng, s=5, dh=dh)
-    cfg = launch.QuantConfig(4, 1, block_h=1)
-    assert launch.quant_launch(5, 4, dh, gs, cfg).per_head
-    q, sc = launch.inverse_rope_group_quant(o, pos, cos, sin, 2, gs, config=cfg)
-    assert_quant_equal(q, sc, *woa_jax.inverse_rope_group_quant(*jx(o, pos, cos, sin), 2, gs))
-
-
-def test_strided_positions_are_read_as_values_not_memory(rng):
-    """The kernels read positions with unit stride; a strided view (here every other entry of
-    a longer vector) must give the bytes of its values, not of its neighbours in memory."""
-    o, pos, cos, sin = rope_case(rng, s=3)
-    longer = torch.stack([pos, (pos + 17) % 64], dim=1).reshape(-1)  # [p0, x, p1, x, p2, x]
-    strided = longer[::2]
-    assert strided.stride(0) == 2 and torch.equal(strided, pos)
-    q, sc = launch.inverse_rope_group_quant(o, strided, cos, sin, 2, 128)
-    assert_quant_equal(q, sc, *woa_jax.inverse_rope_group_quant(*jx(o, pos, cos, sin), 2, 128))
-    x = o.clone()
-    launch.inverse_rope(x, strided, cos, sin, overwrite_o=True)
-    np.testing.assert_array_equal(to_numpy(x).view(np.uint16), np.asarray(
-        woa_jax.inverse_rope(*jx(o, pos, cos.float(), sin.float()))).view(np.uint16))
-
-
-def test_quant_fp32_rope_and_fp32_o(rng):
-    """fp32 cos/sin and fp32 ``o``: the interpreter does not contract to FMA, so bytes match."""
-    o, pos, cos, sin = rope_case(rng, rope_dtype=torch.float32, o_dtype=torch.float32)
-    q, sc = launch.inverse_rope_group_quant(o, pos, cos, sin, 2, 128)
-    assert_quant_equal(q, sc, *woa_jax.inverse_rope_group_quant(*jx(o, pos, cos, sin), 2, 128))
-
-
-def test_quant_edge_values_floor_and_clamped_positions(rng):
-    """Zero group -> byte 92 (floor 1e-8) or 85 (1e-10); NaN lanes ignored in amax; an inf lane
-    gives byte 255; out-of-range positions are clamped like AITER's kernel."""
-    o, _, cos, sin = rope_case(rng, s=4)
-    o[0] = 0.0
-    o[1, 0, 5] = float("nan")
-    o[2, 1, 7] = float("inf")
-    pos = torch.tensor([-3, 0, 63, 1000], device=DEVICE)
-    for floor in (woa_jax.AITER_AMAX_FLOOR, woa_jax.CUDA_AMAX_FLOOR):
-        q, sc = launch.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, amax_floor=floor)
-        rq, rs = woa_jax.inverse_rope_group_quant(*jx(o, pos, cos, sin), 2, 128,
-                                                  amax_floor=floor)
-        assert (to_numpy(sc)[0] == (92 if floor == woa_jax.AITER_AMAX_FLOOR else 85)).all()
-        assert to_numpy(sc)[2, 0, 4] == 255  # head 1, lane 7: group 0, chunk 4
-        np.testing.assert_array_equal(to_numpy(sc), np.asarray(rs).view(np.uint8))
-        finite = np.isfinite(np.asarray(rq, np.float32))  # NaN payloads: compare as NaN
-        np.testing.assert_array_equal(to_numpy(q).view(np.uint8)[finite],
-                                      np.asarray(rq).view(np.uint8)[finite])
-        if DEVICE == "cuda":  # Triton's interpreter casts fp32 NaN to a finite fp8 value
-            assert np.isnan(to_numpy(q).astype(np.float32)[~finite]).all()
-
-
-def test_quant_writes_into_given_buffers_and_fnuz(rng):
-    o, pos, cos, sin = rope_case(rng)
-    xq = torch.empty((3, 2, 1024), dtype=torch.float8_e4m3fnuz, device=DEVICE)
-    xs = torch.empty((3, 2, 8), dtype=torch.float8_e8m0fnu, device=DEVICE)
-    q, sc = launch.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, x_fp8=xq, x_scale=xs)
-    assert q is xq and sc is xs
-    rq, rs = woa_jax.inverse_rope_group_quant(*jx(o, pos, cos, sin), 2, 128,
-                                              fp8_dtype=jnp.float8_e4m3fnuz)
-    assert_quant_equal(q, sc.view(torch.uint8), rq, rs)
-
-
-def test_quant_rejects_bad_output_buffer(rng):
-    o, pos, cos, sin = rope_case(rng)
-    bad = torch.empty((3, 2, 8, 2), dtype=torch.uint8, device=DEVICE)[..., 0]
-    with pytest.raises(ValueError, match="x_scale must be a contiguous"):
-        launch.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, x_scale=bad)
-    with pytest.raises(ValueError, match="x_fp8 must be a contiguous"):
-        launch.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, x_fp8=torch.empty(
-            (3, 2, 512), dtype=torch.float8_e4m3fn, device=DEVICE))
-
-
 CONFIGS = [
     None,
     launch.GemmConfig(16, 64, swap_ab=True),
@@ -580,4 +487,3 @@ def test_command_buffer_default(monkeypatch):
     monkeypatch.setenv("WOA_JAX_COMMAND_BUFFER", "1")
     assert jax_ops._command_buffer(None) is True
     assert jax_ops._command_buffer(False) is False
-
