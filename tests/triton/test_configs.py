@@ -1,5 +1,6 @@
 """The launch rules of ``configs`` (torch-free): the choice pinned at representative DeepSeek V4
-shapes, and the properties every choice must satisfy over a sweep of problems.
+shapes, the properties every choice must satisfy over a sweep of problems, and the fields a
+config refuses.
 
 The pinned tables hold the tuned choice (tiles, stages); a new tuning updates them. The
 properties are what the kernels need to run and give the right bits: valid tiles that cover the
@@ -204,3 +205,39 @@ def test_wgmma_stages_fit_shared_memory():
         stages = configs.wgmma_stages(8, kb, bm, bn, 128, out_bytes)
         assert 1 <= stages <= min(8, kb)
         assert stages * (bm + bn) * 128 + bm * bn * out_bytes <= configs.SMEM_BYTES
+
+
+@pytest.mark.parametrize("fields,match", [
+    (dict(block_m=48, block_n=64), "block_m must be a power of two >= 16, got 48"),
+    (dict(block_m=8, block_n=64), "block_m must be a power of two >= 16, got 8"),
+    (dict(block_m=16, block_n=96), "block_n must be a power of two >= 16, got 96"),
+    (dict(block_m=16, block_n=64, num_warps=3), "num_warps must be a power of two"),
+    (dict(block_m=16, block_n=64, split_k=0), "split_k >= 1"),
+    (dict(block_m=16, block_n=64, num_stages=0), "num_stages >= 1"),
+    (dict(block_m=16, block_n=64, tma=True, programs_per_sm=-1), "programs_per_sm >= 0"),
+    (dict(block_m=16, block_n=64, programs_per_sm=2), "programs_per_sm applies to the TMA"),
+    (dict(block_m=16, block_n=64, tma=True, split_k=2), "TMA kernel does not split K"),
+    (dict(block_m=128, block_n=128, num_warps=4, wgmma=True), "block_m = 16 \\* num_warps"),
+    (dict(block_m=32, block_n=128, num_warps=2, wgmma=True), "in \\(64, 128\\)"),
+    (dict(block_m=128, block_n=128, swap_ab=True, wgmma=True), "block_m in 8..64"),
+    (dict(block_m=16, block_n=32, swap_ab=True, wgmma=True), "block_n in \\(64, 128\\)"),
+    (dict(block_m=16, block_n=64, swap_ab=True, num_warps=8, wgmma=True),
+     "a multiple of 16 \\* num_warps"),
+    (dict(block_m=4, block_n=64, swap_ab=True, wgmma=True), "block_m must be a power of two >= 8"),
+    (dict(block_m=8, block_n=64, swap_ab=True), "block_m must be a power of two >= 16"),
+    (dict(block_m=64, block_n=128, tma=True, wgmma=True), "wgmma is its own kernel"),
+])
+def test_gemm_config_rejects_bad_fields(fields, match):
+    with pytest.raises(ValueError, match=match):
+        configs.GemmConfig(**fields)
+
+
+@pytest.mark.parametrize("fields,match", [
+    (dict(block_r=3), "block_r must be a power of two >= 1, got 3"),
+    (dict(block_r=0), "block_r must be a power of two >= 1, got 0"),
+    (dict(num_warps=6), "num_warps must be a power of two"),
+    (dict(block_h=-1), "block_h must be >= 0"),
+])
+def test_quant_config_rejects_bad_fields(fields, match):
+    with pytest.raises(ValueError, match=match):
+        configs.QuantConfig(**fields)
