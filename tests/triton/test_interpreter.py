@@ -82,23 +82,6 @@ def test_bf16_chain_matches_the_oracle_and_keeps_o_unless_in_place(rng, inplace)
         assert torch.equal(o.view(torch.int16), before.view(torch.int16))
 
 
-def test_whole_chain_through_public_api(rng):
-    from torch_bridge import WoAProjection
-
-    o, pos, cos, sin = rope_case(rng)
-    g, n = 2, 128
-    weight = torch.from_numpy(rng.standard_normal((g * n, 1024)).astype(np.float32)).to(
-        torch.float8_e4m3fn).to(DEVICE)
-    scale = torch.from_numpy(rng.integers(118, 124, (g * n // 128, 8)).astype(np.uint8)).to(
-        DEVICE)
-    proj = WoAProjection(weight, scale.view(torch.float8_e8m0fnu), g, cos, sin, backend="triton")
-    y = proj(o, pos)
-    ref = woa_jax.wo_a_fp8(*jx(o, pos, cos, sin, weight, scale), g, dtype=jnp.float32)
-    assert proj.path == "triton"
-    assert y.dtype == torch.bfloat16
-    assert_close(y, ref, tolerance="gemm_bf16")
-
-
 def test_backend_availability_and_refusals():
     ok, reason = BACKEND.is_available()
     assert ok, reason
