@@ -4,9 +4,8 @@ itself; ``o`` never written.
 
 Tiny shapes under ``TRITON_INTERPRET=1`` on CPU (tests/conftest.py) against ``woa_jax.wo_a_bf16``
 within ``gemm_bf16``; the tails, and the one-launch chain's rotated lanes, bit for bit against
-the rotation of ``inverse_rope``; the kernels
-compiled for sm_90 and AMD Instinct in a subprocess; GPU-marked tests at DeepSeek V4 sizes
-against the cuBLAS path.
+the rotation of ``inverse_rope``; GPU-marked tests at DeepSeek V4 sizes against the cuBLAS
+path. The kernels compiled for sm_90 and AMD Instinct: ``tests/ops/test_codegen.py``.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ from __future__ import annotations
 import ast
 import dataclasses
 import itertools
-import textwrap
 
 import numpy as np
 import pytest
@@ -26,7 +24,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from _cases import DEVICE, jx, rope_case  # noqa: E402
-from _sm90 import run_compile_script  # noqa: E402
 
 from torch_bridge.backends.triton import (  # noqa: E402
     _common,
@@ -341,93 +338,6 @@ def test_kernel_file_imports_no_framework():
         names |= {node.module.split(".")[0] for node in ast.walk(tree)
                   if isinstance(node, ast.ImportFrom) and node.level == 0}
         assert names <= {"__future__", "triton"}, (module.__name__, names)
-
-
-# ---------------------------------------------------------------------------------------------
-# Code generation for GPU targets (compiled on CPU in a subprocess)
-# ---------------------------------------------------------------------------------------------
-
-_SCRIPT = textwrap.dedent("""
-    import re
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from torch_bridge.backends.triton import bf16_kernels, configs
-
-    def build(target, kernel, sig, cx, aligned, cfg):
-        names = list(sig)
-        attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
-        src = ASTSource(kernel, signature={**sig, **{k: "constexpr" for k in cx}},
-                        constexprs=cx, attrs=attrs)
-        return triton.compile(src, target=target, options=dict(
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages))
-
-    g, n, k, h, dh, rd = 16, 1024, 4096, 128, 512, 64
-    ptr_sig = {"o_ptr": "*bf16", "r_ptr": "*bf16", "w_ptr": "*bf16", "M": "i32",
-               "y_ptr": "*bf16"}
-    one_sig = {"o_ptr": "*bf16", "pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
-               "w_ptr": "*bf16", "M": "i32", "n_pos_rows": "i32", "y_ptr": "*bf16"}
-
-    def ptr_cx(cfg, target="cuda"):
-        if cfg.rotate:
-            return one_sig, bf16_kernels.wo_a_bf16_rotating_kernel, dict(
-                SOM=h * dh, SOH=dh, SCP=rd // 2, SSP=rd // 2, SWG=n * k, SWN=k, SYM=g * n, SYG=n,
-                HPG=k // dh, DH=dh, RD=rd, N=n, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                BLOCK_K=cfg.block_k, DOT_IN_FP32=False, SETTLE_MMA=target == "cuda",
-                ROUND_PRODUCTS=configs.round_products("bfloat16", "float32", target))
-        return ptr_sig, bf16_kernels.wo_a_bf16_kernel, dict(
-            SOM=h * dh, SOH=dh, SWG=n * k, SWN=k, SYM=g * n, SYG=n, H=h, DH=dh, RD=rd, N=n, K=k,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT_IN_FP32=False)
-
-    sm90 = GPUTarget("cuda", 90, 32)
-    for s in (8192, 1):
-        cfg = configs.bf16_gemm_config(s, g, n, k)
-        sig, kernel, cx = ptr_cx(cfg)
-        ptx = build(sm90, kernel, sig, cx, tuple(sig), cfg).asm["ptx"]
-        print("sm90 pointer", s, cfg.rotate, "wgmma.mma_async" in ptx or "mma.sync" in ptx,
-              "cp.async.cg.shared.global" in ptx and ", 0x10," in ptx)
-    # A rotated tile is wgmma's register operand: each loop that feeds one must end with its
-    # MMAs complete (a wait with no MMA pending before the loop's yield).
-    for s in (64, 16, 1):
-        cfg = configs.bf16_gemm_config(s, g, n, k)
-        sig, kernel, cx = ptr_cx(cfg)
-        ttgir = build(sm90, kernel, sig, cx, tuple(sig), cfg).asm["ttgir"]
-        settled = True
-        for body in re.findall(r"scf\.for.*?scf\.yield", ttgir, re.S):
-            if re.search(r"warp_group_dot %\S+, .*dot_op<\{opIdx = 0", body):
-                waits = re.findall(r"warp_group_dot_wait.*?pendings = (\d+)", body)
-                settled &= bool(waits) and waits[-1] == "0"
-        print("sm90 rotating", s, settled)
-    cfg = configs.Bf16GemmConfig(128, 256, 64, 8, 3, tma=True)
-    sig = {"o_desc": "tensordesc<bf16[128, 64]>", "r_desc": "tensordesc<bf16[128, 64]>",
-           "w_desc": "tensordesc<bf16[256, 64]>", "M": "i32", "y_ptr": "*bf16"}
-    cx = dict(SYM=g * n, SYG=n, HPG=8, DH=dh, RD=rd, N=n, BLOCK_M=128, BLOCK_N=256,
-              BLOCK_K=64, DOT_IN_FP32=False)
-    ptx = build(sm90, bf16_kernels.wo_a_bf16_tma_kernel, sig, cx, ("y_ptr",),
-                cfg).asm["ptx"]
-    print("sm90 tma", "wgmma.mma_async" in ptx, "cp.async.bulk.tensor" in ptx)
-    for arch in ("gfx942", "gfx950"):
-        for s in (8192, 64, 1):
-            cfg = configs.bf16_gemm_config(s, g, n, k, 64, "hip")
-            sig, kernel, cx = ptr_cx(cfg, "hip")
-            c = build(GPUTarget("hip", arch, 64), kernel, sig, cx, tuple(sig), cfg)
-            mfma = re.findall(r"v_mfma\\w*bf16\\w*", c.asm["amdgcn"])
-            print(arch, s, bool(c.asm["hsaco"]), bool(mfma), c.metadata.shared <= 65536)
-""")
-
-
-def test_kernels_compile_for_hopper_and_amd(tmp_path):
-    """The pointer kernel at the chosen Hopper shapes (rotating its rope tiles at decode) runs
-    tensor-core MMAs fed by 16-byte cp.async copies (the pipelined K loop), keeps no MMA that
-    reads a rotated tile in flight into the next iteration, the TMA kernel
-    wgmma fed by bulk tensor copies, and the ROCm shapes build for gfx942 / gfx950 with bf16
-    MFMA within 64 KiB of LDS."""
-    lines = run_compile_script(_SCRIPT, tmp_path)
-    assert lines == ["sm90 pointer 8192 False True True", "sm90 pointer 1 True True True",
-                     "sm90 rotating 64 True", "sm90 rotating 16 True", "sm90 rotating 1 True",
-                     "sm90 tma True True"] + [f"{arch} {s} True True True"
-                                              for arch in ("gfx942", "gfx950")
-                                              for s in (8192, 64, 1)], lines
 
 
 # ---------------------------------------------------------------------------------------------
