@@ -36,52 +36,6 @@ from torch_bridge.backends.triton import (  # noqa: E402
 )
 
 
-@pytest.mark.parametrize("rope_dtype", [torch.float32, torch.bfloat16])
-def test_inverse_rope_in_place_and_copying_give_the_oracle_bits(rng, rope_dtype):
-    """The BF16 chain's rotation: the copying variant (one read of ``o``, NoPE lanes copied)
-    leaves ``o`` as it was, the in-place one rotates ``o``; both give the oracle's bits, and a
-    head-padded ``o`` (Dh contiguous only) is copied but not rotated in place."""
-    o, pos, cos, sin = rope_case(rng, s=37, rope_dtype=rope_dtype)
-    ref = np.asarray(woa_jax.inverse_rope(*jx(o, pos, cos, sin))).view(np.uint16)
-    before = o.clone()
-    y = launch.inverse_rope(o, pos, cos, sin)
-    assert y is not o and y.is_contiguous()
-    assert torch.equal(o.view(torch.int16), before.view(torch.int16))
-    np.testing.assert_array_equal(to_numpy(y).view(np.uint16), ref)
-    x = o.clone()
-    assert launch.inverse_rope(x, pos, cos, sin, overwrite_o=True) is x
-    np.testing.assert_array_equal(to_numpy(x).view(np.uint16), ref)
-    padded = torch.zeros((37, 4, 640), dtype=torch.bfloat16, device=DEVICE)[:, :, :512]
-    padded.copy_(o)
-    np.testing.assert_array_equal(to_numpy(launch.inverse_rope(padded, pos, cos, sin))
-                                  .view(np.uint16), ref)
-    with pytest.raises(ValueError, match="packed"):
-        launch.inverse_rope(padded, pos, cos, sin, overwrite_o=True)
-    with pytest.raises(TypeError, match="bfloat16"):
-        launch.inverse_rope(o.float(), pos, cos, sin)
-
-
-@pytest.mark.parametrize("inplace", [False, True])
-def test_bf16_chain_matches_the_oracle_and_keeps_o_unless_in_place(rng, inplace):
-    o, pos, cos, sin = rope_case(rng, rope_dtype=torch.float32)
-    g, n = 2, 128
-    weight = torch.from_numpy(rng.standard_normal((g * n, 1024)).astype(np.float32)).to(
-        torch.float8_e4m3fn).to(DEVICE)
-    scale = torch.from_numpy(rng.integers(118, 124, (g * n // 128, 8)).astype(np.uint8)).to(
-        DEVICE)
-    w_bf16 = woa_jax.dequant_wo_a_weight(*jx(weight, scale), g)
-    ref = woa_jax.wo_a_bf16(*jx(o, pos, cos, sin, weight, scale), g)
-    rotated = np.asarray(woa_jax.inverse_rope(*jx(o, pos, cos, sin))).view(np.uint16)
-    before = o.clone()
-    y = launch.wo_a_bf16(o, pos, cos, sin, torch.from_numpy(np.array(w_bf16.astype(
-        jnp.float32))).to(torch.bfloat16).to(DEVICE), g, overwrite_o=inplace)
-    assert_close(y, ref, tolerance="gemm_bf16")
-    if inplace:
-        np.testing.assert_array_equal(to_numpy(o).view(np.uint16), rotated)
-    else:
-        assert torch.equal(o.view(torch.int16), before.view(torch.int16))
-
-
 def test_backend_availability_and_refusals():
     ok, reason = BACKEND.is_available()
     assert ok, reason
