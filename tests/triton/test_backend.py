@@ -1,7 +1,9 @@
-"""Triton backend on CPU through ``TRITON_INTERPRET=1`` (tests/conftest.py sets it without a GPU).
+"""The Triton backend's machinery around its kernels, on CPU through ``TRITON_INTERPRET=1``
+(tests/conftest.py sets it without a GPU; on a GPU machine these run on the GPU): the backend's
+availability and refusals, the registered custom ops (fake implementations, version counters,
+the eager fast path, ``torch.compile``) and the JAX entry points' callback route.
 
-Tiny shapes (about 1e6 FLOP per call) against the ``woa_jax`` oracle: the quant bit for bit, the
-GEMM within the bf16 output rounding of the fp32 reference. On a GPU machine these run on the GPU.
+The kernels themselves, op by op: ``tests/ops``.
 """
 
 from __future__ import annotations
@@ -19,12 +21,12 @@ from woa_jax.testing import assert_close, to_numpy
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from _cases import (  # noqa: E402
+from inputs import (  # noqa: E402
     DEVICE,
     assert_quant_equal,
-    gemm_case,
+    gemm_tensors,
     jx,
-    rope_case,
+    rope_tensors,
 )
 
 from torch_bridge import _dispatch  # noqa: E402
@@ -77,13 +79,13 @@ def test_custom_ops_opcheck(rng):
     """The registered ops' fake implementations (torch.compile / CUDA graphs see opaque ops).
 
     (opcheck's schema test cannot run here: it compares fp8 tensors with ops CPU torch lacks.)"""
-    o, pos, cos, sin = rope_case(rng, s=2, h=2)
+    o, pos, cos, sin = rope_tensors(rng, s=2, h=2)
     xq = torch.empty((2, 2, 512), dtype=torch.float8_e4m3fn, device=DEVICE)
     xs = torch.empty((2, 2, 4), dtype=torch.uint8, device=DEVICE)
     torch.library.opcheck(torch.ops.woa_triton.inverse_rope_group_quant.default,
                           (o, pos, cos, sin, xq, xs, 128, 1e-8, 8, 2, 0),
                           test_utils=("test_faketensor",))
-    x, w, xsc, wsc = gemm_case(rng, 2, 2, 64, 128)
+    x, w, xsc, wsc = gemm_tensors(rng, 2, 2, 64, 128)
     y = torch.empty((2, 2, 64), dtype=torch.bfloat16, device=DEVICE)
     torch.library.opcheck(torch.ops.woa_triton.batched_gemm_a8w8_mxscale.default,
                           (x, w, xsc, wsc, y, 16, 64, 1, False, 4, 3, True, 1, False),
@@ -93,13 +95,13 @@ def test_custom_ops_opcheck(rng):
 def test_launchers_bump_version_counters_of_what_they_write(rng):
     """The launchers skip the ADInplaceOrView dispatch step for speed; they must still bump the
     version counters of the tensors they write, so autograd's in-place checks keep working."""
-    o, pos, cos, sin = rope_case(rng, s=2, h=2)
+    o, pos, cos, sin = rope_tensors(rng, s=2, h=2)
     xq = torch.empty((2, 2, 512), dtype=torch.float8_e4m3fn, device=DEVICE)
     xs = torch.empty((2, 2, 4), dtype=torch.uint8, device=DEVICE)
     before = (xq._version, xs._version)
     launch.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, x_fp8=xq, x_scale=xs)
     assert (xq._version, xs._version) == (before[0] + 1, before[1] + 1)
-    x, w, xsc, wsc = gemm_case(rng, 2, 2, 128, 256)
+    x, w, xsc, wsc = gemm_tensors(rng, 2, 2, 128, 256)
     y = torch.empty((2, 2, 128), dtype=torch.bfloat16, device=DEVICE)
     v = y._version
     launch.batched_gemm_a8w8_mxscale(x, w, xsc, wsc, out=y, config=launch.GemmConfig(16, 64))
@@ -122,7 +124,7 @@ def test_eager_calls_launch_directly_and_fake_tensors_take_the_op(rng, monkeypat
     launched = []
     real = _common.LAUNCHERS[op]
     monkeypatch.setitem(_common.LAUNCHERS, op, lambda *a: (launched.append(a[0]), real(*a)))
-    o, pos, cos, sin = rope_case(rng, s=2, h=2)
+    o, pos, cos, sin = rope_tensors(rng, s=2, h=2)
     q, sc = launch.inverse_rope_group_quant(o, pos, cos, sin, 2, 128)
     assert len(launched) == 1 and launched[0] is o
     assert_quant_equal(q, sc, *woa_jax.inverse_rope_group_quant(*jx(o, pos, cos, sin), 2, 128))
@@ -136,8 +138,8 @@ def test_eager_calls_launch_directly_and_fake_tensors_take_the_op(rng, monkeypat
 def test_launchers_trace_under_torch_compile_without_graph_breaks(rng):
     """``fullgraph=True`` fails on any graph break: the launchers' eager fast path must not be
     traced (``torch.compiler.is_compiling()`` routes to the plain op call)."""
-    o, pos, cos, sin = rope_case(rng, s=2, h=2)
-    x, w, xsc, wsc = gemm_case(rng, 2, 2, 128, 256)
+    o, pos, cos, sin = rope_tensors(rng, s=2, h=2)
+    x, w, xsc, wsc = gemm_tensors(rng, 2, 2, 128, 256)
 
     def chain(o, x):
         q, sc = launch.inverse_rope_group_quant(o, pos, cos, sin, 2, 128)
@@ -157,7 +159,7 @@ def test_jax_entry_points_oracle_and_callback(rng, monkeypatch):
     from torch_bridge import jax_ops
 
     monkeypatch.delenv("WOA_BACKEND", raising=False)
-    o, pos, cos, sin = jx(*rope_case(rng))
+    o, pos, cos, sin = jx(*rope_tensors(rng))
     ref = woa_jax.inverse_rope_group_quant(o, pos, cos, sin, 2, 128)
     for backend in (None, "triton"):
         q, sc = jax.jit(lambda *a, b=backend: jax_ops.inverse_rope_group_quant(
@@ -184,7 +186,7 @@ def test_jax_ops_wo_a_bf16_runs_the_bf16_chain_under_jit(rng, monkeypatch):
         pytest.skip("the CPU oracle fallback exists only on a CPU-only JAX")
     from torch_bridge import jax_ops
 
-    o, pos, cos, sin = jx(*rope_case(rng, rope_dtype=torch.float32))
+    o, pos, cos, sin = jx(*rope_tensors(rng, rope_dtype=torch.float32))
     w = jnp.asarray(rng.standard_normal((256, 1024)).astype(np.float32)).astype(
         jnp.float8_e4m3fn)
     ws = jnp.asarray(rng.integers(118, 124, (2, 8)).astype(np.uint8))
