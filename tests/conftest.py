@@ -69,3 +69,15 @@ def pytest_collection_modifyitems(config, items):
 def rng():
     return np.random.default_rng(0)
 
+
+@pytest.fixture
+def clean_dispatch(monkeypatch):
+    """No WOA_* variables and no cached probes or backends, at the start and at the end (every
+    torch_bridge test; op tests that go through the dispatcher)."""
+    from torch_bridge import _capability, _dispatch
+
+    for var in _capability.ENV_VARS:
+        monkeypatch.delenv(var, raising=False)
+    _dispatch.reset_caches()
+    yield
+    _dispatch.reset_caches()

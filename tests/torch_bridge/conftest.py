@@ -13,13 +13,9 @@ FAKE_AITER = pathlib.Path(__file__).resolve().parents[1] / "fake_aiter"
 
 
 @pytest.fixture(autouse=True)
-def clean_dispatch(monkeypatch):
-    """Each test starts and ends with no WOA_* variables and no cached probes or backends."""
-    for var in _capability.ENV_VARS:
-        monkeypatch.delenv(var, raising=False)
-    _dispatch.reset_caches()
-    yield
-    _dispatch.reset_caches()
+def clean_dispatch(clean_dispatch):
+    """Each test starts and ends with no WOA_* variables and no cached probes or backends
+    (``tests/conftest.py``)."""
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tb_cases import np_to_torch, rope_case, wo_a_checkpoint
+from inputs import np_to_torch, rope_case, wo_a_checkpoint
 
 import torch_bridge as tb
 import woa_jax

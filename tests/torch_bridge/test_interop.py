@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from tb_cases import rope_case
+from inputs import rope_case
 
 import torch_bridge as tb
 import woa_jax

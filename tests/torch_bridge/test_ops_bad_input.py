@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from tb_cases import gemm_operands, np_to_torch, rope_case
+from inputs import gemm_operands, np_to_torch, rope_case
 
 import torch_bridge as tb
 

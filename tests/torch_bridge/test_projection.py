@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from tb_cases import np_to_torch, rope_case, wo_a_checkpoint
+from inputs import np_to_torch, rope_case, wo_a_checkpoint
 
 import torch_bridge as tb
 import woa_jax

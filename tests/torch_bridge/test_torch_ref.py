@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from tb_cases import gemm_operands, np_to_torch, oracle_rope_quant, rope_case
+from inputs import gemm_operands, np_to_torch, oracle_rope_quant, rope_case
 
 import torch_bridge as tb
 import woa_jax

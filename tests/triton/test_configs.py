@@ -1,5 +1,6 @@
 """The launch rules of ``configs`` (torch-free): the choice pinned at representative DeepSeek V4
-shapes, and the properties every choice must satisfy over a sweep of problems.
+shapes, the properties every choice must satisfy over a sweep of problems, the fields a config
+refuses, and the rules of the BF16 chain's GEMM from ``o``.
 
 The pinned tables hold the tuned choice (tiles, stages); a new tuning updates them. The
 properties are what the kernels need to run and give the right bits: valid tiles that cover the
@@ -16,6 +17,7 @@ import sys
 import pytest
 
 from torch_bridge.backends.triton import configs
+from torch_bridge.backends.triton.configs import Bf16GemmConfig
 
 MS = (0, 1, 2, 7, 8, 9, 16, 17, 33, 64, 65, 128, 129, 512, 1024, 4096, 8192)
 GS = (1, 2, 4, 8, 16)
@@ -204,3 +206,112 @@ def test_wgmma_stages_fit_shared_memory():
         stages = configs.wgmma_stages(8, kb, bm, bn, 128, out_bytes)
         assert 1 <= stages <= min(8, kb)
         assert stages * (bm + bn) * 128 + bm * bn * out_bytes <= configs.SMEM_BYTES
+
+
+@pytest.mark.parametrize("fields,match", [
+    (dict(block_m=48, block_n=64), "block_m must be a power of two >= 16, got 48"),
+    (dict(block_m=8, block_n=64), "block_m must be a power of two >= 16, got 8"),
+    (dict(block_m=16, block_n=96), "block_n must be a power of two >= 16, got 96"),
+    (dict(block_m=16, block_n=64, num_warps=3), "num_warps must be a power of two"),
+    (dict(block_m=16, block_n=64, split_k=0), "split_k >= 1"),
+    (dict(block_m=16, block_n=64, num_stages=0), "num_stages >= 1"),
+    (dict(block_m=16, block_n=64, tma=True, programs_per_sm=-1), "programs_per_sm >= 0"),
+    (dict(block_m=16, block_n=64, programs_per_sm=2), "programs_per_sm applies to the TMA"),
+    (dict(block_m=16, block_n=64, tma=True, split_k=2), "TMA kernel does not split K"),
+    (dict(block_m=128, block_n=128, num_warps=4, wgmma=True), "block_m = 16 \\* num_warps"),
+    (dict(block_m=32, block_n=128, num_warps=2, wgmma=True), "in \\(64, 128\\)"),
+    (dict(block_m=128, block_n=128, swap_ab=True, wgmma=True), "block_m in 8..64"),
+    (dict(block_m=16, block_n=32, swap_ab=True, wgmma=True), "block_n in \\(64, 128\\)"),
+    (dict(block_m=16, block_n=64, swap_ab=True, num_warps=8, wgmma=True),
+     "a multiple of 16 \\* num_warps"),
+    (dict(block_m=4, block_n=64, swap_ab=True, wgmma=True), "block_m must be a power of two >= 8"),
+    (dict(block_m=8, block_n=64, swap_ab=True), "block_m must be a power of two >= 16"),
+    (dict(block_m=64, block_n=128, tma=True, wgmma=True), "wgmma is its own kernel"),
+])
+def test_gemm_config_rejects_bad_fields(fields, match):
+    with pytest.raises(ValueError, match=match):
+        configs.GemmConfig(**fields)
+
+
+@pytest.mark.parametrize("fields,match", [
+    (dict(block_r=3), "block_r must be a power of two >= 1, got 3"),
+    (dict(block_r=0), "block_r must be a power of two >= 1, got 0"),
+    (dict(num_warps=6), "num_warps must be a power of two"),
+    (dict(block_h=-1), "block_h must be >= 0"),
+])
+def test_quant_config_rejects_bad_fields(fields, match):
+    with pytest.raises(ValueError, match=match):
+        configs.QuantConfig(**fields)
+
+
+# ---------------------------------------------------------------------------------------------
+# The BF16 chain's GEMM from ``o`` (``bf16_kernels``)
+# ---------------------------------------------------------------------------------------------
+
+#: Token counts of the BF16 GEMM's sweeps.
+SS = (1, 2, 15, 16, 17, 33, 64, 65, 128, 256, 1000, 1024, 4096, 8192)
+
+
+@pytest.mark.parametrize("target", ["cuda", "hip", "interpreter"])
+def test_every_chosen_shape_is_a_valid_tile(target):
+    for s, g, block_k in itertools.product(SS, (1, 2, 8, 16), (16, 32, 64)):
+        cfg = configs.bf16_gemm_config(s, g, 1024, 4096, block_k, target)
+        assert cfg.block_k <= block_k and block_k % cfg.block_k == 0, (s, g, cfg)
+        assert cfg.block_m <= max(16, 1 << (s - 1).bit_length()), (s, g, cfg)
+        if target == "hip":
+            # Two stages of A and B tiles within half of gfx942's 64 KiB of LDS.
+            assert cfg.num_stages * (cfg.block_m + cfg.block_n) * cfg.block_k * 2 <= 32768
+
+
+def test_the_gemm_from_o_runs_at_decode_and_from_128_tokens_with_tma_loads():
+    """On Hopper the one-launch chain up to 16 tokens (64 at G = 16), the TMA kernel from 128
+    tokens and 2048 (token, group) rows, the rotated copy and cuBLAS between; without TMA loads
+    always the copy. The decode tiles rotate, no other tile does; in one wave of programs they
+    keep more stages in flight."""
+    for (s, g), want in {(1, 16): True, (16, 2): True, (17, 8): False, (64, 16): True,
+                         (64, 2): False, (65, 16): False, (127, 16): False, (128, 16): True,
+                         (128, 8): False, (256, 8): True, (255, 8): False, (512, 2): False,
+                         (1024, 2): True, (8192, 2): True}.items():
+        assert configs.bf16_gemm_chosen(s, g, 1024, 4096, tma=True, dh=512) == want, (s, g)
+        assert not configs.bf16_gemm_chosen(s, g, 1024, 4096, tma=False, dh=512)
+        if want and s <= 64:  # groups inside heads, or no head dim: no one-launch chain
+            assert not configs.bf16_gemm_chosen(s, g, 1024, 256, tma=True, dh=512)
+            assert not configs.bf16_gemm_chosen(s, g, 1024, 4096, tma=True)
+        for target in ("cuda", "hip"):
+            cfg = configs.bf16_gemm_config(s, g, 1024, 4096, 64, target, target == "cuda")
+            assert cfg.rotate == (s <= 64), (s, g, target)
+    stages = {g: configs.bf16_gemm_config(1, g, 1024, 4096, 64, "cuda", True)
+              for g in (16, 8, 2)}
+    assert [(c.block_n, c.num_stages) for c in stages.values()] == [(64, 5), (64, 8), (16, 12)]
+
+
+def test_hopper_tma_tiles():
+    """128 x 256 tiles where they make a wave of programs, else 128 x 128, else 64 x 128."""
+    big, mid, small = (Bf16GemmConfig(128, 256, 64, 8, 3, True),
+                       Bf16GemmConfig(128, 128, 64, 4, 5, True),
+                       Bf16GemmConfig(64, 128, 64, 4, 4, True))
+    for (s, g), want in {(8192, 16): big, (1024, 16): big, (4096, 2): big, (1024, 2): mid,
+                         (256, 16): big, (256, 8): mid, (128, 16): mid, (256, 2): small}.items():
+        assert configs.bf16_gemm_config(s, g, 1024, 4096, tma=True) == want, (s, g)
+
+
+def test_hopper_shapes_fill_the_gpu():
+    """Large problems take the 128 x 256 x 64 wgmma tile; the others keep a wave of programs."""
+    assert configs.bf16_gemm_config(8192, 16, 1024, 4096) == Bf16GemmConfig(128, 256, 64, 8, 3)
+    for s, g in itertools.product(SS, (2, 8, 16)):
+        cfg = configs.bf16_gemm_config(s, g, 1024, 4096)
+        progs = configs.cdiv(s, cfg.block_m) * configs.cdiv(1024, cfg.block_n) * g
+        assert progs >= configs.ONE_WAVE_TILES or cfg.block_n == 16 or cfg.block_m == 64, cfg
+
+
+def test_blocker_and_block_k_limit():
+    assert configs.bf16_block_k_limit(512, 64, 4096) == 64
+    assert configs.bf16_block_k_limit(192, 128, 384) == 64
+    assert configs.bf16_block_k_limit(64, 32, 128) == 32
+    assert configs.bf16_gemm_blocker(512, 64, 4096) is None
+    assert configs.bf16_gemm_blocker(512, 64, 4096, Bf16GemmConfig(128, 256, 64)) is None
+    assert "block_k 64" in configs.bf16_gemm_blocker(64, 32, 128, Bf16GemmConfig(16, 16, 64))
+    assert "no K tile" in configs.bf16_gemm_blocker(24, 8, 48)
+    assert "rope dim" in configs.bf16_gemm_blocker(64, 128, 128)
+    cfg = Bf16GemmConfig(128, 256, 64, 8, 3, tma=True)
+    assert cfg.label() == "m128n256k64w8st3T" and dataclasses.replace(cfg, tma=False) != cfg

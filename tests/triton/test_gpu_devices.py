@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from _gpu import DH, HPG, N, gemm_inputs, new_seed, rope_inputs, xla_memory  # noqa: E402, F401
+from inputs import DH, HPG, N, gemm_inputs, new_seed, rope_inputs, xla_memory  # noqa: E402, F401
 
 pytestmark = pytest.mark.gpu
 

@@ -8,14 +8,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _gpu import new_seed
+from inputs import DH, HPG, RD, N, P, new_seed
 
 import woa_jax
 from torch_bridge import interop, jax_ops
 from torch_bridge.backends.triton import configs, jax_launch, launch
 from woa_jax.testing import assert_bitwise_equal, assert_close
-
-HPG, DH, RD, N, P = 8, 512, 64, 1024, 65536
 
 
 def _inputs(s: int, g: int, seed: int):

@@ -16,15 +16,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _sm90 import run_compile_script
+from inputs import DH, HPG, RD, N, P, run_compile_script
 
 import woa_jax
 from torch_bridge import jax_ops
 from torch_bridge.backends.triton import configs, jax_launch, kernels, launch, plans, xla_ffi
 from torch_bridge.backends.triton.xla_ffi import Ref
 from woa_jax.testing import assert_bitwise_equal
-
-HPG, DH, RD, N, P = 8, 512, 64, 1024, 65536
 
 
 @pytest.fixture
