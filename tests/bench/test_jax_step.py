@@ -150,7 +150,7 @@ def test_fp8_check_falls_back_to_the_routes_kernels_and_still_catches_wrong_bits
     from torch_bridge.backends.triton import launch
 
     p = problem.make_problem(problem.CPU, 2, 1, "cpu", 0)
-    y = launch.wo_a_fp8(p.o, p.pos, p.cos_bf16, p.sin_bf16, p.w, p.ws, p.g, fused=False)
+    y = launch.wo_a_fp8(p.o, p.pos, p.cos_bf16, p.sin_bf16, p.w, p.ws, p.g, single_kernel=False)
 
     def last_bit_flipped(t, i):  # within the oracle's tolerance, not the same bytes
         t = t.clone()

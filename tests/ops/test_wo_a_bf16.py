@@ -265,12 +265,12 @@ def test_plan_is_reused_and_keyed_on_layout(rng, monkeypatch):
         real = getattr(plans, name)
         monkeypatch.setattr(plans, name, lambda *a, real=real, **k: made.append(
             next(c for c in a if isinstance(c, Bf16GemmConfig))) or real(*a, **k))
-    y = launch.wo_a_bf16(o, pos, cos, sin, w, g, fused=True)
-    assert_bitwise_equal(launch.wo_a_bf16(o, pos, cos, sin, w, g, fused=True), y)
+    y = launch.wo_a_bf16(o, pos, cos, sin, w, g, from_o=True)
+    assert_bitwise_equal(launch.wo_a_bf16(o, pos, cos, sin, w, g, from_o=True), y)
     assert len(made) == 1
     padded = torch.zeros((3, h, dh + 64), dtype=torch.bfloat16, device=DEVICE)[:, :, :dh]
     padded.copy_(o)
-    assert_bitwise_equal(launch.wo_a_bf16(padded, pos, cos, sin, w, g, fused=True), y)
+    assert_bitwise_equal(launch.wo_a_bf16(padded, pos, cos, sin, w, g, from_o=True), y)
     cfg = Bf16GemmConfig(16, 32, 32, num_warps=2, num_stages=2)
     assert_close(launch.wo_a_bf16(o, pos, cos, sin, w, g, config=cfg), y, tolerance="gemm_bf16")
     assert len(made) == 3 and made[-1] == cfg
@@ -279,7 +279,7 @@ def test_plan_is_reused_and_keyed_on_layout(rng, monkeypatch):
 def test_zero_tokens_and_heads_the_gemm_cannot_tile(rng):
     h, dh, g, n = _SMALL
     o, pos, cos, sin, w = _small_chain(rng)
-    assert launch.wo_a_bf16(o[:0], pos[:0], cos, sin, w, g, fused=True).shape == (0, g, n)
+    assert launch.wo_a_bf16(o[:0], pos[:0], cos, sin, w, g, from_o=True).shape == (0, g, n)
     # Head dim 24, rope dim 8: no K tile of 16 lanes lies on one side of the rope boundary.
     o, pos, cos, sin = rope_tensors(rng, s=3, h=4, dh=24, rd=8)
     w = torch.ones((2, 16, 48), dtype=torch.bfloat16, device=DEVICE)
@@ -290,7 +290,7 @@ def test_zero_tokens_and_heads_the_gemm_cannot_tile(rng):
     assert_close(y, torch.einsum("sgk,gnk->sgn", launch.inverse_rope(o, pos, cos, sin).view(
         3, 2, 48).float(), w.float()), tolerance="gemm_bf16")
     with pytest.raises(ValueError, match="no K tile"):
-        launch.wo_a_bf16(o, pos, cos, sin, w, 2, fused=True)
+        launch.wo_a_bf16(o, pos, cos, sin, w, 2, from_o=True)
 
 
 def test_bad_inputs_give_clear_errors(rng):
@@ -299,11 +299,11 @@ def test_bad_inputs_give_clear_errors(rng):
     with pytest.raises(ValueError, match="num_groups = 4 groups of K"):
         launch.wo_a_bf16(o, pos, cos, sin, w, 4)
     with pytest.raises(ValueError, match="overwrite_o=True"):
-        launch.wo_a_bf16(o, pos, cos, sin, w, g, overwrite_o=True, fused=True)
+        launch.wo_a_bf16(o, pos, cos, sin, w, g, overwrite_o=True, from_o=True)
     with pytest.raises(ValueError, match="overwrite_o=True"):
         launch.wo_a_bf16(o, pos, cos, sin, w, g, overwrite_o=True, config=Bf16GemmConfig(16, 16))
-    with pytest.raises(ValueError, match="needs fused=True or None"):
-        launch.wo_a_bf16(o, pos, cos, sin, w, g, fused=False, config=Bf16GemmConfig(16, 16))
+    with pytest.raises(ValueError, match="needs from_o=True or None"):
+        launch.wo_a_bf16(o, pos, cos, sin, w, g, from_o=False, config=Bf16GemmConfig(16, 16))
     with pytest.raises(ValueError, match="block_k 128 must divide"):
         launch.wo_a_bf16(o, pos, cos, sin, w, g, config=Bf16GemmConfig(16, 16, 128))
     with pytest.raises(TypeError, match="w_bf16 must be bfloat16"):
@@ -451,7 +451,7 @@ def test_gpu_matches_cublas_and_keeps_o(s, g, rope_dtype):
     o, pos, cos, sin = rope_inputs(s, g, gen, rope_dtype=rope_dtype)
     w = (torch.randn((g, N, HPG * DH), generator=gen, device="cuda") / 30).to(torch.bfloat16)
     before = o.clone()
-    ref = launch.wo_a_bf16(o, pos, cos, sin, w, g, fused=False)
+    ref = launch.wo_a_bf16(o, pos, cos, sin, w, g, from_o=False)
     for cfg in (configs.bf16_gemm_config(s, g, N, HPG * DH),
                 configs.bf16_gemm_config(s, g, N, HPG * DH, tma=True),
                 Bf16GemmConfig(128, 256, 64, 8, 3, tma=True),

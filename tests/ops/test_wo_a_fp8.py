@@ -95,8 +95,8 @@ def test_fused_gives_the_two_kernel_bits(rng, s, block, rope_dtype, pos_dtype):
                                             pos_dtype=pos_dtype)
     cfg = launch.GemmConfig(16, 64, swap_ab=True)
     y = torch.full((s, 2, 128), float("nan"), dtype=torch.bfloat16, device=DEVICE)
-    assert launch.wo_a_fp8(o, pos, cos, sin, w, ws, 2, out=y, fused=True, config=cfg) is y
-    two = launch.wo_a_fp8(o, pos, cos, sin, w, ws, 2, fused=False, config=cfg)
+    assert launch.wo_a_fp8(o, pos, cos, sin, w, ws, 2, out=y, single_kernel=True, config=cfg) is y
+    two = launch.wo_a_fp8(o, pos, cos, sin, w, ws, 2, single_kernel=False, config=cfg)
     np.testing.assert_array_equal(_bits(y), _bits(two))
     assert_close(y, _oracle(o, pos, cos, sin, w, ws, 2, block), tolerance="gemm_bf16")
 
@@ -106,8 +106,8 @@ def test_fused_groups_that_start_inside_a_head(rng):
     holds that head's rope tail; the prologue must find it from the lane's place in the head."""
     o, pos, cos, sin, w, ws = chain_tensors(rng, 3, g=4, h=2)
     cfg = launch.GemmConfig(16, 64, swap_ab=True)
-    y = launch.wo_a_fp8(o, pos, cos, sin, w, ws, 4, fused=True, config=cfg)
-    two = launch.wo_a_fp8(o, pos, cos, sin, w, ws, 4, fused=False, config=cfg)
+    y = launch.wo_a_fp8(o, pos, cos, sin, w, ws, 4, single_kernel=True, config=cfg)
+    two = launch.wo_a_fp8(o, pos, cos, sin, w, ws, 4, single_kernel=False, config=cfg)
     np.testing.assert_array_equal(_bits(y), _bits(two))
     assert_close(y, _oracle(o, pos, cos, sin, w, ws, 4, 128), tolerance="gemm_bf16")
 
@@ -121,17 +121,17 @@ def test_fused_split_k_fp32_out_padded_tokens_and_clamped_positions(rng):
     pos = torch.tensor([-5, 0, 63, 1000], dtype=torch.int64, device=DEVICE)
     cfg = launch.GemmConfig(16, 64, split_k=2, swap_ab=True)
     ref = _oracle(o, pos, cos, sin, w, ws, 2, 128)
-    y32 = launch.wo_a_fp8(padded, pos, cos, sin, w, ws, 2, dtype=torch.float32, fused=True,
+    y32 = launch.wo_a_fp8(padded, pos, cos, sin, w, ws, 2, dtype=torch.float32, single_kernel=True,
                           config=cfg)
     assert y32.dtype == torch.float32
     assert_close(y32, ref, tolerance="gemm_fp32")
-    y = launch.wo_a_fp8(padded, pos, cos, sin, w, ws, 2, fused=True, config=cfg)
+    y = launch.wo_a_fp8(padded, pos, cos, sin, w, ws, 2, single_kernel=True, config=cfg)
     assert y.dtype == torch.bfloat16
     assert_close(y, ref, tolerance="gemm_bf16")
 
 
 def test_default_fuses_where_the_prologue_is_one_step(rng, monkeypatch):
-    """``fused=None`` runs the one-kernel chain when each program quantizes at most 4096
+    """``single_kernel=None`` runs the one-kernel chain when each program quantizes at most 4096
     activations first (DeepSeek V4: M = 1 at G = 16, M <= 8 at G = 2), quant + GEMM otherwise;
     the public ``WoAProjection`` takes the same road."""
     from torch_bridge import WoAProjection
@@ -179,10 +179,10 @@ def test_fused_split_k_is_the_same_in_deterministic_mode(rng, monkeypatch):
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(num_groups=3), "num_groups = 3"),
-    (dict(fused=True, config=launch.GemmConfig(16, 64, tma=True, swap_ab=True)),
+    (dict(single_kernel=True, config=launch.GemmConfig(16, 64, tma=True, swap_ab=True)),
      "pointer-loaded, swapped tiles"),
-    (dict(fused=True, config=launch.GemmConfig(16, 64)), "pointer-loaded, swapped tiles"),
-    (dict(fused=True, config=launch.GemmConfig(16, 64, split_k=3, swap_ab=True)),
+    (dict(single_kernel=True, config=launch.GemmConfig(16, 64)), "pointer-loaded, swapped tiles"),
+    (dict(single_kernel=True, config=launch.GemmConfig(16, 64, split_k=3, swap_ab=True)),
      "split_k=3 does not divide"),
     (dict(out="short"), r"out must be \[M, G, N\] = \[2, 2, 128\]"),
 ])
@@ -199,7 +199,7 @@ def test_fused_true_refuses_a_head_dim_the_block_does_not_divide(rng):
     """Dh = 96 with 64-wide scale blocks: a block would straddle two heads' rope tails."""
     o, pos, cos, sin, w, ws = chain_tensors(rng, 2, g=1, h=4, dh=96, rd=32, n=64, block=64)
     with pytest.raises(ValueError, match="head_dim 96 is not a multiple of the scale block 64"):
-        launch.wo_a_fp8(o, pos, cos, sin, w, ws, 1, fused=True)
+        launch.wo_a_fp8(o, pos, cos, sin, w, ws, 1, single_kernel=True)
     y = launch.wo_a_fp8(o, pos, cos, sin, w, ws, 1)  # the default runs the two kernels
     assert_close(y, _oracle(o, pos, cos, sin, w, ws, 1, 64), tolerance="gemm_bf16")
 
@@ -225,7 +225,7 @@ def test_fused_op_is_opaque_to_torch_compile(rng):
 def test_zero_tokens(rng, fused):
     """An empty batch (a rank with no tokens) gives an empty output, fused or not."""
     o, pos, cos, sin, w, ws = chain_tensors(rng, 0)
-    y = launch.wo_a_fp8(o, pos, cos, sin, w, ws, 2, fused=fused)
+    y = launch.wo_a_fp8(o, pos, cos, sin, w, ws, 2, single_kernel=fused)
     assert y.shape == (0, 2, 128) and y.dtype == torch.bfloat16
     x = torch.empty((0, 2, 1024), dtype=w.dtype, device=DEVICE)
     xs = torch.empty((0, 2, 8), dtype=torch.uint8, device=DEVICE)
@@ -271,12 +271,12 @@ def test_gpu_fused_decode_chain(s, g):
     w, ws = weight.view(g, N, -1), scale.view(g, N // 128, -1)
     ref = chain_oracle(o, pos, cos, sin, weight, scale, g)
     y = torch.full((s, g, N), float("nan"), dtype=torch.bfloat16, device="cuda")
-    launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, out=y, fused=True)
+    launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, out=y, single_kernel=True)
     err = relerr(y, ref)
     assert err <= TOLERANCES["gemm_bf16"].rel, f"seed {seed}: relerr {err:.3g}"
     cfg = dataclasses.replace(launch.wo_a_fp8_config(s, g, N, HPG * DH, 128), split_k=1)
-    one = launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, fused=True, config=cfg)
-    two = launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, fused=False, config=cfg)
+    one = launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, single_kernel=True, config=cfg)
+    two = launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, single_kernel=False, config=cfg)
     bad = int((one.view(torch.int16) != two.view(torch.int16)).sum())
     assert bad == 0, f"seed {seed}: {bad} of {one.numel()} outputs differ from the two kernels"
 
@@ -405,6 +405,6 @@ def test_gpu_fused_chain_prologue_bytes_are_the_oracles(s, g, table, rope_dtype)
     assert count_differing(x_scale, rs) == 0, f"seed {seed}: scale bytes differ"
     bad = count_differing(x_fp8, rq)
     assert bad == 0, f"seed {seed}: {bad} of {x_fp8.numel()} fp8 bytes differ from the oracle"
-    two = launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, fused=False, config=cfg)
+    two = launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, single_kernel=False, config=cfg)
     assert count_differing(out, two) == 0, (
         f"seed {seed}: the fused GEMM differs from the two kernels")

@@ -76,8 +76,8 @@ def test_chain_plans_are_reused(rng, made):
     w = torch.from_numpy(rng.standard_normal((2, 128, 1024)).astype(np.float32)).to(
         torch.float8_e4m3fn).to(DEVICE)
     ws = torch.from_numpy(rng.integers(118, 124, (2, 1, 8)).astype(np.uint8)).to(DEVICE)
-    first = launch.wo_a_fp8(o, pos, cos, sin, w, ws, 2, fused=True)
-    again = launch.wo_a_fp8(o, pos, cos, sin, w, ws, 2, fused=True)
+    first = launch.wo_a_fp8(o, pos, cos, sin, w, ws, 2, single_kernel=True)
+    again = launch.wo_a_fp8(o, pos, cos, sin, w, ws, 2, single_kernel=True)
     assert torch.equal(first, again) and made == ["wo_a_fp8"]
     y = launch.inverse_rope(o, pos, cos, sin)
     assert torch.equal(launch.inverse_rope(o, pos, cos, sin), y)

@@ -275,7 +275,7 @@ def check_fp8(y, route: str, ref_layer, p: problem.Problem, on_gpu: bool) -> str
     block = k // p.ws.shape[2]
     rd = 2 * p.cos_bf16.shape[1]
     fused, cfg = _route_kernels(route, m, g, n, k, block, dh, rd, on_gpu)
-    want = launch.wo_a_fp8(p.o, p.pos, p.cos_bf16, p.sin_bf16, p.w, p.ws, g, fused=fused,
+    want = launch.wo_a_fp8(p.o, p.pos, p.cos_bf16, p.sin_bf16, p.w, p.ws, g, single_kernel=fused,
                            config=cfg)
     assert_bitwise_equal(y, want, name=f"last layer vs torch launch of the {route} route's "
                                        "kernels")

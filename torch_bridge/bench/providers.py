@@ -219,19 +219,19 @@ def chain_fp8(sets, on_gpu):
             f"{msg}, path {layers[0].path}")
 
 
-def chain_fp8_triton(sets, on_gpu, *, fused=None, config=None):
+def chain_fp8_triton(sets, on_gpu, *, single_kernel=None, config=None):
     from torch_bridge.backends.triton import launch
 
     def chain(p, y):
         return launch.wo_a_fp8(p.o, p.pos, p.cos_bf16, p.sin_bf16, p.w, p.ws, p.g, out=y,
-                               fused=fused, config=config)
+                               single_kernel=single_kernel, config=config)
 
     outs = [_out(p) for p in sets]
     msg = check_close(chain(sets[0], outs[0]), sets[0], "chain_fp8")
     return [(lambda p=p, y=y: chain(p, y)) for p, y in zip(sets, outs, strict=True)], msg
 
 
-chain_fp8_triton_2k = functools.partial(chain_fp8_triton, fused=False)
+chain_fp8_triton_2k = functools.partial(chain_fp8_triton, single_kernel=False)
 
 
 def _jax_providers() -> list[Provider]:

@@ -81,7 +81,7 @@ def run_tune(sweep: problem.Sweep, *, on_gpu: bool, reps: int, progress, seed: i
         if "quant" in kinds:
             jobs += [("quant", c.label(), c, quant_triton) for c in quant_candidates()]
         if "chain" in kinds and m <= 64:
-            fused = functools.partial(chain_fp8_triton, fused=True)
+            fused = functools.partial(chain_fp8_triton, single_kernel=True)
             jobs += [("chain", f"fused {c.label()}", c, fused)
                      for c in wo_a_fp8_candidates(m, g, sweep.n)]
             jobs.append(("chain", "quant+gemm", None, chain_fp8_triton_2k))

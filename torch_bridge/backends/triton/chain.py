@@ -171,7 +171,7 @@ def _eager_unfused(o, positions, cos_cache, sin_cache, w, w_scale, amax_floor: f
 def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
              sin_cache: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, num_groups: int,
              *, amax_floor: float = AITER_AMAX_FLOOR, dtype: torch.dtype = torch.bfloat16,
-             out: torch.Tensor | None = None, fused: bool | None = None,
+             out: torch.Tensor | None = None, single_kernel: bool | None = None,
              config: GemmConfig | None = None) -> torch.Tensor:
     """The FP8 chain ``y = dq(quant(inv_rope(o))) @ dq(w)^T``: one fused kernel at decode sizes.
 
@@ -191,8 +191,8 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
       amax_floor: the quant's amax floor (AITER's 1e-8 or vLLM CUDA's 1e-10).
       dtype: bf16 or fp32 output.
       out: optional ``[S, G, N]`` output with N contiguous (written in place).
-      fused: ``None`` fuses where ``configs.wo_a_fp8_chosen`` says so; ``True`` requires the fused
-        kernel, ``False`` runs quant + GEMM.
+      single_kernel: ``None`` runs ``wo_a_fp8_kernel`` where ``configs.wo_a_fp8_chosen`` says
+        so; ``True`` requires it, ``False`` runs quant + GEMM.
       config: the fused kernel's launch shape (a swapped pointer-load ``GemmConfig``) when it
         runs, else the GEMM's; ``None`` picks by S and G.
 
@@ -200,8 +200,8 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
       ``out`` (or a new tensor) ``[S, G, N]`` in ``dtype``.
 
     Raises:
-      ValueError: ``o`` and ``w`` do not make ``num_groups`` groups of K, ``fused=True`` on a
-        chain the fused kernel cannot run, or a bad ``out`` / ``config``.
+      ValueError: ``o`` and ``w`` do not make ``num_groups`` groups of K,
+        ``single_kernel=True`` on a chain the kernel cannot run, or a bad ``out`` / ``config``.
     """
     s, h, dh = o.shape
     g, n, k = w.shape
@@ -210,12 +210,13 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
         raise ValueError(f"o [S, H, Dh] = {list(o.shape)} and w [G, N, K] = {list(w.shape)} "
                          f"do not make num_groups = {num_groups} groups of K (need H * Dh = G * K)")
     blocker = configs.wo_a_fp8_blocker(dh, 2 * cos_cache.shape[1], block,
-                                    config if fused is not False else None)
-    if fused and blocker:
-        raise ValueError(f"wo_a_fp8(fused=True) cannot fuse this chain: {blocker}")
-    if fused is None:
-        fused = blocker is None and configs.wo_a_fp8_chosen(s, g, n, k, block)
-    if not fused:
+                                    config if single_kernel is not False else None)
+    if single_kernel and blocker:
+        raise ValueError(f"wo_a_fp8(single_kernel=True) cannot run this chain in one kernel: "
+                         f"{blocker}")
+    if single_kernel is None:
+        single_kernel = blocker is None and configs.wo_a_fp8_chosen(s, g, n, k, block)
+    if not single_kernel:
         x_fp8, x_scale = inverse_rope_group_quant(o, positions, cos_cache, sin_cache, g, block,
                                                   amax_floor=amax_floor,
                                                   x_fp8=torch.empty((s, g, k), dtype=w.dtype,
@@ -465,7 +466,7 @@ _ROTATING_TENSORS = (0, 1, 2, 3, 4, 7)
 
 def wo_a_bf16(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
               sin_cache: torch.Tensor, w_bf16: torch.Tensor, num_groups: int, *,
-              overwrite_o: bool = False, fused: bool | None = None,
+              overwrite_o: bool = False, from_o: bool | None = None,
               config: Bf16GemmConfig | None = None) -> torch.Tensor:
     """The BF16 chain ``y = inv_rope(o) @ w^T`` per group, fp32 accumulation, bf16 out.
 
@@ -482,9 +483,9 @@ def wo_a_bf16(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
       w_bf16: ``[G, N, K]`` exact bf16 dequantized weight, ``H * Dh = G * K``.
       num_groups: G.
       overwrite_o: rotate ``o`` in place, then cuBLAS (``o`` needs packed (H, Dh) dims).
-      fused: ``None`` runs the BF16 GEMM from ``o`` where ``configs.bf16_gemm_chosen`` says
+      from_o: ``None`` runs the BF16 GEMM from ``o`` where ``configs.bf16_gemm_chosen`` says
         so; ``True`` requires it, ``False`` runs the rotated copy and cuBLAS.
-      config: the BF16 GEMM's launch shape (implies ``fused``); ``None`` picks
+      config: the BF16 GEMM's launch shape (implies ``from_o``); ``None`` picks
         ``configs.bf16_gemm_config`` by S and G (its tiles up to 64 tokens rotate in the GEMM
         where groups are whole heads).
 
@@ -493,7 +494,7 @@ def wo_a_bf16(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
 
     Raises:
       ValueError: ``o`` and ``w_bf16`` do not make ``num_groups`` groups of K, a bad ``rd``
-        or strides of ``o``, ``fused``/``config`` with ``overwrite_o``, or ``fused=True`` (or a
+        or strides of ``o``, ``from_o``/``config`` with ``overwrite_o``, or ``from_o=True`` (or a
         ``config``) on a chain the BF16 GEMM cannot run.
       TypeError: ``o`` or ``w_bf16`` is not bf16.
     """
@@ -503,21 +504,21 @@ def wo_a_bf16(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
         raise ValueError(f"o [S, H, Dh] = {list(o.shape)} and w_bf16 [G, N, K] = "
                          f"{list(w_bf16.shape)} do not make num_groups = {num_groups} groups "
                          f"of K (need H * Dh = G * K)")
-    if overwrite_o and (fused or config is not None):
-        raise ValueError("wo_a_bf16(overwrite_o=True) rotates o and runs cuBLAS; fused=True and "
+    if overwrite_o and (from_o or config is not None):
+        raise ValueError("wo_a_bf16(overwrite_o=True) rotates o and runs cuBLAS; from_o=True and "
                          "config are for the BF16 GEMM that leaves o unchanged")
     _check_rotation(o, cos_cache, overwrite_o)
     if w_bf16.dtype != torch.bfloat16:
         raise TypeError(f"wo_a_bf16: w_bf16 must be bfloat16, got {w_bf16.dtype}")
     rd = 2 * cos_cache.shape[1]
     tma = _tma_loads(o)
-    if fused is None:
-        fused = config is not None or (not overwrite_o
+    if from_o is None:
+        from_o = config is not None or (not overwrite_o
                                        and configs.bf16_gemm_chosen(s, g, n, k, tma=tma, dh=dh)
                                        and configs.bf16_gemm_blocker(dh, rd, k) is None)
-    elif not fused and config is not None:
-        raise ValueError("wo_a_bf16: config is the BF16 GEMM's; it needs fused=True or None")
-    if not fused:
+    elif not from_o and config is not None:
+        raise ValueError("wo_a_bf16: config is the BF16 GEMM's; it needs from_o=True or None")
+    if not from_o:
         x = inverse_rope(o, positions, cos_cache, sin_cache, overwrite_o=overwrite_o)
         # bmm rather than einsum: the same cuBLAS call without einsum's host-side parsing.
         x = x.view(s, g, k).transpose(0, 1)  # [G, S, K]
