@@ -124,9 +124,9 @@ def _gemm_launch(x, w, x_scale, w_scale, out, shape: tuple):
         split, parts, counters = split_scratch(out, run.plan.split_k,
                                                run.grid[0] * run.grid[1])
         if split != run.plan.split_k:  # no counters to be had: the same tile, unsplit
-            run = launch_for((key, split), lambda: _gemm_plan(
-                x, w, x_scale, w_scale, out, dataclasses.replace(GemmConfig(*shape),
-                                                                 split_k=split)))
+            cfg = dataclasses.replace(run.extra[1], split_k=split)
+            run = launch_for((key, split), lambda: _pointer_plan(x, w, x_scale, w_scale, out,
+                                                                 cfg))
         return run, (x, w, x_scale, w_scale, m, out, parts, counters)
     if path == "tma":
         from triton.tools.tensor_descriptor import TensorDescriptor
@@ -221,9 +221,16 @@ def _gemm_plan(x, w, x_scale, w_scale, out, cfg: GemmConfig) -> Launch:
     if cfg.tma and cfg.split_k == 1 and tma_ok(x, w, out, cfg.block_n):
         return Launch(plans.gemm_tma(m, g, n, k, block, cfg, sms, out_bf16=out_bf16, **scales),
                       ("tma",))
-    return Launch(plans.gemm_pointer(m, g, n, k, block, cfg, cfg.split_k, x=x.stride(),
-                                     w=w.stride(), y=out.stride(), out_bf16=out_bf16,
-                                     pdl=pdl(x.device.index), **scales), ("pointer",))
+    return _pointer_plan(x, w, x_scale, w_scale, out, cfg)
+
+
+def _pointer_plan(x, w, x_scale, w_scale, out, cfg: GemmConfig) -> Launch:
+    """The pointer kernel's launch; its ``extra`` keeps ``cfg`` for an unsplit relaunch."""
+    m, g, k = x.shape
+    return Launch(plans.gemm_pointer(
+        m, g, w.shape[1], k, k // x_scale.shape[2], cfg, cfg.split_k, x=x.stride(),
+        w=w.stride(), y=out.stride(), x_scale=x_scale.stride(), w_scale=w_scale.stride(),
+        out_bf16=out.dtype == torch.bfloat16, pdl=pdl(x.device.index)), ("pointer", cfg))
 
 
 def _descriptor(t: torch.Tensor, view: tuple):
