@@ -29,13 +29,20 @@ from inputs import run_compile_script  # noqa: E402
 # ---------------------------------------------------------------------------------------------
 
 _SM90_SCRIPT = textwrap.dedent("""
+    import inspect
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from torch_bridge.backends.triton import _common, configs, kernels, launch
 
+    def defaults(kernel, sig, cx):
+        # The constexprs a launcher leaves at their defaults (PDL off).
+        return {p.name: p.default for p in kernel.params if p.name not in sig
+                and p.name not in cx and p.default is not inspect.Parameter.empty}
+
     def ptx(kernel, sig, cx, aligned, num_warps=4, num_stages=4):
         # Like torch's launcher: pointers and ints that are multiples of 16 carry the hint.
+        cx = {**defaults(kernel, sig, cx), **cx}
         names = list(sig)
         attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
         sig = {**sig, **{k: "constexpr" for k in cx}}
@@ -215,6 +222,7 @@ def test_wgmma_gemm_compiles_for_sm90_without_serialized_wgmma(tmp_path):
 # ---------------------------------------------------------------------------------------------
 
 _AMD_SCRIPT = textwrap.dedent("""
+    import inspect
     import re
     import torch
     import triton
@@ -222,7 +230,13 @@ _AMD_SCRIPT = textwrap.dedent("""
     from triton.compiler import ASTSource
     from torch_bridge.backends.triton import _common, configs, kernels, launch
 
+    def defaults(kernel, sig, cx):
+        # The constexprs a launcher leaves at their defaults (PDL off).
+        return {p.name: p.default for p in kernel.params if p.name not in sig
+                and p.name not in cx and p.default is not inspect.Parameter.empty}
+
     def amdgcn(arch, kernel, sig, cx, aligned=(), num_warps=4, num_stages=2):
+        cx = {**defaults(kernel, sig, cx), **cx}
         names = list(sig)
         attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
         src = ASTSource(kernel, signature={**sig, **{k: "constexpr" for k in cx}},

@@ -91,7 +91,7 @@ DIRECT_LAUNCH_TRITON = ((3, 6), (3, 9))
 @functools.cache
 def direct_launches() -> tuple[bool, str]:
     """Whether repeated launches may call compiled kernels through Triton's private launch
-    layout (``launch``'s repeats, ``Bound``, the wgmma GEMM's): ``(ok, reason)``.
+    layout (``Launch``'s repeats, ``Bound``, ``gemm.WgmmaBound``): ``(ok, reason)``.
 
     Only the tested releases (``DIRECT_LAUNCH_TRITON``) do, unless ``WOA_DIRECT_LAUNCH=0``;
     any other Triton takes ``kernel[grid](...)``, its public launch, on every call: more host
