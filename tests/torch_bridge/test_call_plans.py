@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from tb_cases import gemm_operands, np_to_torch, rope_case, wo_a_checkpoint
+from inputs import gemm_operands, np_to_torch, rope_case, wo_a_checkpoint
 
 import torch_bridge as tb
 from torch_bridge import _dispatch

@@ -9,7 +9,7 @@ import types
 import numpy as np
 import pytest
 import torch
-from tb_cases import rope_case
+from inputs import rope_case
 
 import torch_bridge as tb
 from torch_bridge import _dispatch
@@ -172,7 +172,7 @@ def test_op_missing_from_ops_is_refused(args):
 
 
 def _gemm():
-    from tb_cases import gemm_operands, np_to_torch
+    from inputs import gemm_operands, np_to_torch
 
     return [np_to_torch(a) for a in gemm_operands(np.random.default_rng(0), m=2, g=1, n=128,
                                                   k=128)]

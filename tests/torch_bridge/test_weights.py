@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from tb_cases import np_to_torch, rope_case, wo_a_checkpoint
+from inputs import np_to_torch, rope_case, wo_a_checkpoint
 
 from torch_bridge import WoAProjection
 from torch_bridge.wo_b import WoBProjection

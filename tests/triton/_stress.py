@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from _gpu import checkpoint, rope_inputs
+from inputs import checkpoint, rope_inputs
 
 #: Shapes that reach every launch path: fused decode (G 16 unsplit, G 2 split-K), the unfused
 #: chain on the wgmma GEMM (prefill), the BF16 one-launch chain (decode), its copy + cuBLAS

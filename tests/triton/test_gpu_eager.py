@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from _gpu import (  # noqa: E402, F401
+from inputs import (  # noqa: E402, F401
     DH,
     HPG,
     N,

@@ -10,8 +10,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from _gpu import new_seed, xla_memory  # noqa: E402, F401
 from _stress import build_cases, graph_cases, stress, take_references  # noqa: E402
+from inputs import new_seed, xla_memory  # noqa: E402, F401
 
 pytestmark = pytest.mark.gpu
 
@@ -53,7 +53,7 @@ def test_decode_calls_beside_prefill_calls(cases):
 def test_capturing_a_layers_first_call_raises_and_leaves_it_usable():
     """The first call converts the weight on the calling stream; under capture that work
     would run only at replay, so it raises, and the layer works once called eagerly."""
-    from _gpu import checkpoint, rope_inputs
+    from inputs import checkpoint, rope_inputs
 
     import torch_bridge as tb
 

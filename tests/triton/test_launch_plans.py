@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 import jax.numpy as jnp  # noqa: E402
-from _cases import DEVICE, assert_quant_equal, jx, rope_case  # noqa: E402
+from inputs import DEVICE, assert_quant_equal, jx, rope_tensors  # noqa: E402
 
 from torch_bridge.backends.triton import _common, launch, plans  # noqa: E402
 
@@ -39,7 +39,7 @@ def _quant_matches_oracle(o, pos, cos, sin):
 
 
 def test_quant_plan_is_reused_and_keyed_on_strides_and_dtypes(rng, made):
-    o, pos, cos, sin = rope_case(rng)
+    o, pos, cos, sin = rope_tensors(rng)
     _quant_matches_oracle(o, pos, cos, sin)
     _quant_matches_oracle(o, pos, cos, sin)
     assert made == ["quant"] and len(_common.LAUNCHES) == 1
@@ -49,7 +49,7 @@ def test_quant_plan_is_reused_and_keyed_on_strides_and_dtypes(rng, made):
     _quant_matches_oracle(o_padded, pos, cos, sin)
     _quant_matches_oracle(o, pos, cos.float(), sin.float())  # fp32 tables
     assert made == ["quant"] * 3 and len(_common.LAUNCHES) == 3
-    _quant_matches_oracle(*rope_case(rng, s=5))  # another token count
+    _quant_matches_oracle(*rope_tensors(rng, s=5))  # another token count
     assert len(made) == 4
 
 
@@ -72,7 +72,7 @@ def test_gemm_plan_is_reused_and_keyed_on_strides(rng, made):
 
 
 def test_chain_plans_are_reused(rng, made):
-    o, pos, cos, sin = rope_case(rng, s=2, h=4)
+    o, pos, cos, sin = rope_tensors(rng, s=2, h=4)
     w = torch.from_numpy(rng.standard_normal((2, 128, 1024)).astype(np.float32)).to(
         torch.float8_e4m3fn).to(DEVICE)
     ws = torch.from_numpy(rng.integers(118, 124, (2, 1, 8)).astype(np.uint8)).to(DEVICE)
