@@ -40,7 +40,9 @@ _PLAN_LIMIT = 64
 
 class _Plan(NamedTuple):
     """What one call signature runs: ``kind`` is ``"empty"``, ``"bf16"``, ``"fused"`` (the
-    backend's own ``wo_a_fp8``) or ``"chain"`` (its quant, then its GEMM)."""
+    backend's own ``wo_a_fp8``) or ``"chain"`` (its quant, then its GEMM). ``eager`` is the
+    backend's direct launcher for later plain eager calls once asked for (``False`` where it
+    binds none; ``None`` until asked)."""
 
     kind: str
     backend: _dispatch.Backend | None
@@ -48,6 +50,7 @@ class _Plan(NamedTuple):
     sin: torch.Tensor | None = None
     w: torch.Tensor | None = None
     ws: torch.Tensor | None = None
+    eager: Any = None
 
 
 class WoAProjection:
@@ -124,11 +127,9 @@ class WoAProjection:
         #: The signature of the last call's ``o`` (``path`` and ``fallback_reason`` follow it).
         self._last: tuple | None = None
         self._per_device: dict[tuple, torch.Tensor] = {}
+        #: Call signature -> its plan (with its eager launcher), for the layer's calls and for
+        #: ``wo_a_fp8``'s (keys starting with ``"wo_a_fp8"``).
         self._plans: dict[tuple, _Plan] = {}
-        #: ``wo_a_fp8`` (the function) per call signature: the backend running its chain.
-        self._chains: dict[tuple, _dispatch.Backend | None] = {}
-        #: Call signature -> the backend's direct eager launcher of the chain (or None).
-        self._eager: dict[tuple, Any] = {}
         #: Whether every call checks ``o`` for NaN/Inf first (a device sync per call).
         self.check_finite = finite
         _LAYERS.add(self)
@@ -240,8 +241,6 @@ class WoAProjection:
 
     def _forget_plans(self) -> None:
         self._plans.clear()
-        self._chains.clear()
-        self._eager.clear()
         self._paths.clear()
 
     def _decide(self, case: Case) -> tuple[str, str | None]:
@@ -292,13 +291,12 @@ class WoAProjection:
             ops.check_finite(o=o)
         key = (ops.tensor_signature(o), ops.tensor_signature(positions),
                ops.backend_signature(self._backend))
-        eager = self._eager.get(key)
-        if eager and not overwrite_o:
-            out = eager(o, positions)
+        plan = self._plans.get(key)
+        if plan is not None and plan.eager and not overwrite_o:
+            out = plan.eager(o, positions)
             if out is not None:
                 self._last = key[0]
                 return out
-        plan = self._plans.get(key)
         if plan is None:
             plan = self._plan(o, positions)
             ops._remember(key, plan, self._plans, _PLAN_LIMIT)
@@ -329,16 +327,13 @@ class WoAProjection:
                                                       dtype=torch.bfloat16)
 
     def _bind_eager(self, key: tuple, plan: _Plan, op: str, *args) -> None:
-        """Once per call signature: the backend's direct launcher for later plain eager calls
-        (``Backend.eager_launcher``), or ``None``."""
-        if key in self._eager or op not in plan.backend.eager_ops:
+        """Once per call signature: keep the backend's direct launcher for later plain eager
+        calls (``Backend.eager_launcher``) in the plan, ``False`` where it binds none."""
+        if plan.eager is not None:
             return
-        self._keep_eager(key, plan.backend.eager_launcher(op, *args))
-
-    def _keep_eager(self, key: tuple, launcher) -> None:
-        """Keep ``launcher`` (or ``None``) for the call signature ``key``, oldest out beyond
-        ``_PLAN_LIMIT`` signatures."""
-        ops._remember(key, launcher, self._eager, _PLAN_LIMIT)
+        be = plan.backend
+        launcher = be.eager_launcher(op, *args) if op in be.eager_ops else None
+        ops._remember(key, plan._replace(eager=launcher or False), self._plans, _PLAN_LIMIT)
 
     def _plan(self, o, positions) -> _Plan:
         """Validate a call signature and plan it: the backend and its tensors on ``o``'s device."""
@@ -501,11 +496,11 @@ def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_group
     key = ("wo_a_fp8", ops.tensor_signature(o), ops.tensor_signature(positions),
            ops.backend_signature(backend), dtype)
     try:
-        eager = proj._eager.get(key)
+        plan = proj._plans.get(key)
     except TypeError:  # an unhashable backend: the ops' checks name it
-        eager = None
-    if eager:
-        out = eager(o, positions)
+        plan = None
+    if plan is not None and plan.eager:
+        out = plan.eager(o, positions)
         if out is not None:
             return out
     if proj.fp8_unavailable:
@@ -513,7 +508,8 @@ def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_group
     if dtype not in (torch.bfloat16, torch.float32):
         raise TypeError(f"dtype must be torch.bfloat16 or torch.float32, got {dtype}")
     w, ws = proj.weight_fp8, proj.weight_scale_e8m0
-    chain = _chain_backend(proj, key, o, positions, cos_cache, sin_cache, backend)
+    plan = plan or _chain_plan(proj, key, o, positions, cos_cache, sin_cache, backend)
+    chain = plan.backend
     if chain is None:
         x, xs = ops.inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups,
                                              proj.block, backend=backend, fp8_dtype=w.dtype,
@@ -521,24 +517,18 @@ def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_group
         return ops.batched_gemm_a8w8_mxscale(x, w, xs, ws, dtype, backend=backend)
     out = chain.wo_a_fp8(o, positions, cos_cache, sin_cache, w, ws, num_groups,
                          amax_floor=amax_floor, dtype=dtype)
-    # The direct launcher makes bf16 outputs (the layer's); fp32 calls take this path.
-    if key not in proj._eager and dtype == torch.bfloat16 and "wo_a_fp8" in chain.eager_ops:
-        proj._keep_eager(key, chain.eager_launcher("wo_a_fp8", o, positions, cos_cache,
-                                                   sin_cache, w, ws, num_groups, amax_floor))
+    # The direct launcher makes bf16 outputs (the layer's); fp32 calls never bind one.
+    if dtype == torch.bfloat16:
+        proj._bind_eager(key, plan, "wo_a_fp8", o, positions, cos_cache, sin_cache, w, ws,
+                         num_groups, amax_floor)
     return out
 
 
-def _chain_backend(proj: WoAProjection, key: tuple, o, positions, cos_cache, sin_cache,
-                   backend) -> _dispatch.Backend | None:
-    """``wo_a_fp8``'s plan for one call signature (validated on first sight, then kept): the
-    backend that takes both ops and runs the chain itself, else ``None`` (the ops run one by
-    one; also for S = 0)."""
-    plans = proj._chains
-    try:
-        if key in plans:
-            return plans[key]
-    except TypeError:  # an unhashable backend: the quant's checks below name it
-        pass
+def _chain_plan(proj: WoAProjection, key: tuple, o, positions, cos_cache, sin_cache,
+                backend) -> _Plan:
+    """``wo_a_fp8``'s plan for one call signature (validated on first sight, then kept in the
+    layer's plans): ``"fused"`` on the backend that takes both ops and runs the chain itself,
+    else ``"chain"`` with no backend (the ops run one by one; also for S = 0)."""
     fp8 = proj.weight_fp8.dtype
     quant = ops._plan_quant(o, positions, cos_cache, sin_cache, proj.num_groups, proj.block,
                             "row", backend, None, None, fp8, proj.amax_floor)
@@ -553,8 +543,9 @@ def _chain_backend(proj: WoAProjection, key: tuple, o, positions, cos_cache, sin
                                    device_type=o.device.type, x_k_contiguous=True)
         if _dispatch.select("batched_gemm_a8w8_mxscale", case, backend) is quant.backend:
             chain = quant.backend
-    ops._remember(key, chain, plans, _PLAN_LIMIT)
-    return chain
+    plan = _Plan("fused" if chain is not None else "chain", chain)
+    ops._remember(key, plan, proj._plans, _PLAN_LIMIT)
+    return plan
 
 
 if _capability.env_flag("WOA_CHECK_FINITE", False):  # bound once: nothing per call when off

@@ -170,13 +170,14 @@ def test_the_layer_keeps_one_eager_launcher_per_signature(monkeypatch):
     want = layer(o, pos)
     layer(o, pos)
     assert asked == ["wo_a_bf16"]
-    (key,) = layer._eager
-    layer._eager[key] = lambda o, p: "bound"
+    (key,) = layer._plans
+    assert layer._plans[key].eager is False  # asked once, nothing bound
+    layer._plans[key] = layer._plans[key]._replace(eager=lambda o, p: "bound")
     assert layer(o, pos) == "bound"
     assert torch.equal(layer(o.clone(), pos, overwrite_o=True), layer(o.clone(), pos,
                                                                       overwrite_o=True))
     _dispatch.reset_caches()
-    assert layer._eager == {}
+    assert layer._plans == {}
     assert torch.equal(layer(o, pos), want)
 
 
@@ -298,8 +299,8 @@ def test_wo_a_fp8_runs_the_chain_of_the_backend_that_takes_both_ops(monkeypatch)
     assert torch.equal(tb.wo_a_fp8(o, pos, cos, sin, w, sc, 2, backend="torch"), want)
     assert ran[2:] == ["bound", "chain"]
     (proj,) = [p for p in projection._PREPARED.values() if p._weight2d is w]
-    assert list(proj._chains.values()) == [be]
+    assert [p.backend for p in proj._plans.values()] == [be]
     tb.wo_a_fp8(o[:2], pos, cos, sin, w, sc, 2, backend="torch")
-    assert len(proj._chains) == 2
+    assert len(proj._plans) == 2
     with pytest.raises(ValueError, match="fewer than S=3"):
         tb.wo_a_fp8(o, pos[:2], cos, sin, w, sc, 2, backend="torch")

@@ -61,7 +61,7 @@ def test_decode_layer_direct_launch_gives_the_op_paths_output(g):
     o, pos, cos, sin = rope_inputs(1, g, seed, rope_dtype=torch.float32)
     layer = tb.WoAProjection(w, ws, g, cos, sin)
     first = layer(o, pos)
-    assert any(fn is not None for fn in layer._eager.values()), "nothing bound"
+    assert any(p.eager for p in layer._plans.values()), "nothing bound"
     for trial in range(3):
         o2, pos2, _, _ = rope_inputs(1, g, seed + trial + 1)
         y = layer(o2, pos2)
@@ -84,7 +84,7 @@ def test_bf16_layer_direct_launch_gives_the_op_paths_output(g, s):
     o, pos, cos, sin = rope_inputs(s, g, seed, rope_dtype=torch.float32)
     layer = tb.WoAProjection(w, ws, g, cos, sin, backend="bf16")
     layer(o, pos)
-    assert any(fn is not None for fn in layer._eager.values()), "nothing bound"
+    assert any(p.eager for p in layer._plans.values()), "nothing bound"
     w_bf16 = layer.weight_bf16.cuda()
     for trial in range(3):
         o2, pos2, _, _ = rope_inputs(s, g, seed + trial + 1)
@@ -227,7 +227,7 @@ def test_wo_a_fp8_function_runs_the_chain_and_launches_it_directly(g, s):
     first = tb.wo_a_fp8(o, pos, cos, sin, w, ws, g)
     assert torch.equal(first, launch.wo_a_fp8(o, pos, cos, sin, w3, ws3, g)), f"seed {seed}"
     (proj,) = [p for p in projection._PREPARED.values() if p._weight2d is w]
-    assert any(fn is not None for fn in proj._eager.values()), "nothing bound"
+    assert any(p.eager for p in proj._plans.values()), "nothing bound"
     for trial in range(3):
         o2, pos2, _, _ = rope_inputs(s, g, seed + trial + 1)
         y = tb.wo_a_fp8(o2, pos2, cos, sin, w, ws, g)
@@ -257,7 +257,7 @@ def test_split_fused_layer_direct_launch_leaves_other_streams_and_captures_to_th
     o, pos, cos, sin = rope_inputs(1, 2, seed, rope_dtype=torch.float32)
     layer = tb.WoAProjection(w, ws, 2, cos, sin)
     want = layer(o, pos)
-    (bound,) = [fn for fn in layer._eager.values() if fn is not None]
+    (bound,) = [p.eager for p in layer._plans.values() if p.eager]
     assert bound(o, pos) is not None
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -305,7 +305,8 @@ def test_tritons_public_launch_gives_the_direct_launches_bits(monkeypatch, g, s)
     try:
         assert not _common.direct_launches()[0]
         public, fp8, bf16 = run()
-        bound = any(fp8._eager.values()) or any(bf16._eager.values())
+        bound = any(p.eager for p in fp8._plans.values()) or any(
+            p.eager for p in bf16._plans.values())
     finally:
         monkeypatch.delenv("WOA_DIRECT_LAUNCH")
         _dispatch.reset_caches()  # no plan of this test's unbound launches stays behind
