@@ -7,6 +7,9 @@
 #   bash benchmarks/device_run.sh tune     # launch-shape candidates at G = 16
 #   bash benchmarks/device_run.sh tp       # 2 GPUs: NCCL TP check and TP2 vs TP1
 #   bash benchmarks/device_run.sh jax_step # jitted 8- and 61-layer steps, G = $WOA_STEP_GROUPS (16)
+#   WOA_BEFORE=dir WOA_BEFORE_COMMIT=sha bash benchmarks/device_run.sh compare
+#                                          # host cost and a G 16/2 sweep, the tree in dir and
+#                                          # this one alternated; rows in $OUT/{before,after}
 # Wheels in .whl/ (git-ignored; packages a machine without an index lacks) are installed
 # first. Where the copy has no git history, set WOA_COMMIT to the commit measured; rows also
 # carry the source digest.
@@ -67,8 +70,47 @@ jax_step)
     --reps 10 > "$OUT/jax_step.log" 2>&1
   grep -E "jax_step_" "$OUT/jax_step.log" | cut -c1-200
   ;;
+compare)
+  # Alternating the trees spreads the host's drift over both sides; the summary is the median
+  # of each row's runs, after / before.
+  export CUDA_VISIBLE_DEVICES=0
+  before=$(cd "${WOA_BEFORE:?set WOA_BEFORE to a checkout of the older tree}" && pwd)
+  mkdir -p "$OUT/before" "$OUT/after"
+  side() {  # side seconds before|after bench-arguments...
+    local limit=$1 name=$2 dir=$PWD commit=${WOA_COMMIT:-}
+    shift 2
+    if [ "$name" = before ]; then dir=$before commit=${WOA_BEFORE_COMMIT:-before}; fi
+    (cd "$dir" && WOA_COMMIT=$commit PYTHONPATH=$dir${PYTHONPATH#$PWD} timeout "$limit" \
+      python3 -m torch_bridge.bench --no-progress --results-dir "$OUT/$name" "$@") \
+      >> "$OUT/compare_$name.log" 2>&1
+  }
+  host="--host-cost --groups 16,2 --ms ${WOA_HOST_MS:-1,16,64,256}"
+  sweep="--groups 16,2 --ms 1,64,1024,8192 --reps 10 \
+    --providers quant_triton,gemm_triton,chain_fp8,chain_fp8_triton,chain_bf16"
+  for round in 1 2 3; do
+    side 100 before $host; side 100 after $host
+  done
+  side 150 before $sweep; side 150 after $sweep
+  python3 - "$OUT" <<'PY'
+import csv, pathlib, statistics, sys
+out = pathlib.Path(sys.argv[1])
+def rows(name):
+    got = {}
+    for f in (out / name).glob("*.csv"):
+        for r in csv.DictReader(open(f)):
+            value = r["vs_scaled_mm"] if r["mode"] == "host_cost" else r["us"]
+            if value not in ("", None):
+                got.setdefault((r["mode"], r["provider"], r["G"], r["M"]), []).append(float(value))
+    return {k: statistics.median(v) for k, v in got.items()}
+b, a = rows("before"), rows("after")
+print(f"{'mode':10} {'row':28} {'G':>3} {'M':>5} {'before':>9} {'after':>9} {'after/before':>12}")
+for key in sorted(b.keys() & a.keys()):
+    print(f"{key[0]:10} {key[1]:28} {key[2]:>3} {key[3]:>5} {b[key]:9.3f} {a[key]:9.3f} "
+          f"{a[key] / b[key]:12.3f}")
+PY
+  ;;
 *)
-  echo "usage: $0 tests|bench|sustained|tune|tp|jax_step" >&2
+  echo "usage: $0 tests|bench|sustained|tune|tp|jax_step|compare" >&2
   exit 2
   ;;
 esac
