@@ -15,6 +15,7 @@ re-trace.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -122,3 +123,97 @@ def test_registration_passes_both_stages_and_no_traits(handler, monkeypatch):
     assert kwargs == {"platform": "CUDA"}
     assert set(bundle) == {"initialize", "execute"}
     assert all(type(c).__name__ == "PyCapsule" for c in bundle.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# The callback route: what records by default, and why the rest does not (CPU)
+# ---------------------------------------------------------------------------------------------
+
+def test_only_the_triton_launchers_record_by_default():
+    """Recorded by default: the Triton backend's quant and GEMM, whose launchers write only the
+    buffers XLA hands them. Not recorded, each with its reason: AITER (torch temporaries, a
+    GEMM without ``out=``), the BF16 chain, any backend not audited."""
+    for op in ("inverse_rope_group_quant", "batched_gemm_a8w8_mxscale"):
+        assert jax_ops.command_buffer_blocker(op, "triton") is None
+        assert jax_ops._records(None, op, "triton") is True
+    blocked = {
+        ("inverse_rope_group_quant", "aiter"): "int64",
+        ("batched_gemm_a8w8_mxscale", "aiter"): "no out=",
+        ("wo_a_bf16", "bf16"): "torch allocations",
+        ("batched_gemm_a8w8_mxscale", "torch"): "not known to write only",
+    }
+    for (op, backend), why in blocked.items():
+        assert why in jax_ops.command_buffer_blocker(op, backend), (op, backend)
+        assert jax_ops._records(None, op, backend) is False
+        assert jax_ops._records(False, op, backend) is False
+
+
+def test_command_buffer_switch_opts_out_and_refuses_unsafe_requests(monkeypatch):
+    """``WOA_JAX_COMMAND_BUFFER`` defaults to on and ``0`` turns recording off everywhere; an
+    explicit argument beats it; ``command_buffer=True`` where recording is unsafe raises."""
+    monkeypatch.delenv("WOA_JAX_COMMAND_BUFFER", raising=False)
+    assert jax_ops._command_buffer(None) is True
+    monkeypatch.setenv("WOA_JAX_COMMAND_BUFFER", "0")
+    assert jax_ops._records(None, "batched_gemm_a8w8_mxscale", "triton") is False
+    assert jax_ops._records(True, "batched_gemm_a8w8_mxscale", "triton") is True
+    monkeypatch.setenv("WOA_JAX_COMMAND_BUFFER", "1")
+    assert jax_ops._records(False, "inverse_rope_group_quant", "triton") is False
+    with pytest.raises(ValueError, match="AITER's GEMM has no out="):
+        jax_ops._records(True, "batched_gemm_a8w8_mxscale", "aiter")
+
+
+@pytest.mark.parametrize("wgmma", [False, True])
+@pytest.mark.parametrize("g", [2, 8, 16])
+def test_recorded_callback_gemm_never_splits_k(g, wgmma):
+    """Recorded, the callback GEMM runs the launcher's own tile with K unsplit (split-K's parts
+    and counters are torch's); unrecorded, the launcher chooses (``None``)."""
+    n, k, block = 1024, 4096, 128
+    splits = 0
+    for m in (1, 3, 16, 64, 256, 1024, 8192):
+        own = configs.gemm_config(m, g, n, k, block, wgmma=wgmma)
+        got = jax_ops.callback_gemm_config(m, g, n, k, block, wgmma=wgmma, recorded=True)
+        assert jax_ops.callback_gemm_config(m, g, n, k, block, wgmma=wgmma,
+                                            recorded=False) is None
+        if own.split_k == 1:
+            assert got is None, m
+            continue
+        splits += 1
+        assert got.split_k == 1 and got == dataclasses.replace(own, split_k=1), m
+    assert splits or g != 2  # at G = 2 the table splits K at small M: the rule bites
+
+
+def test_recorded_callback_gemm_takes_no_torch_scratch(monkeypatch):
+    """At a shape where the torch launcher splits K, the recorded callback takes no split-K
+    scratch from torch's counter pool and gives the bits of the launcher's tile unsplit; the
+    unrecorded callback splits as the launcher does."""
+    import torch
+    from inputs import gemm_operands, np_to_torch
+
+    from torch_bridge.backends.triton import launch, split_k
+
+    monkeypatch.setenv("WOA_JAX_NATIVE", "0")
+    m, g, n, k = 3, 2, 128, 1024
+    assert configs.gemm_config(m, g, n, k, 128).split_k > 1
+    operands = gemm_operands(np.random.default_rng(0), m=m, g=g, n=n, k=k)
+    x, w, xs, ws = (jnp.asarray(a) for a in operands)
+    pools: dict = {}
+    monkeypatch.setattr(split_k, "COUNTER_POOLS", pools)
+
+    def gemm(cb):
+        return jax.jit(lambda *a: jax_ops.batched_gemm_a8w8_mxscale(
+            *a, backend="triton", command_buffer=cb))(x, w, xs, ws)
+
+    y = gemm(True)
+    assert pools == {}, "a recorded callback took split-K scratch from torch"
+    cfg = jax_ops.callback_gemm_config(m, g, n, k, 128, wgmma=jax_ops._torch_wgmma(),
+                                       recorded=True)
+    tx, tw, txs, tws = (np_to_torch(a).to(launch_device()) for a in operands)
+    want = launch.batched_gemm_a8w8_mxscale(tx, tw, txs, tws, config=cfg)
+    np.testing.assert_array_equal(np.asarray(y).view(np.uint16),
+                                  want.view(torch.int16).cpu().numpy().view(np.uint16))
+    gemm(False)
+    assert len(pools) == 1, "the unrecorded callback should split K as the launcher does"
+
+
+def launch_device() -> str:
+    return "cpu" if jax.default_backend() == "cpu" else "cuda"
