@@ -217,3 +217,154 @@ def test_recorded_callback_gemm_takes_no_torch_scratch(monkeypatch):
 
 def launch_device() -> str:
     return "cpu" if jax.default_backend() == "cpu" else "cuda"
+
+
+# ---------------------------------------------------------------------------------------------
+# Replays on the GPU: new values at the same addresses, every bit against torch
+# ---------------------------------------------------------------------------------------------
+
+#: Layers per step (with the input ops, more thunks than XLA's default minimum graph size of
+#: 5, so the step is recorded without flags) and steps replayed per executable.
+LAYERS, STEPS = 4, 20
+
+
+def _variant(i: int) -> tuple[int, float, int]:
+    """Step ``i``'s arguments: which base ``o``, a power-of-two scale of it (exact in bf16) and
+    a shift of the positions; consecutive and every-other steps both see each change."""
+    return (i // 2) % 2, (1.0, 2.0, 0.5, 4.0, 0.25)[i % 5], i % 7
+
+ROUTE_ENV = {"native": {"WOA_JAX_NATIVE": "1"},
+             "callback": {"WOA_JAX_NATIVE": "0", "WOA_JAX_COMMAND_BUFFER": "1"}}
+
+
+def _step(g: int, backwards: bool = False):
+    """A model step: ``o`` and the positions made inside the jit from step arguments, so every
+    step brings new values to the same temporaries; each layer reads them with its own weight
+    and tables; the outputs stacked in layer order (each layer's own output stays an XLA
+    temporary). ``backwards`` launches the layers in reverse: the same kernels, another
+    executable."""
+    def step(params, base_a, base_b, base_pos, pick, scale, shift):
+        o = jnp.where(pick == 0, base_a, base_b) * scale
+        pos = base_pos + shift
+        order = range(len(params))
+        ys = {j: jax_ops.wo_a_fp8(o, pos, *params[j], g)
+              for j in (reversed(order) if backwards else order)}
+        return jnp.stack([ys[j] for j in order])
+
+    return step
+
+
+def _reference(route: str, layer, p, o, pos, on_gpu: bool):
+    """Torch's bits for a route's layer: the ``WoAProjection`` where it runs the kernels the
+    route runs, else the torch launcher running the route's kernels (``jax_step`` says
+    which: the native GEMM never splits K, nor does a recorded callback GEMM; the native chain
+    fuses only where it does not split K)."""
+    from torch_bridge.backends.triton import gemm, launch
+    from torch_bridge.bench import jax_step
+
+    m, _, dh = o.shape
+    g, n, k = p.w.shape
+    block = k // p.ws.shape[2]
+    rd = 2 * p.cos_bf16.shape[1]
+    fused, cfg = jax_step._route_kernels(route, m, g, n, k, block, dh, rd, on_gpu=on_gpu)
+    layer_fused = (configs.wo_a_fp8_blocker(dh, rd, block) is None
+                   and configs.wo_a_fp8_chosen(m, g, n, k, block))
+    own = configs.gemm_config(m, g, n, k, block, wgmma=gemm.wgmma_available(None)[0])
+    same = fused if layer_fused else (not fused and (cfg is None or cfg == own))
+    if same:
+        return layer(o, pos), "WoAProjection"
+    return (launch.wo_a_fp8(o, pos, p.cos_bf16, p.sin_bf16, p.w, p.ws, g, single_kernel=fused,
+                            config=cfg), f"torch launch of the {route} route's kernels")
+
+
+def _check_step(f, i: int, args, route, layers, probs, bases, pos, what: str):
+    """Run ``f`` on ``args`` (params, the bases, the positions) and ``_variant(i)``; compare
+    every layer's output bits with torch's on the same values."""
+    import torch
+
+    from torch_bridge import interop
+
+    pick, scale, shift = _variant(i)
+    ys = f(*args, jnp.int32(pick), jnp.asarray(scale, jnp.bfloat16), jnp.int32(shift))
+    got = interop.to_torch(jax.block_until_ready(ys))
+    o, p_step = bases[pick] * scale, pos + shift
+    for j, (layer, p) in enumerate(zip(layers, probs, strict=True)):
+        want, ref = _reference(route, layer, p, o, p_step, want_gpu := o.is_cuda)
+        if want_gpu:
+            torch.cuda.synchronize()
+        bad = (got[j].view(torch.int16) != want.view(torch.int16)).sum().item()
+        assert bad == 0, (f"{what}, step {i}, layer {j}: {bad} of {want.numel()} outputs "
+                          f"differ from the {ref}")
+
+
+def _replay(route: str, g: int, m: int, *, sweep, device: str, layers: int, steps: int):
+    """``steps`` steps of each of two executables in turn (the same layers in two orders: the
+    same kernels, two executables), then of a re-traced one, each checked by ``_check_step``."""
+    import torch
+
+    from torch_bridge import interop
+    from torch_bridge.bench import jax_step, problem
+
+    seed = int(np.random.default_rng().integers(1 << 30))
+    lay = jax_step.make_layers(sweep, g, layers, device, seed, bf16=False)
+    probs, torch_layers = lay.problems, lay.torch_layers
+    inputs = [problem.make_problem(sweep, g, m, device, seed + d) for d in (0, 1)]
+    bases = [p.o for p in inputs]
+    pos = (inputs[0].pos % (sweep.cache_rows - 8)).to(torch.int32)
+    params = tuple(tuple(interop.to_jax(t) for t in (p.cos_bf16, p.sin_bf16, p.w, p.ws))
+                   for p in probs)
+    args = (params, *(interop.to_jax(b) for b in bases), interop.to_jax(pos))
+    marker = "woa_triton_launch" if route == "native" else "xla_buffer_python_"
+    lowered = jax.jit(_step(g)).lower(*args, jnp.int32(0), jnp.asarray(1.0, jnp.bfloat16),
+                                      jnp.int32(0))
+    assert marker in lowered.as_text(), f"seed {seed}: the step does not take the {route} route"
+    what = f"seed {seed}, {route}, G={g}, M={m}"
+    forward, backward = jax.jit(_step(g)), jax.jit(_step(g, backwards=True))
+    for i in range(2 * steps):  # the two executables in turn
+        f, name = (forward, "executable 1") if i % 2 == 0 else (backward, "executable 2")
+        _check_step(f, i, args, route, torch_layers, probs, bases, pos, f"{what}, {name}")
+    jax.clear_caches()
+    retraced = jax.jit(_step(g))
+    for i in range(steps):
+        _check_step(retraced, i, args, route, torch_layers, probs, bases, pos,
+                    f"{what}, re-traced")
+
+
+def test_replay_check_runs_on_the_interpreter(monkeypatch):
+    """The replay check of the GPU test below, on the callback route under the Triton
+    interpreter (no command buffers on CPU): its steps, executables and references agree."""
+    from torch_bridge.bench import problem
+
+    if jax.default_backend() != "cpu":
+        pytest.skip("the GPU test covers this on a GPU")
+    monkeypatch.setenv("WOA_BACKEND", "triton")
+    for name, value in ROUTE_ENV["callback"].items():
+        monkeypatch.setenv(name, value)
+    _replay("callback", 2, 1, sweep=problem.CPU, device="cpu", layers=2, steps=2)
+
+
+@pytest.fixture
+def on_gpu(monkeypatch):
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    monkeypatch.delenv("WOA_BACKEND", raising=False)
+    if jax.default_backend() == "cpu":
+        pytest.skip("JAX has no GPU here")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 64, 256])
+@pytest.mark.parametrize("g", [2, 16])
+@pytest.mark.parametrize("route", ["native", "callback"])
+def test_gpu_recorded_steps_replay_new_values_bit_exact(on_gpu, monkeypatch, route, g, m):
+    """``_replay`` at DeepSeek V4 sizes: ``STEPS`` steps of each of two executables, then of
+    a re-traced one; every layer's output bits equal torch's on the same values. A replay that
+    kept a recorded value, wrote a stale address or loaded a module under capture fails here.
+    """
+    from torch_bridge.bench import problem
+
+    for name, value in ROUTE_ENV[route].items():
+        monkeypatch.setenv(name, value)
+    if route == "native":
+        reason = jax_ops.native_route_reason("triton")
+        assert reason is None, f"no native route on this GPU machine: {reason}"
+    _replay(route, g, m, sweep=problem.GPU, device="cuda", layers=LAYERS, steps=STEPS)
