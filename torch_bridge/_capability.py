@@ -24,8 +24,9 @@ ENV_VARS: dict[str, str] = {
     "WOA_CHECK_FINITE": "0 (default) or 1: check activations for NaN/Inf (and E8M0 NaN bytes) in "
                         "every entry point, at a device sync per call; read when torch_bridge's "
                         "modules are imported and when a WoAProjection is built",
-    "WOA_JAX_COMMAND_BUFFER": "0 (default) or 1: let XLA record the buffer_callback route's "
-                              "kernel launches into its command buffers (torch_bridge.jax_ops)",
+    "WOA_JAX_COMMAND_BUFFER": "1 (default) or 0: let XLA record the buffer_callback route's "
+                              "kernel launches into its command buffers where that is safe "
+                              "(torch_bridge.jax_ops.command_buffer_blocker)",
     "WOA_JAX_NATIVE": "1 (default) or 0: 0 sends torch_bridge.jax_ops' Triton launches through "
                       "buffer_callback instead of the native woa_triton_launch custom call",
     "WOA_CACHE_DIR": "where the native JAX route's custom-call handler is built (default: "

@@ -14,7 +14,9 @@ launches it by one of two routes, chosen at trace time and logged once (logger `
   device buffers and its stream, the buffers are wrapped as torch tensors with DLPack (no copy)
   and the backend launches on XLA's stream, writing the outputs in place. One-byte dtypes (fp8,
   E8M0) cross the boundary as ``uint8`` and are re-viewed on each side, so the exchange does
-  not depend on DLPack's fp8 support.
+  not depend on DLPack's fp8 support. XLA records the callback into its command buffers (CUDA
+  graphs) and replays it without Python wherever that is safe (``command_buffer_blocker``):
+  by default, the Triton backend's quant and GEMM; ``WOA_JAX_COMMAND_BUFFER=0`` opts out.
 
 On a CPU-only JAX with no backend asked for, the ops return the ``woa_jax`` oracle (pure JAX);
 pass ``backend="triton"`` with ``TRITON_INTERPRET=1`` to run the callback route on CPU.
@@ -22,14 +24,15 @@ pass ``backend="triton"`` with ``TRITON_INTERPRET=1`` to run the callback route 
 
 Limits: no autodiff (forward only) and no ``vmap``. Cost: the native route adds one kernel
 launch per op to XLA's own dispatch (it never splits K; the torch launcher does at G = 2
-decode). The callback route re-enters Python on every call (DLPack wrapping, a torch stream
-object, the torch launcher); use it where the zero-copy ``jax.jit`` integration matters more
-than latency. ``benchmarks/RESULTS.md`` has the figures.
+decode). The callback route re-enters Python on every call that is not recorded (DLPack
+wrapping, a torch stream object, the torch launcher); recorded, its GEMM does not split K
+either. ``benchmarks/RESULTS.md`` has the figures.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 
 import jax
@@ -130,6 +133,16 @@ def _wo_a_fp8_native(o, positions, cos_cache, sin_cache, w, w_scale, block: int,
     return jax_launch.wo_a_fp8_fits(s, g, n, k, block, dh, rd)
 
 
+def _torch_wgmma() -> bool:
+    """Whether the torch GEMM launcher may pick the wgmma kernel for XLA's buffers (as its
+    default config asks ``gemm.wgmma_available`` of the tensors' device)."""
+    if _device_type() != "cuda":
+        return False
+    from .backends.triton import gemm
+
+    return gemm.wgmma_available(None)[0]
+
+
 def _use_oracle(backend: BackendName | None) -> bool:
     return _device_type() == "cpu" and _dispatch.requested_backend(backend) == "auto"
 
@@ -166,7 +179,75 @@ def _fp8_bytes(x):
 
 
 def _command_buffer(flag: bool | None) -> bool:
-    return flag if flag is not None else env_flag("WOA_JAX_COMMAND_BUFFER", False)
+    """Whether the caller asks for command buffers: ``flag``, else ``WOA_JAX_COMMAND_BUFFER``
+    (default on)."""
+    return flag if flag is not None else env_flag("WOA_JAX_COMMAND_BUFFER", True)
+
+
+#: The callbacks XLA may record, ``(op, backend)``, and why their launches touch only XLA's
+#: buffers. Anything else stays unrecorded (``command_buffer_blocker`` says why).
+RECORDABLE = {
+    ("inverse_rope_group_quant", "triton"):
+        "the launcher writes only the two outputs XLA hands it, and XLA's dense inputs need no "
+        "repacking",
+    ("batched_gemm_a8w8_mxscale", "triton"):
+        "the launcher writes only the output XLA hands it, as it runs without split-K when "
+        "recorded (callback_gemm_config)",
+}
+
+#: Why a known callback may not be recorded: it launches into memory torch allocates.
+_NOT_RECORDABLE = {
+    ("inverse_rope_group_quant", "aiter"):
+        "the AITER adapter converts positions to int64 and cos/sin to o's dtype in torch "
+        "temporaries",
+    ("batched_gemm_a8w8_mxscale", "aiter"):
+        "AITER's GEMM has no out=: it writes a new torch tensor, then copies it into XLA's",
+    ("wo_a_bf16", "bf16"):
+        "the BF16 chain writes its rotated activations and its output into torch allocations",
+}
+
+
+def command_buffer_blocker(op: str, backend_name: str) -> str | None:
+    """``None`` when ``op``'s callback on backend ``backend_name`` may be recorded into XLA's
+    command buffers; else why not.
+
+    A recorded callback is not called on replay: its launches rerun with the addresses seen
+    while recording. Memory torch allocated inside the callback (outputs, temporaries, split-K
+    parts and counters) is back in torch's pool by then, so a launch may be recorded only if
+    it writes nothing but XLA's buffers (``RECORDABLE``; host decisions there depend on shapes
+    and dtypes only, XLA's buffers being 16-byte aligned).
+    """
+    if (op, backend_name) in RECORDABLE:
+        return None
+    return _NOT_RECORDABLE.get(
+        (op, backend_name),
+        f"backend {backend_name!r}'s {op} is not known to write only the buffers XLA hands it")
+
+
+def _records(flag: bool | None, op: str, backend_name: str) -> bool:
+    """Whether ``op``'s callback is recorded: asked for (``_command_buffer``) and safe
+    (``command_buffer_blocker``). Asking explicitly where it is not safe is a ``ValueError``."""
+    blocker = command_buffer_blocker(op, backend_name)
+    if flag and blocker is not None:
+        raise ValueError(f"command_buffer=True: {op} on backend {backend_name!r} cannot be "
+                         f"recorded in XLA command buffers: {blocker}")
+    return blocker is None and _command_buffer(flag)
+
+
+def callback_gemm_config(m: int, g: int, n: int, k: int, block: int, *, wgmma: bool,
+                         recorded: bool):
+    """The ``config`` the callback route passes the Triton GEMM launcher: ``None`` (its own)
+    unless the launch is recorded and its own would split K; then the same tile unsplit.
+
+    Split-K's fp32 parts and tile counters are torch's (``split_k.CounterPool``), not XLA's,
+    so a recorded launch must not use them (the native route never splits K either).
+    """
+    if not recorded:
+        return None
+    from .backends.triton import configs
+
+    cfg = configs.gemm_config(m, g, n, k, block, wgmma=wgmma)
+    return dataclasses.replace(cfg, split_k=1) if cfg.split_k > 1 else None
 
 
 def _callback(fn, out_types, command_buffer: bool, *args):
@@ -180,9 +261,10 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
                              command_buffer: bool | None = None):
     """``woa_jax.inverse_rope_group_quant`` (fused semantics) on a torch backend's kernel.
 
-    ``command_buffer=True`` (default: ``WOA_JAX_COMMAND_BUFFER``) lets XLA record the callback
-    route's launch into its CUDA-graph command buffers and replay it without re-entering Python;
-    the native route (module docstring) ignores it.
+    ``command_buffer`` (default: ``WOA_JAX_COMMAND_BUFFER``, on) lets XLA record the callback
+    route's launch into its CUDA-graph command buffers and replay it without re-entering Python,
+    where that is safe (``command_buffer_blocker``; ``True`` where it is not is a
+    ``ValueError``). The native route (module docstring) ignores it.
 
     Args and returns as the oracle: ``(x_fp8 [S, G, D] fp8_dtype, x_scale [S, G, D / GS]
     float8_e8m0fnu)``; bit-identical to it (the backends' quant is bit-exact).
@@ -218,8 +300,9 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
                 num_groups, quant_group_size, amax_floor=amax_floor,
                 x_fp8=_to_torch(outs[0], f8), x_scale=_to_torch(outs[1]))
 
-    q, scale = _callback(launch, out_types, _command_buffer(command_buffer), o, positions[:s],
-                         cos_cache, sin_cache)
+    q, scale = _callback(launch, out_types,
+                         _records(command_buffer, "inverse_rope_group_quant", be.name), o,
+                         positions[:s], cos_cache, sin_cache)
     return (jax.lax.bitcast_convert_type(q, fp8_dtype),
             jax.lax.bitcast_convert_type(scale, jnp.float8_e8m0fnu))
 
@@ -245,6 +328,11 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=jnp.bfloat16, *,
 
         return jax_launch.batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=dtype)
     out_type = jax.ShapeDtypeStruct((m, g, n), dtype)
+    recorded = _records(command_buffer, "batched_gemm_a8w8_mxscale", be.name)
+    config = {}
+    if be.name == "triton" and recorded:
+        cfg = callback_gemm_config(m, g, n, k, block, wgmma=_torch_wgmma(), recorded=True)
+        config = {} if cfg is None else {"config": cfg}
 
     f8 = _torch_dtype(x.dtype)
 
@@ -252,10 +340,10 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=jnp.bfloat16, *,
         with _on_xla_stream(ctx):
             be.batched_gemm_a8w8_mxscale(
                 _to_torch(x_b, f8), _to_torch(w_b, f8), _to_torch(xs_b), _to_torch(ws_b),
-                dtype=_torch_dtype(dtype), out=_to_torch(out))
+                dtype=_torch_dtype(dtype), out=_to_torch(out), **config)
 
-    return _callback(launch, out_type, _command_buffer(command_buffer), _fp8_bytes(x),
-                     _fp8_bytes(w), woa_jax.e8m0_bytes(x_scale), woa_jax.e8m0_bytes(w_scale))
+    return _callback(launch, out_type, recorded, _fp8_bytes(x), _fp8_bytes(w),
+                     woa_jax.e8m0_bytes(x_scale), woa_jax.e8m0_bytes(w_scale))
 
 
 def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_groups: int, *,
@@ -314,7 +402,7 @@ def wo_a_bf16(o, positions, cos_cache, sin_cache, weight, weight_scale, num_grou
     written, so there is no ``overwrite_o``). XLA dequantizes the weight (exact, every call: a
     function keeps no prepared layer; ``torch_bridge.WoAProjection`` does), then the rotation and
     the BF16 GEMM run as ``torch_bridge``'s BF16 chain runs them, through ``buffer_callback``
-    (never recorded in command buffers: the chain allocates through torch). On a CPU JAX with
+    (never recorded in command buffers: ``command_buffer_blocker``). On a CPU JAX with
     ``WOA_BACKEND`` unset or ``auto`` this is the oracle.
 
     Raises:
@@ -339,5 +427,7 @@ def wo_a_bf16(o, positions, cos_cache, sin_cache, weight, weight_scale, num_grou
                              _to_torch(sin_b), _to_torch(w_b), num_groups)
             _to_torch(out).copy_(y)
 
-    return _callback(launch, jax.ShapeDtypeStruct((s, g, n), jnp.bfloat16), False, o,
-                     positions[:s], cos_cache, sin_cache, w)
+    # Not recorded: the chain allocates through torch (_NOT_RECORDABLE).
+    return _callback(launch, jax.ShapeDtypeStruct((s, g, n), jnp.bfloat16),
+                     _records(False, "wo_a_bf16", be.name), o, positions[:s], cos_cache,
+                     sin_cache, w)

@@ -3,6 +3,7 @@ rows of older harnesses without that column."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -142,6 +143,25 @@ def test_native_kernels_are_the_gemm_launch_of_the_jax_launcher(m, g):
     assert (cfg.block_m, cfg.block_n, cfg.swap_ab, cfg.split_k, cfg.tma) == (
         cx["BLOCK_M"], cx["BLOCK_N"], cx["SWAP_AB"], cx["SPLIT_K"], False)
     assert (cfg.num_warps, cfg.num_stages) == (call.num_warps, call.num_stages)
+
+
+@pytest.mark.parametrize("m, g", [(1, 2), (64, 2), (256, 2), (1, 16), (8192, 16)])
+def test_callback_kernels_are_the_recorded_callbacks(m, g, monkeypatch):
+    """The check's reference for the callback route runs the GEMM as the callback does: K
+    unsplit when recorded (the default), the launcher's own tile otherwise."""
+    from torch_bridge.backends.triton import configs
+
+    n, k, block, dh, rd = 1024, 4096, 128, 512, 64
+    own = configs.gemm_config(m, g, n, k, block)
+    monkeypatch.delenv("WOA_JAX_COMMAND_BUFFER", raising=False)
+    fused, cfg = jax_step._route_kernels("callback", m, g, n, k, block, dh, rd, on_gpu=False)
+    assert not fused
+    assert (cfg is None) == (own.split_k == 1)
+    if cfg is not None:
+        assert cfg == dataclasses.replace(own, split_k=1)
+    monkeypatch.setenv("WOA_JAX_COMMAND_BUFFER", "0")
+    assert jax_step._route_kernels("callback", m, g, n, k, block, dh, rd, on_gpu=False) == (
+        False, None)
 
 
 def test_fp8_check_falls_back_to_the_routes_kernels_and_still_catches_wrong_bits():

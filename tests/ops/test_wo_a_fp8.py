@@ -329,7 +329,7 @@ def test_gpu_jax_jit_path(s):
     assert_bytes_equal(q, rq, "fp8", seed)
     assert_bytes_equal(sc, rs, "scale", seed)
     ref = chain_oracle(o, pos, cos, sin, weight, scale, g)
-    for cb in (None, False, True):  # None: on for the wgmma GEMM (s = 8192), else off
+    for cb in (None, False, True):  # None: WOA_JAX_COMMAND_BUFFER's default (on where safe)
         fn = jax.jit(lambda *a, cb=cb: jax_ops.wo_a_fp8(*a, g, command_buffer=cb))
         y = fn(*args, w, ws)
         assert y.dtype == jnp.bfloat16

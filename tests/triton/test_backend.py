@@ -202,13 +202,13 @@ def test_jax_ops_wo_a_bf16_runs_the_bf16_chain_under_jit(rng, monkeypatch):
 
 
 def test_command_buffer_default(monkeypatch):
-    """Unset, ``WOA_JAX_COMMAND_BUFFER`` leaves the callback route unrecorded; set, it decides;
-    an explicit argument beats it."""
+    """Unset, ``WOA_JAX_COMMAND_BUFFER`` asks for recording (where safe: ``jax_ops._records``);
+    set, it decides; an explicit argument beats it."""
     from torch_bridge import jax_ops
 
     monkeypatch.delenv("WOA_JAX_COMMAND_BUFFER", raising=False)
-    assert jax_ops._command_buffer(None) is False
-    assert jax_ops._command_buffer(True) is True
-    monkeypatch.setenv("WOA_JAX_COMMAND_BUFFER", "1")
     assert jax_ops._command_buffer(None) is True
     assert jax_ops._command_buffer(False) is False
+    monkeypatch.setenv("WOA_JAX_COMMAND_BUFFER", "0")
+    assert jax_ops._command_buffer(None) is False
+    assert jax_ops._command_buffer(True) is True

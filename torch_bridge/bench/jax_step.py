@@ -235,8 +235,12 @@ def _route_kernels(route: str, m: int, g: int, n: int, k: int, block: int, dh: i
     """``(fused, gemm config)`` of the launches a route makes (``None``: the launcher's own)."""
     from torch_bridge.backends.triton import configs, jax_launch
 
-    if route == "callback":  # the torch launchers' quant, then their GEMM
-        return False, None
+    if route == "callback":  # the torch launchers' quant, then their GEMM (unsplit if recorded)
+        from torch_bridge import jax_ops
+
+        recorded = jax_ops._records(None, "batched_gemm_a8w8_mxscale", "triton")
+        return False, jax_ops.callback_gemm_config(
+            m, g, n, k, block, wgmma=on_gpu and jax_launch.wgmma_ok(), recorded=recorded)
     if jax_launch.wo_a_fp8_fits(m, g, n, k, block, dh, rd):
         return True, None
     cfg = configs.gemm_config(m, g, n, k, block, wgmma=on_gpu and jax_launch.wgmma_ok())

@@ -2,9 +2,14 @@
 
 A call site is lowered to ``jax.ffi.ffi_call`` with the kernel's cubin, entry name, launch shape
 and parameter map as attributes (``lower``). The handler (``xla_launch.cc``, built here on first
-use with the system C++ compiler into ``WOA_CACHE_DIR``) loads the module once per call site and
+use with the system C++ compiler into ``WOA_CACHE_DIR``) loads the module once per kernel and
 CUDA context, then each call is one ``cuLaunchKernel`` on XLA's stream: no Python, no hashing of
 the kernel per call, so back-to-back calls cost XLA's dispatch and the launch.
+
+XLA may record the call into its command buffers (CUDA graphs): the execute handler carries the
+command-buffer trait (the only way to mark it: the GPU plugin refuses traits at registration),
+and the module is loaded by a separate initialize stage (``STAGES``), which XLA runs outside
+stream capture.
 
 Kernels are compiled here, for the JAX device's compute capability, with every pointer and every
 integer that is a multiple of 16 marked divisible by 16 (as torch's launcher marks them), so
@@ -28,7 +33,8 @@ import numpy as np
 
 TARGET = "woa_triton_launch"
 _SOURCE = pathlib.Path(__file__).with_name("xla_launch.cc")
-_SYMBOL = "WoaTritonLaunch"
+#: The handler's C symbol per FFI stage: initialize loads the module, execute launches it.
+STAGES = {"initialize": "WoaTritonLoad", "execute": "WoaTritonLaunch"}
 
 #: Triton's pointer element types by NumPy / JAX dtype name.
 _POINTER_TYPES = {
@@ -102,16 +108,24 @@ def build() -> pathlib.Path:
     return path
 
 
-@functools.cache
-def _registered() -> None:
-    """Build the handler and register it with XLA for CUDA, once per process."""
+def handler_bundle(path: pathlib.Path) -> dict:
+    """``{stage: capsule}`` of the built library at ``path`` (``STAGES``), as
+    ``jax.ffi.register_ffi_target`` takes a multi-stage handler."""
     import ctypes
 
     import jax.ffi
 
-    lib = ctypes.CDLL(str(build()))
-    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(getattr(lib, _SYMBOL)),
-                                platform="CUDA")
+    lib = ctypes.CDLL(str(path))
+    return {stage: jax.ffi.pycapsule(getattr(lib, symbol)) for stage, symbol in STAGES.items()}
+
+
+@functools.cache
+def _registered() -> None:
+    """Build the handler and register its stages with XLA for CUDA, once per process. No
+    ``traits=``: the CUDA plugin rejects them; the trait is compiled into the execute stage."""
+    import jax.ffi
+
+    jax.ffi.register_ffi_target(TARGET, handler_bundle(build()), platform="CUDA")
 
 
 def unavailable_reason() -> str | None:

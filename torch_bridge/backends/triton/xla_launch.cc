@@ -1,12 +1,18 @@
 // XLA FFI handler that launches a compiled Triton kernel (a cubin) on XLA's CUDA stream.
 //
-// torch_bridge/backends/triton/xla_ffi.py builds this file on first use and registers
-// WoaTritonLaunch as the custom call target "woa_triton_launch". Each call site carries its
-// kernel as attributes (cubin bytes, entry name, launch shape, parameter map), so a compiled
-// executable is self-contained; the module is loaded once per (call site, CUDA context) and a
-// call costs a map lookup, the encoding of its TMA descriptors (if any) for this call's buffers,
-// and one cuLaunchKernel. The CUDA driver is opened with dlopen, so building needs only a C++17
+// torch_bridge/backends/triton/xla_ffi.py builds this file on first use and registers, as the
+// custom call target "woa_triton_launch", two stages: WoaTritonLoad (initialize: load the
+// module) and WoaTritonLaunch (execute: launch it). Each call site carries its kernel as
+// attributes (cubin bytes, entry name, launch shape, parameter map), so a compiled executable is
+// self-contained; a module is loaded once per (kernel, CUDA context), and a call costs a map
+// lookup, the encoding of its TMA descriptors (if any) for this call's buffers, and one
+// cuLaunchKernel. The CUDA driver is opened with dlopen, so building needs only a C++17
 // compiler and XLA's FFI headers.
+//
+// Command buffers: the execute handler carries Traits::kCmdBufferCompatible, which is how XLA
+// learns that it may record the call into a CUDA graph (the GPU plugin takes no traits at
+// registration). XLA traces the execute stage under stream capture, where loading a module is
+// not stream work and must not happen; it runs the initialize stage outside capture first.
 
 #include <dlfcn.h>
 
@@ -54,6 +60,7 @@ struct Driver {
   CUresult (*module_load_data)(CUmodule*, const void*) = nullptr;
   CUresult (*module_get_function)(CUfunction*, CUmodule, const char*) = nullptr;
   CUresult (*func_set_attribute)(CUfunction, int, int) = nullptr;
+  CUresult (*stream_is_capturing)(CUstream, int*) = nullptr;
   CUresult (*launch_kernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                             unsigned, unsigned, CUstream, void**, void**) = nullptr;
   CUresult (*get_error_string)(CUresult, const char**) = nullptr;
@@ -80,6 +87,7 @@ const Driver& GetDriver() {
     Resolve(lib, "cuModuleLoadData", d.module_load_data, d.error);
     Resolve(lib, "cuModuleGetFunction", d.module_get_function, d.error);
     Resolve(lib, "cuFuncSetAttribute", d.func_set_attribute, d.error);
+    Resolve(lib, "cuStreamIsCapturing", d.stream_is_capturing, d.error);
     Resolve(lib, "cuLaunchKernel", d.launch_kernel, d.error);
     Resolve(lib, "cuGetErrorString", d.get_error_string, d.error);
     Resolve(lib, "cuTensorMapEncodeTiled", d.encode_tiled, d.error);
@@ -95,40 +103,88 @@ ffi::Error CudaError(const Driver& d, CUresult rc, std::string_view what) {
                               (text != nullptr ? text : std::to_string(rc)));
 }
 
-// A call site is its cubin attribute's storage (stable while the executable lives) plus the
-// digest the lowering computed from the bytes, so a later executable reusing the address with
-// another kernel cannot match.
-using SiteKey = std::tuple<const void*, size_t, int64_t>;
-std::mutex sites_mutex;
-std::map<SiteKey, std::vector<std::pair<CUcontext, CUfunction>>> sites;
+// Loaded kernels, keyed by content (the digest the lowering computed from the cubin bytes, the
+// cubin's size, the entry name) and CUDA context, never by attribute address: XLA may hand a
+// call site's attributes at a new address on every (re)record of a command buffer.
+using KernelKey = std::tuple<int64_t, size_t, CUcontext>;
+struct Loaded {
+  std::string name;
+  CUfunction fn;
+};
+std::mutex kernels_mutex;
+std::map<KernelKey, std::vector<Loaded>> kernels;
 
-ffi::Error GetFunction(const Driver& d, ffi::Span<const uint8_t> cubin, std::string_view name,
-                       int64_t digest, int64_t shared, CUfunction* fn) {
-  CUcontext ctx = nullptr;
-  if (CUresult rc = d.ctx_get_current(&ctx); rc != 0) return CudaError(d, rc, "cuCtxGetCurrent");
-  std::lock_guard<std::mutex> lock(sites_mutex);
-  auto& loaded = sites[SiteKey(cubin.begin(), cubin.size(), digest)];
-  for (const auto& [c, f] : loaded) {
-    if (c == ctx) {
-      *fn = f;
-      return ffi::Error::Success();
-    }
+// The kernel's function in the key's context, or nullptr; the caller holds kernels_mutex.
+CUfunction FindLoaded(const KernelKey& key, std::string_view name) {
+  auto it = kernels.find(key);
+  if (it == kernels.end()) return nullptr;
+  for (const Loaded& k : it->second) {
+    if (k.name == name) return k.fn;
   }
+  return nullptr;
+}
+
+ffi::ErrorOr<CUcontext> CurrentContext(const Driver& d) {
+  CUcontext ctx = nullptr;
+  if (CUresult rc = d.ctx_get_current(&ctx); rc != 0) {
+    return ffi::Unexpected(CudaError(d, rc, "cuCtxGetCurrent"));
+  }
+  return ctx;
+}
+
+// Loads the kernel into the current context unless it is there already.
+ffi::Error LoadFunction(const Driver& d, ffi::Span<const uint8_t> cubin, std::string_view name,
+                        int64_t digest, int64_t shared) {
+  auto ctx = CurrentContext(d);
+  if (ctx.has_error()) return ctx.error();
+  const KernelKey key(digest, cubin.size(), *ctx);
+  std::lock_guard<std::mutex> lock(kernels_mutex);
+  if (FindLoaded(key, name) != nullptr) return ffi::Error::Success();
   CUmodule module = nullptr;
   if (CUresult rc = d.module_load_data(&module, cubin.begin()); rc != 0) {
     return CudaError(d, rc, "cuModuleLoadData");
   }
-  if (CUresult rc = d.module_get_function(fn, module, std::string(name).c_str()); rc != 0) {
+  CUfunction fn = nullptr;
+  if (CUresult rc = d.module_get_function(&fn, module, std::string(name).c_str()); rc != 0) {
     return CudaError(d, rc, "cuModuleGetFunction");
   }
   if (shared > kDefaultSharedLimit) {
-    if (CUresult rc = d.func_set_attribute(*fn, kMaxDynamicSharedSizeBytes,
+    if (CUresult rc = d.func_set_attribute(fn, kMaxDynamicSharedSizeBytes,
                                            static_cast<int>(shared));
         rc != 0) {
       return CudaError(d, rc, "cuFuncSetAttribute");
     }
   }
-  loaded.emplace_back(ctx, *fn);
+  kernels[key].push_back(Loaded{std::string(name), fn});
+  return ffi::Error::Success();
+}
+
+// The kernel's function for a launch on stream. A kernel not loaded yet is loaded here only
+// when the stream is not being captured: under capture it means the initialize stage did not
+// run, and loading a module there is not stream work, so it is an error.
+ffi::Error GetFunction(const Driver& d, CUstream stream, ffi::Span<const uint8_t> cubin,
+                       std::string_view name, int64_t digest, int64_t shared, CUfunction* fn) {
+  auto ctx = CurrentContext(d);
+  if (ctx.has_error()) return ctx.error();
+  const KernelKey key(digest, cubin.size(), *ctx);
+  {
+    std::lock_guard<std::mutex> lock(kernels_mutex);
+    *fn = FindLoaded(key, name);
+  }
+  if (*fn != nullptr) return ffi::Error::Success();
+  int capturing = 0;  // CUstreamCaptureStatus: 0 none, 1 active, 2 invalidated
+  if (CUresult rc = d.stream_is_capturing(stream, &capturing); rc != 0) {
+    return CudaError(d, rc, "cuStreamIsCapturing");
+  }
+  if (capturing != 0) {
+    return ffi::Error::Internal(
+        "woa_triton_launch: kernel " + std::string(name) + " is not loaded and the stream is "
+        "being captured into a command buffer: the initialize stage (WoaTritonLoad) did not "
+        "run for this call; a module is never loaded under capture");
+  }
+  if (ffi::Error err = LoadFunction(d, cubin, name, digest, shared); err.failure()) return err;
+  std::lock_guard<std::mutex> lock(kernels_mutex);
+  *fn = FindLoaded(key, name);
   return ffi::Error::Success();
 }
 
@@ -177,7 +233,8 @@ ffi::Error Launch(CUstream stream, ffi::RemainingArgs args, ffi::RemainingRets r
     return ffi::Error::InvalidArgument("woa_triton_launch: malformed launch attributes");
   }
   CUfunction fn = nullptr;
-  if (ffi::Error err = GetFunction(d, cubin, name, digest, launch[4], &fn); err.failure()) {
+  if (ffi::Error err = GetFunction(d, stream, cubin, name, digest, launch[4], &fn);
+      err.failure()) {
     return err;
   }
   uint64_t slots[kMaxParams + kSpareSlots] = {};
@@ -221,7 +278,32 @@ ffi::Error Launch(CUstream stream, ffi::RemainingArgs args, ffi::RemainingRets r
   return ffi::Error::Success();
 }
 
+// Initialize stage: loads the call's kernel, outside any stream capture. It binds the execute
+// stage's operands and attributes (XLA hands both stages the same call frame).
+ffi::Error Load(ffi::RemainingArgs, ffi::RemainingRets, ffi::Span<const uint8_t> cubin,
+                std::string_view name, int64_t digest, ffi::Span<const int64_t> launch,
+                ffi::Span<const int64_t>, ffi::Span<const int64_t>, ffi::Span<const int64_t>) {
+  const Driver& d = GetDriver();
+  if (!d.error.empty()) return ffi::Error::Internal("woa_triton_launch: " + d.error);
+  if (launch.size() != 5) {
+    return ffi::Error::InvalidArgument("woa_triton_launch: malformed launch attributes");
+  }
+  return LoadFunction(d, cubin, name, digest, launch[4]);
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(WoaTritonLoad, Load,
+                              ffi::Ffi::BindInitialize()
+                                  .RemainingArgs()
+                                  .RemainingRets()
+                                  .Attr<ffi::Span<const uint8_t>>("cubin")
+                                  .Attr<std::string_view>("name")
+                                  .Attr<int64_t>("digest")
+                                  .Attr<ffi::Span<const int64_t>>("launch")
+                                  .Attr<ffi::Span<const int64_t>>("params")
+                                  .Attr<ffi::Span<const int64_t>>("scalars")
+                                  .Attr<ffi::Span<const int64_t>>("tmaps"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(WoaTritonLaunch, Launch,
                               ffi::Ffi::Bind()
@@ -234,4 +316,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(WoaTritonLaunch, Launch,
                                   .Attr<ffi::Span<const int64_t>>("launch")
                                   .Attr<ffi::Span<const int64_t>>("params")
                                   .Attr<ffi::Span<const int64_t>>("scalars")
-                                  .Attr<ffi::Span<const int64_t>>("tmaps"));
+                                  .Attr<ffi::Span<const int64_t>>("tmaps"),
+                              {ffi::Traits::kCmdBufferCompatible});
