@@ -275,10 +275,12 @@ class WgmmaBound:
     _KEEP = 256
 
     def __init__(self, compiled, run, expand, programs: int, views: tuple, tail: tuple,
-                 out: torch.Tensor, scales_aligned: tuple[bool, bool], stream: int | None):
+                 out: torch.Tensor, scales_aligned: tuple[bool, bool],
+                 scratch: tuple | None, stream: int | None):
         self._go = raw_launch(compiled, run) or triton_launch(compiled, run)
         self._expand = expand
         self._programs, self._views, self._tail = programs, views, tail
+        self._scratch = scratch  # unsplit: the output stands in (never touched)
         self._shape, self._dtype, self._device = tuple(out.shape), out.dtype, out.device
         self._strides = row_major(self._shape)
         self._aligned = scales_aligned
@@ -297,10 +299,11 @@ class WgmmaBound:
         if not found or tuple(run.kernel.arg_names[:5]) != _WGMMA_TENSORS:
             return None
         x_scale, w_scale = args[3], args[4]
-        tail = (*args[5:], *(run.options[n] for n in run.kernel.arg_names[len(args):]))
+        tail = tuple(run.options[n] for n in run.kernel.arg_names[len(args):])
+        split = run.plan.split_k > 1
         return cls(compiled, *found, run.grid[0], run.extra[1], tail, out,
                    (x_scale.data_ptr() % 16 == 0, w_scale.data_ptr() % 16 == 0),
-                   current_stream() if run.plan.split_k > 1 else None)
+                   args[7:9] if split else None, current_stream() if split else None)
 
     def _expanded(self, i: int, t: torch.Tensor) -> list:
         kept = self._kept[i]
@@ -325,7 +328,8 @@ class WgmmaBound:
                                                             device=self._device)
         self._go(self._programs, 1, 1, stream,
                  (*self._expanded(0, x), *self._expanded(1, w), *self._expanded(2, y), x_scale,
-                  w_scale, *self._tail), enter, leave, False)
+                  w_scale, self._shape[0], self._programs, *(self._scratch or (y, y)),
+                  *self._tail), enter, leave, False)
         if out is not None:
             increment_version(out)
         return y
