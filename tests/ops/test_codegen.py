@@ -161,31 +161,41 @@ _GLUON_SCRIPT = textwrap.dedent("""
     cfg = launch.gemm_config(8192, g, n, 4096, sb, wgmma=True)
     decode = launch.gemm_config(64, g, n, 4096, sb, wgmma=True)
     swapped = [launch.gemm_config(m, gs, n, 4096, sb, wgmma=True) for m, gs in ((1, 8), (16, g))]
+    split = launch.gemm_config(64, 2, n, 4096, sb, wgmma=True)
     assert cfg.wgmma and decode.wgmma and all(c.wgmma and c.swap_ab for c in swapped)
+    assert split.wgmma and split.split_k > 1, split
     # K blocks: 32 (V4), 31 (ends on the other register set), 1 (no unrolled loop); the
     # 99-stage cases ask for more than shared memory holds, so the launcher's cap decides.
-    cases = [(cfg.block_m, 128, cfg.num_warps, cfg.num_stages, "bf16", 4096, False),
-             (64, 128, 4, 4, "fp32", 4096, False), (128, 128, 8, 4, "bf16", 31 * sb, False),
-             (128, 128, 8, 1, "bf16", sb, False), (128, 128, 8, 99, "fp32", 4096, False),
-             (64, 128, 4, 99, "bf16", 4096, False),
-             (decode.block_m, 128, decode.num_warps, decode.num_stages, "bf16", 4096, False)]
-    cases += [(c.block_m, c.block_n, c.num_warps, c.num_stages, "bf16", 4096, True)
+    cases = [(cfg.block_m, 128, cfg.num_warps, cfg.num_stages, "bf16", 4096, False, 1),
+             (64, 128, 4, 4, "fp32", 4096, False, 1), (128, 128, 8, 4, "bf16", 31 * sb, False, 1),
+             (128, 128, 8, 1, "bf16", sb, False, 1), (128, 128, 8, 99, "fp32", 4096, False, 1),
+             (64, 128, 4, 99, "bf16", 4096, False, 1),
+             (decode.block_m, 128, decode.num_warps, decode.num_stages, "bf16", 4096, False, 1)]
+    cases += [(c.block_m, c.block_n, c.num_warps, c.num_stages, "bf16", 4096, True, 1)
               for c in swapped]
-    cases += [(16, 128, 4, 99, "fp32", 31 * sb, True), (32, 128, 4, 6, "bf16", sb, True)]
-    for bm, bn, warps, stages, out, k, swap in cases:
-        stages = launch.wgmma_stages(stages, k // sb, bm, bn, sb, 4 if out == "fp32" else 2)
+    cases += [(16, 128, 4, 99, "fp32", 31 * sb, True, 1), (32, 128, 4, 6, "bf16", sb, True, 1)]
+    # Split K: the default G = 2 decode shape, 8 parts of one K block (set A only), 2 parts of
+    # an odd count, the swapped tile with fp32 output.
+    cases += [(split.block_m, split.block_n, split.num_warps, split.num_stages, "bf16", 4096,
+               False, split.split_k), (64, 128, 4, 8, "bf16", 8 * sb, False, 8),
+              (128, 128, 8, 4, "bf16", 62 * sb, False, 2), (16, 64, 4, 8, "fp32", 4096, True, 8)]
+    for bm, bn, warps, stages, out, k, swap, split_k in cases:
+        stages = launch.wgmma_stages(stages, k // sb // split_k, bm, bn, sb,
+                                     4 if out == "fp32" else 2)
         def desc(dtype, tile):
             layout = gl.NVMMASharedLayout.get_default_for(tile, getattr(gl, dtype))
             short = {"float8e4nv": "fp8e4nv", "bfloat16": "bf16", "float32": "fp32"}[dtype]
             return f"tensordesc<{short}{tile},{layout!r}>"
         sig = {"x_desc": desc("float8e4nv", [bm, sb]), "w_desc": desc("float8e4nv", [bn, sb]),
                "y_desc": desc({"bf16": "bfloat16", "fp32": "float32"}[out], [bm, bn]),
-               "xs_ptr": "*u8", "ws_ptr": "*u8", "M": "i32", "num_programs": "i32"}
+               "xs_ptr": "*u8", "ws_ptr": "*u8", "M": "i32", "num_programs": "i32",
+               "part_ptr": "*fp32" if split_k > 1 else "*bf16",
+               "count_ptr": "*i32" if split_k > 1 else "*bf16"}
         cx = dict(SXSM=g * k // sb, SXSG=k // sb, SWSG=n // sb * k // sb, SWSN=k // sb, G=g,
-                  N=n, K=k, STAGES=stages, num_warps=warps, SWAP_AB=swap)
+                  N=n, K=k, STAGES=stages, num_warps=warps, SWAP_AB=swap, SPLIT_K=split_k)
         src = GluonASTSource(wgmma_kernels.batched_gemm_a8w8_mxscale_wgmma_kernel,
                              {**sig, **{c: "constexpr" for c in cx}}, cx,
-                             {(3,): [["tt.divisibility", 16]], (4,): [["tt.divisibility", 16]]})
+                             {(i,): [["tt.divisibility", 16]] for i in (3, 4, 7, 8)})
         compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                                   options=dict(num_warps=warps))
         ptx = compiled.asm["ptx"]
@@ -195,26 +205,30 @@ _GLUON_SCRIPT = textwrap.dedent("""
             info = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", f"{d}/k.ptx",
                                    "-o", f"{d}/k.cubin"], capture_output=True, text=True,
                                   check=True).stderr
-        print(f"m{bm}n{bn}{'s' if swap else ''} {out} k{k // sb} st{stages}",
+        # Split K: an acquire-release ticket, and the other parts read from L2.
+        ticket = "atom.global.gpu.acq_rel.add" in ptx and "ld.global.cg" in ptx
+        print(f"m{bm}n{bn}{'s' if swap else ''} {out} k{k // sb}/{split_k} st{stages}",
               "wgmma.mma_async" in ptx,
               "cp.async.bulk.tensor" in ptx, "C7514" not in info,
-              " 0 bytes spill stores" in info)
+              " 0 bytes spill stores" in info, ticket == (split_k > 1))
 """)
 
 
 def test_wgmma_gemm_compiles_for_sm90_without_serialized_wgmma(tmp_path):
     """The wgmma GEMM (the default large-M and decode shapes, the swapped decode tiles, the
     4-warp fp32-output shape, odd and single K block counts, the deepest pipelines the
-    launcher allows) fits Hopper's shared memory and compiles to sm_90a with async wgmma and
-    TMA copies, no register spills, and no ptxas C7514 warning: with it, ptxas serializes
-    every wgmma of the kernel and the promotion no longer overlaps the MMAs."""
+    launcher allows, K split 2 to 8 ways) fits Hopper's shared memory and compiles to sm_90a
+    with async wgmma and TMA copies, no register spills, and no ptxas C7514 warning: with it,
+    ptxas serializes every wgmma of the kernel and the promotion no longer overlaps the MMAs.
+    Split launches, and only they, take an acquire-release ticket and read the parts from L2."""
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     lines = run_compile_script(_GLUON_SCRIPT, tmp_path)
-    assert lines == [f"{shape} True True True True" for shape in (
-        "m128n128 bf16 k32 st4", "m64n128 fp32 k32 st4", "m128n128 bf16 k31 st4",
-        "m128n128 bf16 k1 st1", "m128n128 fp32 k32 st5", "m64n128 bf16 k32 st8",
-        "m64n128 bf16 k32 st6", "m8n64s bf16 k32 st8", "m16n64s bf16 k32 st6",
-        "m16n128s fp32 k31 st12", "m32n128s bf16 k1 st1")], lines
+    assert lines == [f"{shape} True True True True True" for shape in (
+        "m128n128 bf16 k32/1 st4", "m64n128 fp32 k32/1 st4", "m128n128 bf16 k31/1 st4",
+        "m128n128 bf16 k1/1 st1", "m128n128 fp32 k32/1 st5", "m64n128 bf16 k32/1 st8",
+        "m64n128 bf16 k32/1 st6", "m8n64s bf16 k32/1 st8", "m16n64s bf16 k32/1 st6",
+        "m16n128s fp32 k31/1 st12", "m32n128s bf16 k1/1 st1", "m64n64 bf16 k32/4 st8",
+        "m64n128 bf16 k8/8 st1", "m128n128 bf16 k62/2 st4", "m16n64s fp32 k32/8 st4")], lines
 
 
 # ---------------------------------------------------------------------------------------------

@@ -387,6 +387,75 @@ def test_gpu_gemm_wgmma_swapped_kernel(m, g, dtype, k, cfg):
 
 
 @gpu
+@pytest.mark.parametrize("split", (2, 4, 8))
+@pytest.mark.parametrize("m,g", [(m, g) for g in (2, 4, 16) for m in (1, 16, 64, 256)])
+def test_gpu_gemm_wgmma_split_k(m, g, split):
+    """The wgmma kernel split K ways against its unsplit self on the same tile: the fp32 parts
+    are added in another order, so close (the oracle's tolerance), not bit-equal; two launches
+    and a CUDA-graph replay give the same bits, whatever order the parts arrive in, and every
+    tile counter is back at zero."""
+    tile = launch.GemmConfig(64, 64, num_warps=4, num_stages=8, wgmma=True)
+    if m <= 16:  # the swapped decode tile
+        tile = launch.GemmConfig(16, 64, swap_ab=True, num_warps=4, num_stages=8, wgmma=True)
+    (x, w, xs, ws), unsplit, seed = _check_wgmma(m, g, torch.bfloat16, HPG * DH, tile)
+    config = dataclasses.replace(tile, split_k=split)
+    first = launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, config=config)
+    err = relerr(first, unsplit.float())
+    assert err <= TOLERANCES["gemm_bf16"].rel, f"seed {seed}: relerr {err:.3g}"
+    again = launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, config=config)
+    y = torch.full_like(first, float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, out=y, config=config)
+    graph.replay()
+    torch.cuda.synchronize()
+    for i, r in enumerate((again, y)):
+        assert torch.equal(r.view(torch.int16), first.view(torch.int16)), f"seed {seed}: run {i}"
+    assert int(split_k.COUNTER_POOLS[x.device].counters.count_nonzero()) == 0
+
+
+@gpu
+@pytest.mark.parametrize("m", (17, 64, 128))
+def test_gpu_gemm_default_wgmma_split_bits_never_depend_on_timing(m):
+    """The default G = 2 decode shape is the wgmma kernel split K ways: eager launches, the
+    bound direct launch, a launch on another stream and a CUDA-graph replay give one set of
+    bits, within the oracle's tolerance."""
+    ok, why = launch.wgmma_available(torch.cuda.current_device())
+    if not ok:
+        pytest.skip(why)
+    g = 2
+    cfg = launch.gemm_config(m, g, N, HPG * DH, 128, wgmma=True)
+    assert cfg.wgmma and cfg.split_k > 1, cfg
+    seed = new_seed()
+    x, w, xs, ws = gemm_inputs(m, g, N, HPG * DH, seed)
+    first = launch.batched_gemm_a8w8_mxscale(x, w, xs, ws)
+    err = relerr(first, gemm_oracle(x, w, xs, ws))
+    assert err <= TOLERANCES["gemm_bf16"].rel, f"seed {seed}: relerr {err:.3g}"
+    runs = [launch.batched_gemm_a8w8_mxscale(x, w, xs, ws) for _ in range(10)]
+    go = gemm.eager_gemm(x, w, xs, ws, torch.bfloat16)
+    assert isinstance(go, gemm.WgmmaBound)
+    runs += [go(x, w, xs, ws) for _ in range(3)]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        assert go(x, w, xs, ws) is None  # its scratch is the other stream's
+        runs.append(launch.batched_gemm_a8w8_mxscale(x, w, xs, ws))
+    torch.cuda.current_stream().wait_stream(side)
+    y = torch.empty_like(first)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, out=y)
+    for _ in range(3):
+        y.fill_(float("nan"))
+        graph.replay()
+        runs.append(y.clone())
+    torch.cuda.synchronize()
+    for i, r in enumerate(runs):
+        assert torch.equal(r.view(torch.int16), first.view(torch.int16)), f"seed {seed}: run {i}"
+    assert int(split_k.COUNTER_POOLS[x.device].counters.count_nonzero()) == 0
+
+
+@gpu
 def test_gpu_gemm_wgmma_relaunch_goes_straight_to_the_compiled_kernel():
     """After its first launch, a specialization of the wgmma kernel launches without Triton's
     dispatch: M 1024, 2048 and 1040 share one compiled kernel (M % 16 == 0, same grid), M 1000

@@ -282,28 +282,31 @@ def test_gemm_spec_follows_gemm_config(m, g):
     assert not dict(fp32.constexprs)["OUT_BF16"] and fp32.out_shape[0].dtype == jnp.float32
 
 
-@pytest.mark.parametrize("m,g", [(1, 16), (64, 16), (1024, 2), (8192, 16)])
+@pytest.mark.parametrize("m,g", [(1, 16), (64, 16), (1024, 2), (8192, 16), (64, 2), (128, 4)])
 def test_wgmma_spec_follows_the_torch_launcher(m, g):
     """Where ``gemm_config(wgmma=True)`` picks the wgmma kernel: its tile, grid and stages,
-    descriptors over x [M, G * K], w [G * N, K] and y [M, G * N]."""
+    descriptors over x [M, G * K], w [G * N, K] and y [M, G * N]. Where the torch launcher
+    splits K (G = 2), the same tile unsplit: this route keeps no counters."""
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     from torch_bridge.backends.triton import wgmma_kernels
 
     n, k = 1024, 4096
     cfg = launch.gemm_config(m, g, n, k, 128, wgmma=True)
-    assert cfg.wgmma
+    assert cfg.wgmma and (cfg.split_k > 1) == (g == 2 and m == 64)
     call = jax_launch.gemm_call(m, g, n, k, 128, n // 128, dtype=jnp.bfloat16, wgmma=True,
                                 sms=132)
     assert call.kernel is wgmma_kernels.batched_gemm_a8w8_mxscale_wgmma_kernel
     programs = configs.tile_programs(m, g, n, cfg.block_m, cfg.block_n, cfg.programs_per_sm,
                                      132)
     assert call.grid == (programs,) and call.num_warps == cfg.num_warps
-    x, w, y, xs, ws, m_arg, programs_arg = call.args
+    x, w, y, xs, ws, m_arg, programs_arg, parts, counters = call.args
     assert (x.index, x.shape, x.row_stride, x.block) == (0, (m, g * k), g * k, (cfg.block_m, 128))
     assert (w.index, w.shape, w.row_stride, w.block) == (1, (g * n, k), k, (cfg.block_n, 128))
     assert (y.index, y.shape, y.block) == (4, (m, g * n), (cfg.block_m, cfg.block_n))
     assert (xs, ws, m_arg, programs_arg) == (Ref(2), Ref(3), m, programs)
+    assert parts == counters == Ref(4)  # SPLIT_K = 1 never touches them: y stands in
     cx = dict(call.constexprs)
+    assert cx["SPLIT_K"] == 1
     assert cx["STAGES"] == configs.wgmma_stages(cfg.num_stages, k // 128, cfg.block_m,
                                                 cfg.block_n, 128, 2)
     assert (cx["SWAP_AB"], cx["G"], cx["SXSM"]) == (cfg.swap_ab, g, g * k // 128)
@@ -455,4 +458,4 @@ def test_specs_compile_for_sm90(tmp_path):
     assert lines[4] == "wgmma True True 3", lines
     assert lines[5].startswith("fused True True") and lines[6] == "fused True True True", lines
     assert lines[7] == ("lowered 1 True -2, -1, -1, -1, -1, -2, -1, -1, -1, -1, -2, -1, -1, -1, "
-                        "-1, 2, 3, -1, -1"), lines
+                        "-1, 2, 3, -1, -1, 4, 4"), lines  # y stands in for the split scratch

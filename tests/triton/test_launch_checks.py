@@ -339,6 +339,7 @@ def test_bound_wgmma_gemm_keeps_descriptor_expansions_per_base_address(monkeypat
     assert args[11:16] == ("map0", m, g * k, k * g, 1)
     assert args[16:21] == ("map1", g * n, k, k, 1) and args[21:26] == ("map2", m, g * n, g * n, 1)
     assert args[26] is xs and args[27] is ws and args[28:30] == (m, 8)  # M, programs
+    assert args[30] is args[31] is y  # unsplit: the output stands in for the split scratch
     assert len(args) == 30 + len(Kernel.arg_names) - 7
     again = bound(x, w, xs, ws)  # y is alive: a new output address, x and w the same
     assert len(raw) == 2 and again.data_ptr() != y.data_ptr()

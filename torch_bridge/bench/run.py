@@ -11,6 +11,7 @@ from ..cli.errors import ExitCode, OneLineParser
 from . import problem, results
 from .jax_step import ROUTES as STEP_ROUTES
 from .providers import DEFAULT, PROVIDERS
+from .tune import DEFAULT_KINDS as TUNE_DEFAULT_KINDS
 from .tune import KINDS as TUNE_KINDS
 
 _DESCRIPTION = ("The wo_a benchmark: every provider checked against the woa_jax oracle, then "
@@ -71,8 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--routes", type=_names,
                    help=f"with --jax-step: comma-separated subset of {','.join(STEP_ROUTES)} "
                         "(default: all)")
-    p.add_argument("--tune-kinds", type=_names, default=TUNE_KINDS,
-                   help=f"with --tune: comma-separated subset of {','.join(TUNE_KINDS)}")
+    p.add_argument("--tune-kinds", type=_names, default=TUNE_DEFAULT_KINDS,
+                   help=f"with --tune: comma-separated subset of {','.join(TUNE_KINDS)} "
+                        f"(default: {','.join(TUNE_DEFAULT_KINDS)}; gemm-split: the wgmma "
+                        "kernel's split-K shapes alone)")
     p.add_argument("--sustained", action="store_true",
                    help="sweep and --tune on a GPU: time at the clock held under a long run "
                         "(~20 ms replays after 1 s of them) instead of the burst clock")

@@ -14,11 +14,34 @@ from . import problem
 from .providers import chain_fp8_triton, chain_fp8_triton_2k, gemm_triton, quant_triton
 from .sweep import time_calls
 
-KINDS = ("gemm", "quant", "chain")
+KINDS = ("gemm", "quant", "chain", "gemm-split")
+#: What ``--tune`` times unless told: "gemm-split" (the wgmma kernel's split-K shapes alone, a
+#: short run) is a subset of "gemm".
+DEFAULT_KINDS = KINDS[:3]
 
 
 def gemm_candidates(m: int) -> list:
-    """GEMM launch shapes worth timing at ``m`` tokens (``GemmConfig.label()`` names each)."""
+    """GEMM launch shapes worth timing at ``m`` tokens (``GemmConfig.label()`` names each),
+    each once."""
+    out = {c.label(): c for c in _gemm_candidates(m) + wgmma_split_candidates(m)}
+    return list(out.values())
+
+
+def wgmma_split_candidates(m: int) -> list:
+    """The wgmma kernel with K split 1, 2, 4 and 8 ways (few tiles, G = 2 to 4): 64 x 64 and
+    64 x 128 tiles, and up to 32 tokens the swapped token tile."""
+    from torch_bridge.backends.triton.launch import GemmConfig as C
+
+    out = [C(64, bn, sk, num_warps=4, num_stages=8, wgmma=True) for bn in (64, 128)
+           for sk in (1, 2, 4, 8)]
+    if m <= 32:
+        tokens = max(8, 1 << (m - 1).bit_length())
+        out += [C(tokens, 64, sk, swap_ab=True, num_warps=4, num_stages=8, wgmma=True)
+                for sk in (1, 2, 4, 8)]
+    return out
+
+
+def _gemm_candidates(m: int) -> list:
     from torch_bridge.backends.triton.launch import GemmConfig as C
 
     if m <= 64:
@@ -66,9 +89,10 @@ def quant_candidates() -> list:
 
 
 def run_tune(sweep: problem.Sweep, *, on_gpu: bool, reps: int, progress, seed: int,
-             kinds: tuple[str, ...] = KINDS, clock="burst") -> list[dict]:
+             kinds: tuple[str, ...] = DEFAULT_KINDS, clock="burst") -> list[dict]:
     """One row per candidate of ``kinds`` at every (G, M) (the fused chain up to M = 64); a
-    candidate that fails to compile or to match the oracle is a row too."""
+    candidate that fails to compile or to match the oracle is a row too. "gemm-split" rows are
+    GEMM rows (``--tuned`` reads them as such)."""
     rows = []
     todo = [(g, m) for g in sweep.groups for m in sweep.ms]
     task = progress.add_task("tune", total=len(todo))
@@ -78,6 +102,8 @@ def run_tune(sweep: problem.Sweep, *, on_gpu: bool, reps: int, progress, seed: i
         jobs = []  # (kind, label, config, provider(sets, on_gpu, config=))
         if "gemm" in kinds:
             jobs += [("gemm", c.label(), c, gemm_triton) for c in gemm_candidates(m)]
+        elif "gemm-split" in kinds:
+            jobs += [("gemm", c.label(), c, gemm_triton) for c in wgmma_split_candidates(m)]
         if "quant" in kinds:
             jobs += [("quant", c.label(), c, quant_triton) for c in quant_candidates()]
         if "chain" in kinds and m <= 64:

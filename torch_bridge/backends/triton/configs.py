@@ -154,7 +154,8 @@ class GemmConfig:
     #: promotion overlapped with the next block's MMA. Needs ``block_n`` dividing the scale
     #: block, and ``block_m == 16 * num_warps`` (64 or 128); or swapped (``swap_ab``, the
     #: decode tile: tokens on the MMA's N side), 8 to 64 tokens and ``block_n`` (64 or 128) a
-    #: multiple of ``16 * num_warps``.
+    #: multiple of ``16 * num_warps``. It splits K too (``split_k``), with the pointer kernel's
+    #: scratch.
     wgmma: bool = False
 
     def __post_init__(self):
@@ -172,9 +173,9 @@ class GemmConfig:
         if self.programs_per_sm and not (self.tma or self.wgmma):
             raise ValueError("GemmConfig.programs_per_sm applies to the TMA and wgmma kernels "
                              "only; set tma=True, wgmma=True or programs_per_sm=0")
-        if self.wgmma and (self.tma or self.split_k > 1 or not _wgmma_tile_ok(self)):
-            raise ValueError(f"GemmConfig.wgmma is its own kernel: it needs tma=False, "
-                             f"split_k=1 and either block_m = 16 * num_warps in (64, 128), "
+        if self.wgmma and (self.tma or not _wgmma_tile_ok(self)):
+            raise ValueError(f"GemmConfig.wgmma is its own kernel: it needs tma=False and "
+                             f"either block_m = 16 * num_warps in (64, 128), "
                              f"or swap_ab=True with block_m in 8..64 and block_n in (64, 128) "
                              f"a multiple of 16 * num_warps; got {self}")
 
@@ -238,10 +239,13 @@ def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
 
     ``wgmma`` (the wgmma kernel can run, ``wgmma_available``), with 128-blocks and N a multiple
     of 128: up to 16 tokens the swapped 64-row x 8/16-token tile where it gives at least one
-    wave (``ONE_WAVE_TILES``; it cannot split K), 8 stages at one program per SM, 6 above.
+    wave (``ONE_WAVE_TILES``), 8 stages at one program per SM, 6 above.
     Above 16 tokens, 64 x 128 tiles with 6 stages where they make at most one wave (and more
-    than 64 tiles up to M = 64, where the pointer tiles win); above 64 tokens and beyond one
-    wave, persistent 128 x 128 tiles, 8 warps, 4 stages, where more than 64 tiles fill the GPU.
+    than 64 tiles up to M = 64, where the pointer tiles win); where they are fewer than
+    ``FEW_PROGRAMS`` (G = 2 to 4, the grids the Triton kernels split K for), the Triton
+    kernels' 64 x 64 tile and K split on the wgmma kernel, 8 stages (each part streams its
+    weight slice with all its loads in flight); above 64 tokens and beyond one wave, persistent
+    128 x 128 tiles, 8 warps, 4 stages, where more than 64 tiles fill the GPU.
     """
     if wgmma and block == 128 and n % 128 == 0:
         if m <= 16:
@@ -254,6 +258,9 @@ def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
             fewest = FEW_PROGRAMS if m > 64 else FEW_PROGRAMS + 1
             if fewest <= programs(cfg, m, g, n) <= ONE_WAVE_TILES:
                 return cfg
+            if programs(cfg, m, g, n) < FEW_PROGRAMS:
+                cfg = GemmConfig(64, 64, num_warps=4, num_stages=8, wgmma=True)
+                return dataclasses.replace(cfg, split_k=k_split(cfg, m, g, n, k // block))
         if m > 64:
             cfg = GemmConfig(128, 128, num_warps=8, num_stages=4, wgmma=True, programs_per_sm=1)
             if programs(cfg, m, g, n) > FEW_PROGRAMS:
@@ -293,10 +300,11 @@ def check_split(cfg: GemmConfig, k_blocks: int) -> None:
 
 
 def tile_programs(m: int, g: int, n: int, block_m: int, block_n: int, programs_per_sm: int,
-                  sm_count: int) -> int:
-    """Grid of the tile-walking kernels (TMA, wgmma): one program per output tile, or at most
-    ``programs_per_sm`` resident programs per SM that loop over the tiles."""
-    tiles = cdiv(m, block_m) * (n // block_n) * g
+                  sm_count: int, split_k: int = 1) -> int:
+    """Grid of the tile-walking kernels (TMA, wgmma): one program per output tile (per K part
+    of a tile, split ``split_k`` ways), or at most ``programs_per_sm`` resident programs per SM
+    that loop over them."""
+    tiles = cdiv(m, block_m) * (n // block_n) * g * split_k
     if programs_per_sm:
         return min(tiles, programs_per_sm * sm_count)
     return tiles
@@ -321,21 +329,24 @@ def wgmma_launch(m: int, g: int, n: int, k: int, block: int, cfg: GemmConfig, *,
                  scale_strides: tuple[int, int, int, int]) -> WgmmaLaunch:
     """The wgmma kernel's launch for ``x [M, G, K]`` (rows ``x_row`` apart, (G, K) packed),
     ``w [G, N, K]`` contiguous, ``y [M, G, N]`` (rows ``y_row`` apart) and scales with strides
-    ``(x_scale M, x_scale G, w_scale G, w_scale N)``, on a GPU of ``sms`` SMs."""
+    ``(x_scale M, x_scale G, w_scale G, w_scale N)``, on a GPU of ``sms`` SMs. ``cfg.split_k``
+    must divide the K blocks (``check_split``)."""
     bm, bn = cfg.block_m, cfg.block_n
-    programs = tile_programs(m, g, n, bm, bn, cfg.programs_per_sm, sms)
-    stages = wgmma_stages(cfg.num_stages, k // block, bm, bn, block, out_bytes)
+    check_split(cfg, k // block)
+    programs = tile_programs(m, g, n, bm, bn, cfg.programs_per_sm, sms, cfg.split_k)
+    stages = wgmma_stages(cfg.num_stages, k // block // cfg.split_k, bm, bn, block, out_bytes)
     sxsm, sxsg, swsg, swsn = scale_strides
     views = (((m, g * k), (x_row, 1), (bm, block)), ((g * n, k), (k, 1), (bn, block)),
              ((m, g * n), (y_row, 1), (bm, bn)))
     return WgmmaLaunch(programs, views, dict(
         SXSM=sxsm, SXSG=sxsg, SWSG=swsg, SWSN=swsn, G=g, N=n, K=k, STAGES=stages,
-        num_warps=cfg.num_warps, SWAP_AB=cfg.swap_ab))
+        num_warps=cfg.num_warps, SWAP_AB=cfg.swap_ab, SPLIT_K=cfg.split_k))
 
 
 def wgmma_stages(requested: int, k_blocks: int, block_m: int, block_n: int, block: int,
                  out_bytes: int) -> int:
-    """The wgmma kernel's pipeline depth: ``requested``, at most one stage per K block and as
+    """The wgmma kernel's pipeline depth: ``requested``, at most one stage per K block (of a
+    K part, when split) and as
     many fp8 ``x``/``w`` tile pairs as fit in shared memory beside the output tile (so an fp32
     output gets fewer stages than a bf16 one)."""
     stage_bytes = (block_m + block_n) * block

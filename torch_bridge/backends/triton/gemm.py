@@ -120,14 +120,6 @@ def _gemm_launch(x, w, x_scale, w_scale, out, shape: tuple):
            *signature(out), aligned, *shape)
     run = launch_for(key, lambda: _gemm_plan(x, w, x_scale, w_scale, out, GemmConfig(*shape)))
     path = run.extra[0]
-    if path == "pointer":
-        split, parts, counters = split_scratch(out, run.plan.split_k,
-                                               run.grid[0] * run.grid[1])
-        if split != run.plan.split_k:  # no counters to be had: the same tile, unsplit
-            cfg = dataclasses.replace(run.extra[1], split_k=split)
-            run = launch_for((key, split), lambda: _pointer_plan(x, w, x_scale, w_scale, out,
-                                                                 cfg))
-        return run, (x, w, x_scale, w_scale, m, out, parts, counters)
     if path == "tma":
         from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -138,9 +130,24 @@ def _gemm_launch(x, w, x_scale, w_scale, out, shape: tuple):
                      TensorDescriptor(w, [g * n, k], [k, 1], [bn, sb]),
                      TensorDescriptor(out, [m, g * n], [out.stride(0), 1], [bm, bn]),
                      x_scale, w_scale, m, run.grid[0])
+    split, parts, counters = split_scratch(out, run.plan.split_k, _tiles(run, x, w))
+    if split != run.plan.split_k:  # no counters to be had: the same tile, unsplit
+        cfg = dataclasses.replace(run.extra[-1], split_k=split)
+        run = launch_for((key, split), lambda: _gemm_plan(x, w, x_scale, w_scale, out, cfg))
+    if path == "pointer":
+        return run, (x, w, x_scale, w_scale, m, out, parts, counters)
     return run, (*(_descriptor(t, view) for t, view in zip((x, w, out), run.extra[1],
                                                           strict=True)),
-                 x_scale, w_scale, m, run.grid[0])
+                 x_scale, w_scale, m, run.grid[0], parts, counters)
+
+
+def _tiles(run: Launch, x, w) -> int:
+    """Output tiles of a pointer or wgmma launch (its ``extra`` ends with its config): one
+    split-K counter each."""
+    if run.extra[0] == "pointer":
+        return run.grid[0] * run.grid[1]
+    cfg = run.extra[-1]
+    return configs.cdiv(x.shape[0], cfg.block_m) * (w.shape[1] // cfg.block_n) * x.shape[1]
 
 
 #: Where the pointer kernel's runtime arguments hold the call's tensors (then the scratch).
@@ -212,7 +219,7 @@ def _gemm_plan(x, w, x_scale, w_scale, out, cfg: GemmConfig) -> Launch:
             plan, views = plans.gemm_wgmma(m, g, n, k, block, cfg, sms, x_row=x.stride(0),
                                            y_row=out.stride(0), out_bytes=out.element_size(),
                                            **scales)
-            return Launch(plan, ("wgmma", views))
+            return Launch(plan, ("wgmma", views, cfg))
         # A default shape whose operands the wgmma kernel cannot view (x transposed from
         # [G, M, K], a misaligned base; explicit ones were refused before): the Triton
         # kernels' own shape, as the swapped decode tile is too narrow for tl.dot.
@@ -256,24 +263,28 @@ class WgmmaBound:
 
     It launches past Triton's descriptor step (``descriptor_launcher``): each descriptor's
     expansion is kept per base address (the rest of it is fixed by the signature), so a repeat
-    builds no descriptor and no CUtensorMap. ``None`` where the op's path is needed:
-    ``eager_stream`` refuses (a given output counts as an input), x, w or a given output is not
-    16-byte aligned (the op then runs another kernel), a scale's alignment differs (another
-    specialization), or a launch hook wants Triton's launch metadata (built from the
-    unexpanded arguments).
+    builds no descriptor and no CUtensorMap. A split-K launch keeps the scratch of the stream
+    it was bound on, and launches on that stream only. ``None`` where the op's path is needed:
+    ``eager_stream`` refuses (a given output counts as an input; another stream or a capture,
+    when split), x, w or a given output is not 16-byte aligned (the op then runs another
+    kernel), a scale's alignment differs (another specialization), or a launch hook wants
+    Triton's launch metadata (built from the unexpanded arguments).
     """
 
     #: Expansions kept per descriptor: more base addresses than a model's layers.
     _KEEP = 256
 
     def __init__(self, compiled, run, expand, programs: int, views: tuple, tail: tuple,
-                 out: torch.Tensor, scales_aligned: tuple[bool, bool]):
+                 out: torch.Tensor, scales_aligned: tuple[bool, bool],
+                 scratch: tuple | None, stream: int | None):
         self._go = raw_launch(compiled, run) or triton_launch(compiled, run)
         self._expand = expand
         self._programs, self._views, self._tail = programs, views, tail
+        self._scratch = scratch  # unsplit: the output stands in (never touched)
         self._shape, self._dtype, self._device = tuple(out.shape), out.dtype, out.device
         self._strides = row_major(self._shape)
         self._aligned = scales_aligned
+        self._stream = stream
         self._kept: tuple[dict, dict, dict] = ({}, {}, {})
 
     @classmethod
@@ -288,9 +299,11 @@ class WgmmaBound:
         if not found or tuple(run.kernel.arg_names[:5]) != _WGMMA_TENSORS:
             return None
         x_scale, w_scale = args[3], args[4]
-        tail = (*args[5:], *(run.options[n] for n in run.kernel.arg_names[len(args):]))
+        tail = tuple(run.options[n] for n in run.kernel.arg_names[len(args):])
+        split = run.plan.split_k > 1
         return cls(compiled, *found, run.grid[0], run.extra[1], tail, out,
-                   (x_scale.data_ptr() % 16 == 0, w_scale.data_ptr() % 16 == 0))
+                   (x_scale.data_ptr() % 16 == 0, w_scale.data_ptr() % 16 == 0),
+                   args[7:9] if split else None, current_stream() if split else None)
 
     def _expanded(self, i: int, t: torch.Tensor) -> list:
         kept = self._kept[i]
@@ -303,7 +316,8 @@ class WgmmaBound:
 
     def __call__(self, x, w, x_scale, w_scale, out=None) -> torch.Tensor | None:
         stream = eager_stream((x, w, x_scale, w_scale) if out is None
-                              else (x, w, x_scale, w_scale, out), self._device.index)
+                              else (x, w, x_scale, w_scale, out), self._device.index,
+                              self._stream)
         enter, leave, wanted = launch_hooks()
         if (stream is None or wanted or x.data_ptr() % 16 or w.data_ptr() % 16
                 or (out is not None and out.data_ptr() % 16)
@@ -314,7 +328,8 @@ class WgmmaBound:
                                                             device=self._device)
         self._go(self._programs, 1, 1, stream,
                  (*self._expanded(0, x), *self._expanded(1, w), *self._expanded(2, y), x_scale,
-                  w_scale, *self._tail), enter, leave, False)
+                  w_scale, self._shape[0], self._programs, *(self._scratch or (y, y)),
+                  *self._tail), enter, leave, False)
         if out is not None:
             increment_version(out)
         return y

@@ -146,9 +146,9 @@ def gemm_call(m: int, g: int, n: int, k: int, block: int, n_blocks: int, *, dtyp
 
     The tile is ``configs.gemm_config(..., wgmma=wgmma)``'s: the wgmma kernel where it picks
     it (``sms``: the GPU's SM count, for its persistent grid), else the pointer kernel
-    without its TMA and split-K fields (module docstring).
+    without its TMA field; neither splits K (module docstring).
     """
-    cfg = configs.gemm_config(m, g, n, k, block, wgmma=wgmma)
+    cfg = dataclasses.replace(configs.gemm_config(m, g, n, k, block, wgmma=wgmma), split_k=1)
     kb = k // block
     strides = dict(x_scale=plans.dense(m, g, kb), w_scale=plans.dense(g, n_blocks, kb))
     out_shape = (jax.ShapeDtypeStruct((m, g, n), dtype),)
@@ -162,12 +162,13 @@ def gemm_call(m: int, g: int, n: int, k: int, block: int, n_blocks: int, *, dtyp
                                 wgmma_kernels.smem_layout(tile, name))
                    for index, (shape, view_strides, tile), name in zip((0, 1, 4), views, names,
                                                                        strict=True))
-        return _call(plan, (x, w, y, Ref(2), Ref(3), m, plan.grid[0]), out_shape)
-    plan = plans.gemm_pointer(m, g, n, k, block, cfg, 1, x=plans.dense(m, g, k),
+        # Unsplit, the parts and counters are never touched: y stands in for them.
+        return _call(plan, (x, w, y, Ref(2), Ref(3), m, plan.grid[0], Ref(4), Ref(4)),
+                     out_shape)
+    plan = plans.gemm_pointer(m, g, n, k, block, cfg, cfg.split_k, x=plans.dense(m, g, k),
                               w=plans.dense(g, n, k), y=plans.dense(m, g, n),
                               out_bf16=np.dtype(dtype) == np.dtype(jnp.bfloat16), **strides)
     x, w, xs, ws, y = map(Ref, range(5))
-    # Without split-K the parts and counters are never touched: y stands in for them.
     return _call(plan, (x, w, xs, ws, m, y, y, y), out_shape)
 
 

@@ -103,7 +103,7 @@ def gemm_wgmma(m: int, g: int, n: int, k: int, block: int, cfg: GemmConfig, sms:
                x_row: int, y_row: int, x_scale: tuple, w_scale: tuple,
                out_bytes: int) -> tuple[Plan, tuple]:
     """The Hopper wgmma GEMM: its plan, and the ``(shape, strides, tile)`` views of the x, w and
-    y descriptors (``configs.wgmma_launch``)."""
+    y descriptors (``configs.wgmma_launch``); K split ``cfg.split_k`` ways."""
     from . import wgmma_kernels
 
     launch = configs.wgmma_launch(m, g, n, k, block, cfg, out_bytes=out_bytes, sms=sms,
@@ -111,7 +111,8 @@ def gemm_wgmma(m: int, g: int, n: int, k: int, block: int, cfg: GemmConfig, sms:
                                   scale_strides=(*x_scale[:2], *w_scale[:2]))
     # num_warps stays among the constexprs too: the Gluon kernel takes it as one.
     return (Plan(wgmma_kernels.batched_gemm_a8w8_mxscale_wgmma_kernel, (launch.programs,),
-                 launch.constexprs, launch.constexprs["num_warps"]), launch.views)
+                 launch.constexprs, launch.constexprs["num_warps"], split_k=cfg.split_k),
+            launch.views)
 
 
 def wo_a_fp8(s: int, dh: int, rd: int, g: int, n: int, k: int, block: int, cfg: GemmConfig,

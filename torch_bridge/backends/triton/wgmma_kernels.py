@@ -82,16 +82,26 @@ def _tile_origin(tile, tiles_per_group, NUM_N: gl.constexpr, BLOCK_M: gl.constex
 
 
 @gluon.jit
-def _issue_load(x_desc, w_desc, a_bufs, b_bufs, ready, j, first_tile, num_programs,
-                tiles_per_group, K: gl.constexpr, N: gl.constexpr, KB: gl.constexpr,
-                NUM_N: gl.constexpr, STAGES: gl.constexpr):
-    """TMA-load this program's ``j``-th K block (over all its tiles) into stage ``j % STAGES``."""
+def _unit_origin(unit, tiles_per_group, NUM_N: gl.constexpr, BLOCK_M: gl.constexpr,
+                 BLOCK_N: gl.constexpr, SPLIT_K: gl.constexpr, KB_PER: gl.constexpr):
+    """(group, first row, first column, first K block) of a work unit: K part
+    ``unit % SPLIT_K`` of tile ``unit // SPLIT_K``, so a tile's parts run side by side."""
+    g, m0, n0 = _tile_origin(unit // SPLIT_K, tiles_per_group, NUM_N, BLOCK_M, BLOCK_N)
+    return g, m0, n0, (unit % SPLIT_K) * KB_PER
+
+
+@gluon.jit
+def _issue_load(x_desc, w_desc, a_bufs, b_bufs, ready, j, first_unit, num_programs,
+                tiles_per_group, K: gl.constexpr, N: gl.constexpr, KB_PER: gl.constexpr,
+                NUM_N: gl.constexpr, SPLIT_K: gl.constexpr, STAGES: gl.constexpr):
+    """TMA-load this program's ``j``-th K block (over all its work units) into stage
+    ``j % STAGES``."""
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
-    g, m0, n0 = _tile_origin(first_tile + (j // KB) * num_programs, tiles_per_group, NUM_N,
-                             BLOCK_M, BLOCK_N)
-    k0 = (j % KB) * BLOCK_K
+    g, m0, n0, kb0 = _unit_origin(first_unit + (j // KB_PER) * num_programs, tiles_per_group,
+                                  NUM_N, BLOCK_M, BLOCK_N, SPLIT_K, KB_PER)
+    k0 = (kb0 + j % KB_PER) * BLOCK_K
     s = j % STAGES
     mbarrier.expect(ready.index(s), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
     _tma_load(x_desc, [m0, g * K + k0], ready.index(s), a_bufs.index(s))
@@ -99,12 +109,64 @@ def _issue_load(x_desc, w_desc, a_bufs, b_bufs, ready, j, first_tile, num_progra
 
 
 @gluon.jit
+def _store_tile(acc, y_desc, y_smem, m0, n0, SWAP_AB: gl.constexpr):
+    """TMA-store one output tile through ``y_smem``. The previous tile's store must have read
+    ``y_smem`` before it is overwritten; the copy engine clips rows past M."""
+    tma.store_wait(pendings=0)
+    if SWAP_AB:
+        y_smem.store(gl.permute(acc.to(y_desc.dtype), (1, 0)))
+    else:
+        y_smem.store(acc.to(y_desc.dtype))
+    fence_async_shared()
+    _tma_store(y_desc, [m0, n0], y_smem)
+
+
+@gluon.jit
+def _reduce_parts(acc, part_ptr, count_ptr, tile, part, g, m0, n0, M, y_desc, y_smem,
+                  G: gl.constexpr, N: gl.constexpr, SPLIT_K: gl.constexpr,
+                  SWAP_AB: gl.constexpr):
+    """Serial split-K, as ``kernels._gemm_tile`` does it: park this K part's fp32 tile in
+    ``part [SPLIT_K, M, G, N]``, take a ticket from the tile's counter, and if it is the last
+    one add the parts in K order (its own from registers: the same bits as reading it back, so
+    the sum never depends on arrival order), store ``y`` and set the counter back to 0."""
+    BLOCK_M: gl.constexpr = y_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = y_desc.block_type.shape[1]
+    layout: gl.constexpr = acc.type.layout
+    toks = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0 if SWAP_AB else 1, layout))
+    cols = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1 if SWAP_AB else 0, layout))
+    rows = (toks.to(gl.int64) * G + g) * N
+    if SWAP_AB:
+        off = rows[None, :] + cols[:, None]
+        ok = (toks[None, :] < M) & (cols[:, None] < N)
+    else:
+        off = rows[:, None] + cols[None, :]
+        ok = (toks[:, None] < M) & (cols[None, :] < N)
+    stride = gl.to_tensor(M).to(gl.int64) * (G * N)  # one part (M may be a constexpr 1)
+    gl.store(part_ptr + part * stride + off, acc, mask=ok)
+    gl.barrier()  # every thread's part is written before the ticket releases it
+    ticket = gl.atomic_add(count_ptr + tile, 1, sem="acq_rel")
+    if ticket == SPLIT_K - 1:
+        total = gl.where(part == 0, acc, gl.load(part_ptr + off, mask=ok & (part != 0),
+                                                  other=0.0, cache_modifier=".cg"))
+        # A runtime loop: unrolled, every part's load is hoisted ahead of the sums and the
+        # parts of a 64 x 128 tile spill at 8 parts.
+        for k_part in range(1, SPLIT_K):
+            total += gl.where(part == k_part, acc, gl.load(
+                part_ptr + k_part * stride + off, mask=ok & (part != k_part),
+                other=0.0, cache_modifier=".cg"))
+        gl.store(count_ptr + tile, 0)
+        _store_tile(total, y_desc, y_smem, m0, g * N + n0, SWAP_AB)
+
+
+@gluon.jit
 def batched_gemm_a8w8_mxscale_wgmma_kernel(
     x_desc, w_desc, y_desc, xs_ptr, ws_ptr, M, num_programs,
+    part_ptr, count_ptr,  # SPLIT_K > 1 only: fp32 parts [SPLIT_K, M, G, N], int32 counters
     SXSM: gl.constexpr, SXSG: gl.constexpr,  # x_scale [M, G, K/SB] strides (last contiguous)
     SWSG: gl.constexpr, SWSN: gl.constexpr,  # w_scale [G, N/SB, K/SB] strides
     G: gl.constexpr, N: gl.constexpr, K: gl.constexpr,
     STAGES: gl.constexpr, num_warps: gl.constexpr, SWAP_AB: gl.constexpr = False,
+    SPLIT_K: gl.constexpr = 1,
 ):
     """``y [M, G, N] = dq(x) @ dq(w)^T`` per group in ``BLOCK_M x BLOCK_N`` tiles.
 
@@ -117,21 +179,27 @@ def batched_gemm_a8w8_mxscale_wgmma_kernel(
 
     ``SWAP_AB`` (decode): the tile's weight rows take the MMA's M side and its tokens the N
     side, which wgmma lets be as narrow as 8, so a few tokens do not pad to 64 rows.
+
+    ``SPLIT_K > 1`` (few tiles): each tile's K blocks are cut into ``SPLIT_K`` parts, each a
+    work unit of its own, so more SMs stream the weight; the parts are added in K order by the
+    last to finish (``_reduce_parts``). Counters must start at 0.
     """
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
     KB: gl.constexpr = K // BLOCK_K
+    KB_PER: gl.constexpr = KB // SPLIT_K
     NUM_N: gl.constexpr = N // BLOCK_N
     MMA_M: gl.constexpr = BLOCK_N if SWAP_AB else BLOCK_M
     MMA_N: gl.constexpr = BLOCK_M if SWAP_AB else BLOCK_N
     gl.static_assert(BLOCK_K % BLOCK_N == 0, "a tile's weight rows share one scale block")
     gl.static_assert(MMA_M % (16 * num_warps) == 0, "each warp owns 16-row slices of the MMA")
+    gl.static_assert(KB % SPLIT_K == 0, "the K parts split the K blocks evenly")
 
     pid = gl.program_id(0)
     tiles_per_group = gl.cdiv(M, BLOCK_M) * NUM_N
-    my_tiles = gl.cdiv(tiles_per_group * G - pid, num_programs)
-    total = my_tiles * KB
+    my_units = gl.cdiv(tiles_per_group * G * SPLIT_K - pid, num_programs)
+    total = my_units * KB_PER
 
     a_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
     b_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
@@ -142,19 +210,20 @@ def batched_gemm_a8w8_mxscale_wgmma_kernel(
     for j in gl.static_range(STAGES):
         if j < total:
             _issue_load(x_desc, w_desc, a_bufs, b_bufs, ready, j, pid, num_programs,
-                        tiles_per_group, K, N, KB, NUM_N, STAGES)
+                        tiles_per_group, K, N, KB_PER, NUM_N, SPLIT_K, STAGES)
 
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, MMA_N, 32])
     token_layout: gl.constexpr = gl.SliceLayout(0 if SWAP_AB else 1, mma_layout)
-    for t in range(my_tiles):
-        g, m0, n0 = _tile_origin(pid + t * num_programs, tiles_per_group, NUM_N, BLOCK_M,
-                                 BLOCK_N)
+    for t in range(my_units):
+        unit = pid + t * num_programs
+        g, m0, n0, kb0 = _unit_origin(unit, tiles_per_group, NUM_N, BLOCK_M, BLOCK_N, SPLIT_K,
+                                      KB_PER)
         rows = m0 + gl.arange(0, BLOCK_M, layout=token_layout)
-        xs_rows = xs_ptr + g * SXSG + rows.to(gl.int64) * SXSM
+        xs_rows = xs_ptr + g * SXSG + rows.to(gl.int64) * SXSM + kb0
         rows_ok = rows < M
-        ws_row = ws_ptr + g * SWSG + (n0 // BLOCK_K) * SWSN
-        base = t * KB
+        ws_row = ws_ptr + g * SWSG + (n0 // BLOCK_K) * SWSN + kb0
+        base = t * KB_PER
         acc = gl.zeros([MMA_M, MMA_N], gl.float32, mma_layout)
         # Two register sets, A and B, take the K blocks' products in turn. A step issues the
         # MMA of block kb into its set (overwriting the product it promoted one step earlier),
@@ -165,11 +234,11 @@ def batched_gemm_a8w8_mxscale_wgmma_kernel(
         spent = gl.zeros([MMA_M, MMA_N], gl.float32, mma_layout)
         xs_a = gl.load(xs_rows, mask=rows_ok, other=127)
         ws_a = gl.load(ws_row)
-        xs_b = gl.load(xs_rows + 1, mask=rows_ok & (KB > 1), other=127)
-        ws_b = gl.load(ws_row + 1, mask=KB > 1, other=127)
+        xs_b = gl.load(xs_rows + 1, mask=rows_ok & (KB_PER > 1), other=127)
+        ws_b = gl.load(ws_row + 1, mask=KB_PER > 1, other=127)
         mbarrier.wait(ready.index(base % STAGES), (base // STAGES) & 1)
         pending = _mma(a_bufs, b_bufs, base % STAGES, acc, SWAP_AB)
-        for kb in gl.static_range(1, KB - 1, 2):
+        for kb in gl.static_range(1, KB_PER - 1, 2):
             i = base + kb
             mbarrier.wait(ready.index(i % STAGES), (i // STAGES) & 1)
             in_b = _mma(a_bufs, b_bufs, i % STAGES, spent, SWAP_AB)
@@ -178,51 +247,47 @@ def batched_gemm_a8w8_mxscale_wgmma_kernel(
             prod_a = warpgroup_mma_wait(num_outstanding=1, deps=(pending,))
             if i - 1 + STAGES < total:
                 _issue_load(x_desc, w_desc, a_bufs, b_bufs, ready, i - 1 + STAGES, pid,
-                            num_programs, tiles_per_group, K, N, KB, NUM_N, STAGES)
+                            num_programs, tiles_per_group, K, N, KB_PER, NUM_N, SPLIT_K, STAGES)
             acc = _promote(acc, prod_a, _block_scale(xs_a, ws_a), SWAP_AB)
             xs_a, ws_a = xs_far, ws_far
 
             mbarrier.wait(ready.index((i + 1) % STAGES), ((i + 1) // STAGES) & 1)
             pending = _mma(a_bufs, b_bufs, (i + 1) % STAGES, prod_a, SWAP_AB)
-            ahead = kb + 2 < KB
+            ahead = kb + 2 < KB_PER
             xs_far = gl.load(xs_rows + (kb + 2), mask=rows_ok & ahead, other=127)
             ws_far = gl.load(ws_row + (kb + 2), mask=ahead, other=127)
             spent = warpgroup_mma_wait(num_outstanding=1, deps=(in_b,))
             if i + STAGES < total:
                 _issue_load(x_desc, w_desc, a_bufs, b_bufs, ready, i + STAGES, pid,
-                            num_programs, tiles_per_group, K, N, KB, NUM_N, STAGES)
+                            num_programs, tiles_per_group, K, N, KB_PER, NUM_N, SPLIT_K, STAGES)
             acc = _promote(acc, spent, _block_scale(xs_b, ws_b), SWAP_AB)
             xs_b, ws_b = xs_far, ws_far
-        if KB % 2 == 0:  # one block left for set B
-            i = base + KB - 1
+        if KB_PER % 2 == 0:  # one block left for set B
+            i = base + KB_PER - 1
             mbarrier.wait(ready.index(i % STAGES), (i // STAGES) & 1)
             in_b = _mma(a_bufs, b_bufs, i % STAGES, spent, SWAP_AB)
             prod_a = warpgroup_mma_wait(num_outstanding=1, deps=(pending,))
             if i - 1 + STAGES < total:
                 _issue_load(x_desc, w_desc, a_bufs, b_bufs, ready, i - 1 + STAGES, pid,
-                            num_programs, tiles_per_group, K, N, KB, NUM_N, STAGES)
+                            num_programs, tiles_per_group, K, N, KB_PER, NUM_N, SPLIT_K, STAGES)
             acc = _promote(acc, prod_a, _block_scale(xs_a, ws_a), SWAP_AB)
             prod_b = warpgroup_mma_wait(num_outstanding=0, deps=(in_b,))
             if i + STAGES < total:
                 _issue_load(x_desc, w_desc, a_bufs, b_bufs, ready, i + STAGES, pid,
-                            num_programs, tiles_per_group, K, N, KB, NUM_N, STAGES)
+                            num_programs, tiles_per_group, K, N, KB_PER, NUM_N, SPLIT_K, STAGES)
             acc = _promote(acc, prod_b, _block_scale(xs_b, ws_b), SWAP_AB)
         else:
-            i = base + KB - 1
+            i = base + KB_PER - 1
             prod_a = warpgroup_mma_wait(num_outstanding=0, deps=(pending,))
             if i + STAGES < total:
                 _issue_load(x_desc, w_desc, a_bufs, b_bufs, ready, i + STAGES, pid,
-                            num_programs, tiles_per_group, K, N, KB, NUM_N, STAGES)
+                            num_programs, tiles_per_group, K, N, KB_PER, NUM_N, SPLIT_K, STAGES)
             acc = _promote(acc, prod_a, _block_scale(xs_a, ws_a), SWAP_AB)
-        # The previous tile's store must have read y_smem before it is overwritten; the copy
-        # engine clips rows past M.
-        tma.store_wait(pendings=0)
-        if SWAP_AB:
-            y_smem.store(gl.permute(acc.to(y_desc.dtype), (1, 0)))
+        if SPLIT_K == 1:
+            _store_tile(acc, y_desc, y_smem, m0, g * N + n0, SWAP_AB)
         else:
-            y_smem.store(acc.to(y_desc.dtype))
-        fence_async_shared()
-        _tma_store(y_desc, [m0, g * N + n0], y_smem)
+            _reduce_parts(acc, part_ptr, count_ptr, unit // SPLIT_K, unit % SPLIT_K, g, m0, n0,
+                          M, y_desc, y_smem, G, N, SPLIT_K, SWAP_AB)
     tma.store_wait(pendings=0)
     for st in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(st))
