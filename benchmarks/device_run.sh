@@ -7,6 +7,8 @@
 #   bash benchmarks/device_run.sh tune     # launch-shape candidates at G = 16
 #   bash benchmarks/device_run.sh tp       # 2 GPUs: NCCL TP check and TP2 vs TP1
 #   bash benchmarks/device_run.sh jax_step # jitted 8- and 61-layer steps, G = $WOA_STEP_GROUPS (16)
+#   bash benchmarks/device_run.sh capture  # which launches XLA records in command buffers, and
+#                                          # the native step with and without them
 #   WOA_BEFORE=dir WOA_BEFORE_COMMIT=sha bash benchmarks/device_run.sh compare
 #                                          # host cost and a G 16/2 sweep, the tree in dir and
 #                                          # this one alternated; rows in $OUT/{before,after}
@@ -70,6 +72,25 @@ jax_step)
     --reps 10 > "$OUT/jax_step.log" 2>&1
   grep -E "jax_step_" "$OUT/jax_step.log" | cut -c1-200
   ;;
+capture)
+  # XLA logs each command buffer it makes with the thunks inside; the A/B takes custom calls
+  # out of XLA's recordable set (its default minus CUSTOM_CALL).
+  export CUDA_VISIBLE_DEVICES=0
+  step="--jax-step --layers 8 --groups ${WOA_STEP_GROUPS:-2} --ms 1,64 --reps 5 --results-dir $OUT/capture"
+  mkdir -p "$OUT/capture"
+  TF_CPP_MIN_LOG_LEVEL=0 TF_CPP_MAX_VLOG_LEVEL=0 \
+    TF_CPP_VMODULE=command_buffer_conversion_pass=2,command_buffer_thunk=3 \
+    timeout 200 $BENCH $step --routes native,callback > "$OUT/capture.log" 2>&1
+  echo "command buffers made: $(grep -c 'Creating command buffer thunk' "$OUT/capture.log")," \
+    "woa_triton_launch in them: $(grep 'Creating command buffer thunk' -A400 "$OUT/capture.log" \
+    | grep -c woa_triton_launch), updates: $(grep -ci 'update command buffer' "$OUT/capture.log")"
+  grep -iE "initialize stage|error" "$OUT/capture.log" | head -5
+  grep -E "jax_step_" "$OUT/capture.log" | cut -c1-200
+  XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUDNN" \
+    timeout 150 $BENCH $step --routes native > "$OUT/capture_off.log" 2>&1
+  echo "custom calls not recordable:"
+  grep -E "jax_step_" "$OUT/capture_off.log" | cut -c1-200
+  ;;
 compare)
   # Alternating the trees spreads the host's drift over both sides; the summary is the median
   # of each row's runs, after / before.
@@ -110,7 +131,7 @@ for key in sorted(b.keys() & a.keys()):
 PY
   ;;
 *)
-  echo "usage: $0 tests|bench|sustained|tune|tp|jax_step|compare" >&2
+  echo "usage: $0 tests|bench|sustained|tune|tp|jax_step|capture|compare" >&2
   exit 2
   ;;
 esac
