@@ -82,8 +82,9 @@ capture)
     TF_CPP_VMODULE=command_buffer_conversion_pass=2,command_buffer_thunk=3 \
     timeout 200 $BENCH $step --routes native,callback > "$OUT/capture.log" 2>&1
   echo "command buffers made: $(grep -c 'Creating command buffer thunk' "$OUT/capture.log")," \
-    "woa_triton_launch in them: $(grep 'Creating command buffer thunk' -A400 "$OUT/capture.log" \
-    | grep -c woa_triton_launch), updates: $(grep -ci 'update command buffer' "$OUT/capture.log")"
+    "FFI custom calls in them: $(grep 'Creating command buffer thunk' "$OUT/capture.log" \
+    | grep -o 'ffi_call[.0-9]*' | wc -l), callbacks in them: $(grep 'Creating command buffer thunk' \
+    "$OUT/capture.log" | grep -o 'buffer_callback[.0-9]*' | wc -l)"
   grep -iE "initialize stage|error" "$OUT/capture.log" | head -5
   grep -E "jax_step_" "$OUT/capture.log" | cut -c1-200
   XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUDNN" \

@@ -23,6 +23,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+#: The CTA-wide barrier: ``gl.thread_barrier`` up to Triton 3.6, ``gl.barrier`` after.
+_cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+
 # Triton 3.6 names the TMA copies async_copy_*; 3.7+ renamed them async_load /
 # async_store and later removed the old names.
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -143,7 +146,7 @@ def _reduce_parts(acc, part_ptr, count_ptr, tile, part, g, m0, n0, M, y_desc, y_
         ok = (toks[:, None] < M) & (cols[None, :] < N)
     stride = gl.to_tensor(M).to(gl.int64) * (G * N)  # one part (M may be a constexpr 1)
     gl.store(part_ptr + part * stride + off, acc, mask=ok)
-    gl.barrier()  # every thread's part is written before the ticket releases it
+    _cta_barrier()  # every thread's part is written before the ticket releases it
     ticket = gl.atomic_add(count_ptr + tile, 1, sem="acq_rel")
     if ticket == SPLIT_K - 1:
         total = gl.where(part == 0, acc, gl.load(part_ptr + off, mask=ok & (part != 0),
