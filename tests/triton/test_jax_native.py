@@ -511,7 +511,8 @@ _COMPILE_SCRIPT = textwrap.dedent("""
     import numpy as np
     from torch_bridge.backends.triton import configs, jax_launch, launch, xla_ffi
 
-    def compiled(call, in_dtypes):
+    def compiled(call, in_dtypes):  # a split call's counters come in last
+        in_dtypes = [*in_dtypes, *(["int32"] if call.counters else [])]
         dtypes = tuple(np.dtype(d).name for d in (*in_dtypes, *(o.dtype for o in call.out_shape)))
         return xla_ffi.compile_triton(call.kernel, call.args, dtypes, dict(call.constexprs),
                                       call.num_warps, call.num_stages, 90)
@@ -547,14 +548,14 @@ _COMPILE_SCRIPT = textwrap.dedent("""
               "mul.rn.f32" in code)
 
     # Split K (G = 2) on XLA's scratch: the wgmma GEMM and the fused chain take tickets.
-    ins = ["float8_e4m3fn"] * 2 + ["uint8"] * 2 + ["int32"]
+    ins = ["float8_e4m3fn"] * 2 + ["uint8"] * 2
     wg = jax_launch.gemm_call(64, 2, 1024, 4096, 128, 8, dtype=jnp.bfloat16, wgmma=True, sms=132)
     chain = jax_launch.wo_a_fp8_call(1, 16, 512, 64, 1024, 2, 1024, 4096, 128, 8,
                                      fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8,
                                      dtype=jnp.bfloat16, o_dtype=jnp.bfloat16,
                                      rope_dtype=jnp.bfloat16)
     print("split", *("atom.global" in compiled(c, i).asm["ptx"] for c, i in (
-        (wg, ins), (chain, rope + ["float8_e4m3fn", "uint8", "int32"]))))
+        (wg, ins), (chain, rope + ["float8_e4m3fn", "uint8"]))))
     # Lowered for CUDA: one custom call carrying the cubin and the parameter map.
     jax_launch.capability = lambda: 90
     jax_launch.sm_count = lambda: 132
