@@ -352,9 +352,10 @@ def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_group
     """The FP8 chain under ``jax.jit``: fused inverse RoPE + quant, then the block-scaled GEMM.
 
     Same arguments as ``woa_jax.wo_a_fp8`` and ``torch_bridge.wo_a_fp8``. Where the torch
-    launcher runs the chain as one fused kernel without splitting K (DeepSeek V4 at M = 1,
-    G >= 16) and both ops take the native route, this launches that kernel natively too
-    (``jax_launch.wo_a_fp8_fits``): the same bits, one launch.
+    launcher runs the chain as one fused kernel (``configs.wo_a_fp8_chosen``: DeepSeek V4 at
+    M = 1 for G = 16, M <= 8 at G = 2 and 4, K split there) and both ops take the native
+    route, this launches that kernel natively too (``jax_launch.wo_a_fp8_fits``): the same
+    bits, one launch.
 
     Args:
       o: ``[S, H, Dh]`` bf16; positions ``[>= S]``; cos/sin ``[P, rd / 2]`` (bf16 for AITER bytes).
