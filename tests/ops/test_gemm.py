@@ -241,6 +241,32 @@ def test_gpu_gemm_against_oracle(m, g):
     assert err <= TOLERANCES["gemm_bf16"].rel, f"seed {seed}: relerr {err:.3g}"
 
 
+def _check_same_bits_elsewhere(first, runs: list, operands: tuple, seed: int,
+                               on_side_stream=None) -> None:
+    """``runs``, a launch on another stream and three CUDA-graph replays all give ``first``'s
+    bits, and every split-K tile counter is back at zero."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        if on_side_stream is not None:
+            on_side_stream()
+        runs.append(launch.batched_gemm_a8w8_mxscale(*operands))
+    torch.cuda.current_stream().wait_stream(side)
+    y = torch.empty_like(first)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch.batched_gemm_a8w8_mxscale(*operands, out=y)
+    for _ in range(3):
+        y.fill_(float("nan"))
+        graph.replay()
+        runs.append(y.clone())
+    torch.cuda.synchronize()
+    for i, r in enumerate(runs):
+        assert torch.equal(r.view(torch.int16), first.view(torch.int16)), f"seed {seed}: run {i}"
+    device = operands[0].device
+    assert int(split_k.COUNTER_POOLS[device].counters.count_nonzero()) == 0
+
+
 @gpu
 @pytest.mark.parametrize("m", (1, 16, 64, 128))
 def test_gpu_split_k_gemm_bits_never_depend_on_timing(m):
@@ -256,23 +282,7 @@ def test_gpu_split_k_gemm_bits_never_depend_on_timing(m):
     err = relerr(first, ref)
     assert err <= TOLERANCES["gemm_bf16"].rel, f"seed {seed}: relerr {err:.3g}"
     runs = [launch.batched_gemm_a8w8_mxscale(x, w, xs, ws) for _ in range(20)]
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        runs.append(launch.batched_gemm_a8w8_mxscale(x, w, xs, ws))
-    torch.cuda.current_stream().wait_stream(side)
-    y = torch.empty_like(first)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, out=y)
-    for _ in range(3):
-        y.fill_(float("nan"))
-        graph.replay()
-        runs.append(y.clone())
-    torch.cuda.synchronize()
-    for i, r in enumerate(runs):
-        assert torch.equal(r.view(torch.int16), first.view(torch.int16)), f"seed {seed}: run {i}"
-    assert int(split_k.COUNTER_POOLS[x.device].counters.count_nonzero()) == 0
+    _check_same_bits_elsewhere(first, runs, (x, w, xs, ws), seed)
 
 
 @gpu
@@ -435,24 +445,11 @@ def test_gpu_gemm_default_wgmma_split_bits_never_depend_on_timing(m):
     go = gemm.eager_gemm(x, w, xs, ws, torch.bfloat16)
     assert isinstance(go, gemm.WgmmaBound)
     runs += [go(x, w, xs, ws) for _ in range(3)]
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
+
+    def refused_on_the_side_stream():
         assert go(x, w, xs, ws) is None  # its scratch is the other stream's
-        runs.append(launch.batched_gemm_a8w8_mxscale(x, w, xs, ws))
-    torch.cuda.current_stream().wait_stream(side)
-    y = torch.empty_like(first)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, out=y)
-    for _ in range(3):
-        y.fill_(float("nan"))
-        graph.replay()
-        runs.append(y.clone())
-    torch.cuda.synchronize()
-    for i, r in enumerate(runs):
-        assert torch.equal(r.view(torch.int16), first.view(torch.int16)), f"seed {seed}: run {i}"
-    assert int(split_k.COUNTER_POOLS[x.device].counters.count_nonzero()) == 0
+
+    _check_same_bits_elsewhere(first, runs, (x, w, xs, ws), seed, refused_on_the_side_stream)
 
 
 @gpu

@@ -293,28 +293,25 @@ ffi::Error Load(ffi::RemainingArgs, ffi::RemainingRets, ffi::Span<const uint8_t>
 
 }  // namespace
 
+// Both stages decode the same operands and attributes: XLA hands each stage the same frame.
+template <typename Binding>
+auto WithLaunchOperands(Binding binding) {
+  return std::move(binding)
+      .RemainingArgs()
+      .RemainingRets()
+      .template Attr<ffi::Span<const uint8_t>>("cubin")
+      .template Attr<std::string_view>("name")
+      .template Attr<int64_t>("digest")
+      .template Attr<ffi::Span<const int64_t>>("launch")
+      .template Attr<ffi::Span<const int64_t>>("params")
+      .template Attr<ffi::Span<const int64_t>>("scalars")
+      .template Attr<ffi::Span<const int64_t>>("tmaps");
+}
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(WoaTritonLoad, Load,
-                              ffi::Ffi::BindInitialize()
-                                  .RemainingArgs()
-                                  .RemainingRets()
-                                  .Attr<ffi::Span<const uint8_t>>("cubin")
-                                  .Attr<std::string_view>("name")
-                                  .Attr<int64_t>("digest")
-                                  .Attr<ffi::Span<const int64_t>>("launch")
-                                  .Attr<ffi::Span<const int64_t>>("params")
-                                  .Attr<ffi::Span<const int64_t>>("scalars")
-                                  .Attr<ffi::Span<const int64_t>>("tmaps"));
+                              WithLaunchOperands(ffi::Ffi::BindInitialize()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(WoaTritonLaunch, Launch,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<CUstream>>()
-                                  .RemainingArgs()
-                                  .RemainingRets()
-                                  .Attr<ffi::Span<const uint8_t>>("cubin")
-                                  .Attr<std::string_view>("name")
-                                  .Attr<int64_t>("digest")
-                                  .Attr<ffi::Span<const int64_t>>("launch")
-                                  .Attr<ffi::Span<const int64_t>>("params")
-                                  .Attr<ffi::Span<const int64_t>>("scalars")
-                                  .Attr<ffi::Span<const int64_t>>("tmaps"),
+                              WithLaunchOperands(
+                                  ffi::Ffi::Bind().Ctx<ffi::PlatformStream<CUstream>>()),
                               {ffi::Traits::kCmdBufferCompatible});
