@@ -12,6 +12,7 @@
 #   WOA_BEFORE=dir WOA_BEFORE_COMMIT=sha bash benchmarks/device_run.sh compare
 #                                          # host cost and a G 16/2 sweep, the tree in dir and
 #                                          # this one alternated; rows in $OUT/{before,after}
+#                                          # (WOA_HOST_ROUNDS, WOA_SWEEP_PROVIDERS, _SECONDS)
 # Wheels in .whl/ (git-ignored; packages a machine without an index lacks) are installed
 # first. Where the copy has no git history, set WOA_COMMIT to the commit measured; rows also
 # carry the source digest.
@@ -108,11 +109,11 @@ compare)
   }
   host="--host-cost --groups 16,2 --ms ${WOA_HOST_MS:-1,16,64,256}"
   sweep="--groups 16,2 --ms 1,64,1024,8192 --reps 10 \
-    --providers quant_triton,gemm_triton,chain_fp8,chain_fp8_triton,chain_bf16"
-  for round in 1 2 3; do
+    --providers ${WOA_SWEEP_PROVIDERS:-quant_triton,gemm_triton,chain_fp8,chain_fp8_triton,chain_bf16}"
+  for round in $(seq "${WOA_HOST_ROUNDS:-3}"); do
     side 100 before $host; side 100 after $host
   done
-  side 150 before $sweep; side 150 after $sweep
+  side "${WOA_SWEEP_SECONDS:-150}" before $sweep; side "${WOA_SWEEP_SECONDS:-150}" after $sweep
   python3 - "$OUT" <<'PY'
 import csv, pathlib, statistics, sys
 out = pathlib.Path(sys.argv[1])
