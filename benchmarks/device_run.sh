@@ -7,6 +7,8 @@
 #   bash benchmarks/device_run.sh tune     # launch-shape candidates at G = 16
 #   bash benchmarks/device_run.sh tp       # 2 GPUs: NCCL TP check and TP2 vs TP1
 #   bash benchmarks/device_run.sh jax_step # jitted 8- and 61-layer steps, G = $WOA_STEP_GROUPS (16)
+#   bash benchmarks/device_run.sh decode   # G 2/4 decode batches beside DeepGEMM and vLLM (after
+#                                          # source out/peers/device_peers.sh), wgmma K splits
 #   bash benchmarks/device_run.sh capture  # which launches XLA records in command buffers, and
 #                                          # the native step with and without them
 #   WOA_BEFORE=dir WOA_BEFORE_COMMIT=sha bash benchmarks/device_run.sh compare
@@ -73,6 +75,15 @@ jax_step)
     --reps 10 > "$OUT/jax_step.log" 2>&1
   grep -E "jax_step_" "$OUT/jax_step.log" | cut -c1-200
   ;;
+decode)
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 240 $BENCH --groups 2,4 --ms 16,64,128,256 --reps 10 --providers \
+    quant_triton,quant_vllm,gemm_triton,gemm_deepgemm,chain_fp8,chain_peer > "$OUT/decode.log" 2>&1
+  grep -E "│ +(2|4) │" "$OUT/decode.log" | cut -c1-160
+  timeout 150 $BENCH --tune --tune-kinds gemm-split --groups 2,4 --ms 16,64,128,256 --reps 10 \
+    > "$OUT/decode_tune.log" 2>&1
+  grep -E "^tune" "$OUT/decode_tune.log" | cut -c1-100
+  ;;
 capture)
   # XLA logs each command buffer it makes with the thunks inside; the A/B takes custom calls
   # out of XLA's recordable set (its default minus CUSTOM_CALL).
@@ -133,7 +144,7 @@ for key in sorted(b.keys() & a.keys()):
 PY
   ;;
 *)
-  echo "usage: $0 tests|bench|sustained|tune|tp|jax_step|capture|compare" >&2
+  echo "usage: $0 tests|bench|sustained|tune|tp|jax_step|decode|capture|compare" >&2
   exit 2
   ;;
 esac
