@@ -23,7 +23,7 @@ pass ``backend="triton"`` with ``TRITON_INTERPRET=1`` to run the callback route 
 ``wo_a_bf16`` (the BF16 fallback) always takes the callback route to the ``bf16`` backend.
 
 Limits: no autodiff (forward only) and no ``vmap``. Cost: the native route adds one kernel
-launch per op to XLA's own dispatch (it never splits K; the torch launcher does at G = 2
+launch per op to XLA's own dispatch (it never splits K; the torch launcher does at G = 2-4
 decode). The callback route re-enters Python on every call that is not recorded (DLPack
 wrapping, a torch stream object, the torch launcher); recorded, its GEMM does not split K
 either. ``benchmarks/RESULTS.md`` has the figures.

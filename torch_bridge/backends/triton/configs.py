@@ -346,9 +346,8 @@ def wgmma_launch(m: int, g: int, n: int, k: int, block: int, cfg: GemmConfig, *,
 def wgmma_stages(requested: int, k_blocks: int, block_m: int, block_n: int, block: int,
                  out_bytes: int) -> int:
     """The wgmma kernel's pipeline depth: ``requested``, at most one stage per K block (of a
-    K part, when split) and as
-    many fp8 ``x``/``w`` tile pairs as fit in shared memory beside the output tile (so an fp32
-    output gets fewer stages than a bf16 one)."""
+    K part, when split) and as many fp8 ``x``/``w`` tile pairs as fit in shared memory beside
+    the output tile (so an fp32 output gets fewer stages than a bf16 one)."""
     stage_bytes = (block_m + block_n) * block
     return min(requested, k_blocks, (SMEM_BYTES - block_m * block_n * out_bytes) // stage_bytes)
 

@@ -130,7 +130,9 @@ def _gemm_launch(x, w, x_scale, w_scale, out, shape: tuple):
                      TensorDescriptor(w, [g * n, k], [k, 1], [bn, sb]),
                      TensorDescriptor(out, [m, g * n], [out.stride(0), 1], [bm, bn]),
                      x_scale, w_scale, m, run.grid[0])
-    split, parts, counters = split_scratch(out, run.plan.split_k, _tiles(run, x, w))
+    # The pointer and wgmma launches keep their config last in ``extra``: a counter per tile.
+    tiles = configs.programs(run.extra[-1], m, x.shape[1], w.shape[1])
+    split, parts, counters = split_scratch(out, run.plan.split_k, tiles)
     if split != run.plan.split_k:  # no counters to be had: the same tile, unsplit
         cfg = dataclasses.replace(run.extra[-1], split_k=split)
         run = launch_for((key, split), lambda: _gemm_plan(x, w, x_scale, w_scale, out, cfg))
@@ -139,15 +141,6 @@ def _gemm_launch(x, w, x_scale, w_scale, out, shape: tuple):
     return run, (*(_descriptor(t, view) for t, view in zip((x, w, out), run.extra[1],
                                                           strict=True)),
                  x_scale, w_scale, m, run.grid[0], parts, counters)
-
-
-def _tiles(run: Launch, x, w) -> int:
-    """Output tiles of a pointer or wgmma launch (its ``extra`` ends with its config): one
-    split-K counter each."""
-    if run.extra[0] == "pointer":
-        return run.grid[0] * run.grid[1]
-    cfg = run.extra[-1]
-    return configs.cdiv(x.shape[0], cfg.block_m) * (w.shape[1] // cfg.block_n) * x.shape[1]
 
 
 #: Where the pointer kernel's runtime arguments hold the call's tensors (then the scratch).

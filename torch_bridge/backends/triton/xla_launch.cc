@@ -291,8 +291,6 @@ ffi::Error Load(ffi::RemainingArgs, ffi::RemainingRets, ffi::Span<const uint8_t>
   return LoadFunction(d, cubin, name, digest, launch[4]);
 }
 
-}  // namespace
-
 // Both stages decode the same operands and attributes: XLA hands each stage the same frame.
 template <typename Binding>
 auto WithLaunchOperands(Binding binding) {
@@ -307,6 +305,8 @@ auto WithLaunchOperands(Binding binding) {
       .template Attr<ffi::Span<const int64_t>>("scalars")
       .template Attr<ffi::Span<const int64_t>>("tmaps");
 }
+
+}  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(WoaTritonLoad, Load,
                               WithLaunchOperands(ffi::Ffi::BindInitialize()));
