@@ -7,8 +7,8 @@ launches it by one of two routes, chosen at trace time and logged once (logger `
 * native (the Triton backend on a CUDA JAX, unless ``WOA_JAX_NATIVE=0``): the same Triton
   kernels, compiled at trace time, lowered to our XLA FFI custom call ``woa_triton_launch``
   (``backends/triton/xla_ffi.py``); XLA launches them on its stream with no Python at run
-  time. ``wo_a_fp8`` is one fused launch there where the torch launcher fuses the chain without
-  splitting K (M = 1 at G >= 16), else quant + GEMM.
+  time. ``wo_a_fp8`` is one fused launch there where the torch launcher fuses the chain, else
+  quant + GEMM; split-K's scratch is XLA's (``jax_launch``).
 * ``jax.experimental.buffer_callback`` (every other case: AITER, the Triton interpreter on CPU,
   ROCm, a machine where the custom call's handler cannot be built): XLA hands the callback its
   device buffers and its stream, the buffers are wrapped as torch tensors with DLPack (no copy)
@@ -16,23 +16,22 @@ launches it by one of two routes, chosen at trace time and logged once (logger `
   E8M0) cross the boundary as ``uint8`` and are re-viewed on each side, so the exchange does
   not depend on DLPack's fp8 support. XLA records the callback into its command buffers (CUDA
   graphs) and replays it without Python wherever that is safe (``command_buffer_blocker``):
-  by default, the Triton backend's quant and GEMM; ``WOA_JAX_COMMAND_BUFFER=0`` opts out.
+  by default, the Triton backend's quant and GEMM; ``WOA_JAX_COMMAND_BUFFER=0`` opts out. A
+  split-K GEMM gets its parts and counters from XLA too (``_split_scratch``).
 
 On a CPU-only JAX with no backend asked for, the ops return the ``woa_jax`` oracle (pure JAX);
 pass ``backend="triton"`` with ``TRITON_INTERPRET=1`` to run the callback route on CPU.
 ``wo_a_bf16`` (the BF16 fallback) always takes the callback route to the ``bf16`` backend.
 
 Limits: no autodiff (forward only) and no ``vmap``. Cost: the native route adds one kernel
-launch per op to XLA's own dispatch (it never splits K; the torch launcher does at G = 2-4
-decode). The callback route re-enters Python on every call that is not recorded (DLPack
-wrapping, a torch stream object, the torch launcher); recorded, its GEMM does not split K
-either. ``benchmarks/RESULTS.md`` has the figures.
+launch per op to XLA's own dispatch, plus a counter memset where K is split. The callback
+route re-enters Python on every call that is not recorded (DLPack wrapping, a torch stream
+object, the torch launcher). ``benchmarks/RESULTS.md`` has the figures.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 
 import jax
@@ -191,8 +190,8 @@ RECORDABLE = {
         "the launcher writes only the two outputs XLA hands it, and XLA's dense inputs need no "
         "repacking",
     ("batched_gemm_a8w8_mxscale", "triton"):
-        "the launcher writes only the output XLA hands it, as it runs without split-K when "
-        "recorded (callback_gemm_config)",
+        "the launcher writes only the output XLA hands it and, split, the parts and counters "
+        "XLA hands it (_split_scratch)",
 }
 
 #: Why a known callback may not be recorded: it launches into memory torch allocates.
@@ -234,24 +233,20 @@ def _records(flag: bool | None, op: str, backend_name: str) -> bool:
     return blocker is None and _command_buffer(flag)
 
 
-def callback_gemm_config(m: int, g: int, n: int, k: int, block: int, *, wgmma: bool,
-                         recorded: bool):
-    """The ``config`` the callback route passes the Triton GEMM launcher: ``None`` (its own)
-    unless the launch is recorded and its own would split K; then the same tile unsplit.
-
-    Split-K's fp32 parts and tile counters are torch's (``split_k.CounterPool``), not XLA's,
-    so a recorded launch must not use them (the native route never splits K either).
-    """
-    if not recorded:
-        return None
+def _split_scratch(m: int, g: int, n: int, k: int, block: int):
+    """``(split_k, tiles)`` of the Triton GEMM launcher's own config for XLA's buffers
+    (``configs.gemm_config``); the callback route hands it XLA's fp32 parts
+    ``[split_k, M, G, N]`` and ``tiles`` zeroed counters where ``split_k > 1``, so that a
+    split launch, recorded or not, writes only XLA's memory (none from torch's counter pool)."""
     from .backends.triton import configs
 
-    cfg = configs.gemm_config(m, g, n, k, block, wgmma=wgmma)
-    return dataclasses.replace(cfg, split_k=1) if cfg.split_k > 1 else None
+    cfg = configs.gemm_config(m, g, n, k, block, wgmma=_torch_wgmma())
+    return cfg.split_k, configs.programs(cfg, m, g, n)
 
 
-def _callback(fn, out_types, command_buffer: bool, *args):
-    return buffer_callback(fn, out_types, command_buffer_compatible=command_buffer)(*args)
+def _callback(fn, out_types, command_buffer: bool, *args, aliases=None):
+    return buffer_callback(fn, out_types, command_buffer_compatible=command_buffer,
+                           input_output_aliases=aliases)(*args)
 
 
 def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int,
@@ -327,23 +322,28 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=jnp.bfloat16, *,
         from .backends.triton import jax_launch
 
         return jax_launch.batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=dtype)
-    out_type = jax.ShapeDtypeStruct((m, g, n), dtype)
+    out_types = (jax.ShapeDtypeStruct((m, g, n), dtype),)
     recorded = _records(command_buffer, "batched_gemm_a8w8_mxscale", be.name)
-    config = {}
-    if be.name == "triton" and recorded:
-        cfg = callback_gemm_config(m, g, n, k, block, wgmma=_torch_wgmma(), recorded=True)
-        config = {} if cfg is None else {"config": cfg}
+    split, tiles = _split_scratch(m, g, n, k, block) if be.name == "triton" and m else (1, 0)
+    args = (_fp8_bytes(x), _fp8_bytes(w), woa_jax.e8m0_bytes(x_scale),
+            woa_jax.e8m0_bytes(w_scale))
+    aliases = None
+    if split > 1:  # counters: zeros made here, aliased to the last output (the kernel writes)
+        out_types += (jax.ShapeDtypeStruct((split, m, g, n), jnp.float32),
+                      jax.ShapeDtypeStruct((tiles,), jnp.int32))
+        aliases = {len(args): 2}
+        args += (jnp.zeros(tiles, jnp.int32),)
 
     f8 = _torch_dtype(x.dtype)
 
-    def launch(ctx, out, x_b, w_b, xs_b, ws_b):
+    def launch(ctx, outs, x_b, w_b, xs_b, ws_b, *_):
+        scratch = {"scratch": (_to_torch(outs[1]), _to_torch(outs[2]))} if split > 1 else {}
         with _on_xla_stream(ctx):
             be.batched_gemm_a8w8_mxscale(
                 _to_torch(x_b, f8), _to_torch(w_b, f8), _to_torch(xs_b), _to_torch(ws_b),
-                dtype=_torch_dtype(dtype), out=_to_torch(out), **config)
+                dtype=_torch_dtype(dtype), out=_to_torch(outs[0]), **scratch)
 
-    return _callback(launch, out_type, recorded, _fp8_bytes(x), _fp8_bytes(w),
-                     woa_jax.e8m0_bytes(x_scale), woa_jax.e8m0_bytes(w_scale))
+    return _callback(launch, out_types, recorded, *args, aliases=aliases)[0]
 
 
 def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_groups: int, *,
@@ -352,9 +352,10 @@ def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_group
     """The FP8 chain under ``jax.jit``: fused inverse RoPE + quant, then the block-scaled GEMM.
 
     Same arguments as ``woa_jax.wo_a_fp8`` and ``torch_bridge.wo_a_fp8``. Where the torch
-    launcher runs the chain as one fused kernel without splitting K (DeepSeek V4 at M = 1,
-    G >= 16) and both ops take the native route, this launches that kernel natively too
-    (``jax_launch.wo_a_fp8_fits``): the same bits, one launch.
+    launcher runs the chain as one fused kernel (``configs.wo_a_fp8_chosen``: DeepSeek V4 at
+    M = 1 for G = 16, M <= 8 at G = 2 and 4, K split there) and both ops take the native
+    route, this launches that kernel natively too (``jax_launch.wo_a_fp8_fits``): the same
+    bits, one launch.
 
     Args:
       o: ``[S, H, Dh]`` bf16; positions ``[>= S]``; cos/sin ``[P, rd / 2]`` (bf16 for AITER bytes).

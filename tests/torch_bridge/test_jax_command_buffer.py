@@ -6,7 +6,7 @@ buffers XLA hands it, and decides nothing on the host from values.
 
 On CPU: the native handler's stages and trait (read from the built library as XLA reads them)
 and its registration; which callbacks record by default, and why the others do not; the
-callback GEMM never splitting K while recorded (split-K's scratch is torch's). On the GPU
+callback GEMM splitting K as torch does on XLA's scratch, never torch's. On the GPU
 (``pytest -m gpu``): jitted multi-layer steps replayed with new values at the same addresses,
 bit for bit against torch's ``WoAProjection``, on both routes, across two executables and a
 re-trace.
@@ -15,7 +15,6 @@ re-trace.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -164,28 +163,25 @@ def test_command_buffer_switch_opts_out_and_refuses_unsafe_requests(monkeypatch)
 
 @pytest.mark.parametrize("wgmma", [False, True])
 @pytest.mark.parametrize("g", [2, 8, 16])
-def test_recorded_callback_gemm_never_splits_k(g, wgmma):
-    """Recorded, the callback GEMM runs the launcher's own tile with K unsplit (split-K's parts
-    and counters are torch's); unrecorded, the launcher chooses (``None``)."""
+def test_callback_gemm_scratch_follows_the_launchers_config(g, wgmma, monkeypatch):
+    """The callback hands the launcher XLA scratch for exactly its own config's split: parts
+    for ``split_k`` K parts and one counter per output tile."""
+    monkeypatch.setattr(jax_ops, "_torch_wgmma", lambda: wgmma)
     n, k, block = 1024, 4096, 128
     splits = 0
     for m in (1, 3, 16, 64, 256, 1024, 8192):
         own = configs.gemm_config(m, g, n, k, block, wgmma=wgmma)
-        got = jax_ops.callback_gemm_config(m, g, n, k, block, wgmma=wgmma, recorded=True)
-        assert jax_ops.callback_gemm_config(m, g, n, k, block, wgmma=wgmma,
-                                            recorded=False) is None
-        if own.split_k == 1:
-            assert got is None, m
-            continue
-        splits += 1
-        assert got.split_k == 1 and got == dataclasses.replace(own, split_k=1), m
-    assert splits or g != 2  # at G = 2 the table splits K at small M: the rule bites
+        assert jax_ops._split_scratch(m, g, n, k, block) == (
+            own.split_k, configs.programs(own, m, g, n)), m
+        splits += own.split_k > 1
+    assert splits or g != 2  # at G = 2 the table splits K at small M
 
 
-def test_recorded_callback_gemm_takes_no_torch_scratch(monkeypatch):
-    """At a shape where the torch launcher splits K, the recorded callback takes no split-K
-    scratch from torch's counter pool and gives the bits of the launcher's tile unsplit; the
-    unrecorded callback splits as the launcher does."""
+@pytest.mark.parametrize("recorded", [True, False])
+def test_callback_gemm_splits_on_xla_scratch(monkeypatch, recorded):
+    """At a shape where the torch launcher splits K, the callback, recorded or not, splits it
+    the same way on XLA's parts and counters: torch's counter pool is never created, and the
+    bits are those of the torch launcher's own split launch (the reduction order is fixed)."""
     import torch
     from inputs import gemm_operands, np_to_torch
 
@@ -198,21 +194,32 @@ def test_recorded_callback_gemm_takes_no_torch_scratch(monkeypatch):
     x, w, xs, ws = (jnp.asarray(a) for a in operands)
     pools: dict = {}
     monkeypatch.setattr(split_k, "COUNTER_POOLS", pools)
-
-    def gemm(cb):
-        return jax.jit(lambda *a: jax_ops.batched_gemm_a8w8_mxscale(
-            *a, backend="triton", command_buffer=cb))(x, w, xs, ws)
-
-    y = gemm(True)
-    assert pools == {}, "a recorded callback took split-K scratch from torch"
-    cfg = jax_ops.callback_gemm_config(m, g, n, k, 128, wgmma=jax_ops._torch_wgmma(),
-                                       recorded=True)
+    f = jax.jit(lambda *a: jax_ops.batched_gemm_a8w8_mxscale(
+        *a, backend="triton", command_buffer=recorded))
+    ys = [np.asarray(f(x, w, xs, ws)).view(np.uint16) for _ in range(2)]  # counters back at 0
+    assert pools == {}, "the callback took split-K scratch from torch's pool"
     tx, tw, txs, tws = (np_to_torch(a).to(launch_device()) for a in operands)
-    want = launch.batched_gemm_a8w8_mxscale(tx, tw, txs, tws, config=cfg)
-    np.testing.assert_array_equal(np.asarray(y).view(np.uint16),
-                                  want.view(torch.int16).cpu().numpy().view(np.uint16))
-    gemm(False)
-    assert len(pools) == 1, "the unrecorded callback should split K as the launcher does"
+    want = launch.batched_gemm_a8w8_mxscale(tx, tw, txs, tws)
+    assert len(pools) == 1  # the torch launcher's own split launch
+    for y in ys:
+        np.testing.assert_array_equal(y, want.view(torch.int16).cpu().numpy().view(np.uint16))
+
+
+def test_given_scratch_is_checked():
+    """The launcher's ``scratch=`` must be what a split launch needs; a wrong one is refused
+    before any launch."""
+    import torch
+
+    from torch_bridge.backends.triton import split_k
+
+    out = torch.empty((3, 2, 128))
+    parts, counters = torch.empty((4, 3, 2, 128)), torch.zeros(8, dtype=torch.int32)
+    assert split_k.split_scratch(out, 4, 8, (parts, counters))[1] is parts
+    assert split_k.split_scratch(out, 1, 8, (parts, counters)) == (1, out, out)
+    for bad in ((parts[:2], counters), (parts, counters[:7]), (parts.double(), counters),
+                (parts, counters.long())):
+        with pytest.raises(ValueError, match="split-K scratch must be"):
+            split_k.split_scratch(out, 4, 8, bad)
 
 
 def launch_device() -> str:
@@ -256,9 +263,9 @@ def _step(g: int, backwards: bool = False):
 
 def _reference(route: str, layer, p, o, pos, on_gpu: bool):
     """Torch's bits for a route's layer: the ``WoAProjection`` where it runs the kernels the
-    route runs, else the torch launcher running the route's kernels (``jax_step`` says
-    which: the native GEMM never splits K, nor does a recorded callback GEMM; the native chain
-    fuses only where it does not split K)."""
+    route runs (split K included), else the torch launcher running the route's kernels
+    (``jax_step`` says which: the native GEMM takes the pointer kernel where torch's takes the
+    TMA one)."""
     from torch_bridge.backends.triton import gemm, launch
     from torch_bridge.bench import jax_step
 
@@ -352,13 +359,15 @@ def on_gpu(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 64, 256])
-@pytest.mark.parametrize("g", [2, 16])
+@pytest.mark.parametrize("m", [1, 16, 64, 256])
+@pytest.mark.parametrize("g", [2, 4, 16])
 @pytest.mark.parametrize("route", ["native", "callback"])
 def test_gpu_recorded_steps_replay_new_values_bit_exact(on_gpu, monkeypatch, route, g, m):
     """``_replay`` at DeepSeek V4 sizes: ``STEPS`` steps of each of two executables, then of
     a re-traced one; every layer's output bits equal torch's on the same values. A replay that
     kept a recorded value, wrote a stale address or loaded a module under capture fails here.
+    At G = 2 and 4 the launches split K (the fused chain at M <= 8, the GEMM above) on XLA's
+    scratch, and the layer's reference is torch's ``WoAProjection`` itself.
     """
     from torch_bridge.bench import problem
 

@@ -93,22 +93,23 @@ def _torch(*arrays):
                                  (64, 16), (128, 16), (1000, 16), (4096, 16)])
 def test_gpu_gemm_and_chain(on_gpu, s, g):
     """Native at every size, within the oracle's tolerance; the GEMM gives the torch launcher's
-    bits wherever it does not split K (the same kernels, tiles and specialization; on Hopper
-    the wgmma kernel where torch takes it, TMA descriptors encoded by the custom call)."""
+    bits wherever torch's takes no TMA kernel (the same kernels, tiles, K split and
+    specialization; on Hopper the wgmma kernel where torch takes it, TMA descriptors encoded by
+    the custom call)."""
     import torch
 
     seed = new_seed()
     args, w, ws = _inputs(s, g, seed)
     x, xs = _oracle_quant(args, g)
     ref = _oracle_gemm(x, w, xs, ws)
-    splits = launch.gemm_config(s, g, N, HPG * DH, 128, wgmma=jax_launch.wgmma_ok()).split_k > 1
+    tma = launch.gemm_config(s, g, N, HPG * DH, 128, wgmma=jax_launch.wgmma_ok()).tma
     for dtype in (jnp.bfloat16, jnp.float32):
         gemm = lambda *a, d=dtype: jax_ops.batched_gemm_a8w8_mxscale(*a, dtype=d)  # noqa: E731
         assert _routes(gemm, x, w, xs, ws) == {"native"}
         y = jax.jit(gemm)(x, w, xs, ws)
         assert y.dtype == dtype and y.shape == (s, g, N)
         assert_close(y, ref, tolerance="gemm_bf16", name=f"gemm {dtype} (seed {seed})")
-        if not splits:
+        if not tma:
             want = launch.batched_gemm_a8w8_mxscale(*_torch(x, w, xs, ws),
                                                     dtype=getattr(torch, np.dtype(dtype).name))
             torch.cuda.synchronize()

@@ -271,13 +271,21 @@ def test_gemm_spec_follows_gemm_config(m, g):
                        "y": [cx["SYM"], cx["SYG"]]}
     assert (cx["BLOCK_M"], cx["BLOCK_N"], cx["SWAP_AB"]) == (cfg.block_m, cfg.block_n,
                                                               cfg.swap_ab)
-    assert call.kernel is kernels.batched_gemm_a8w8_mxscale_kernel and cx["SPLIT_K"] == 1
-    y = Ref(4)  # stands in for split-K's parts and counters, which SPLIT_K = 1 never touches
-    assert cx["OUT_BF16"] and call.args == (*map(Ref, range(4)), m, y, y, y)
-    assert (call.num_warps, call.num_stages) == (cfg.num_warps, cfg.num_stages)
+    assert call.kernel is kernels.batched_gemm_a8w8_mxscale_kernel
+    assert cx["SPLIT_K"] == cfg.split_k and (cfg.split_k > 1) == (g == 2 and m <= 64)
+    if cfg.split_k == 1:  # y stands in for split-K's parts and counters, never touched
+        assert call.args == (*map(Ref, range(4)), m, Ref(4), Ref(4), Ref(4))
+        assert call.counters == 0 and len(call.out_shape) == 1
+    else:  # the counters input (4) shifts y to 5; parts and counters follow it
+        assert call.args == (*map(Ref, range(4)), m, Ref(5), Ref(6), Ref(7))
+        assert call.counters == configs.programs(cfg, m, g, n)
+        assert [(t.shape, t.dtype) for t in call.out_shape[1:]] == [
+            ((cfg.split_k, m, g, n), jnp.float32), ((call.counters,), jnp.int32)]
+    assert cx["OUT_BF16"] and (call.num_warps, call.num_stages) == (cfg.num_warps,
+                                                                    cfg.num_stages)
     if g > 2 and 16 < m <= 64:  # the unswapped 64 x 64 pointer tile, 6 stages
         assert (cfg.block_m, cfg.block_n, cfg.swap_ab, cfg.num_stages) == (64, 64, False, 6)
-    assert call.grid == (-(-m // cfg.block_m) * (n // cfg.block_n), g, 1)
+    assert call.grid == (-(-m // cfg.block_m) * (n // cfg.block_n), g, cfg.split_k)
     fp32 = jax_launch.gemm_call(m, g, n, k, 128, n // 128, dtype=jnp.float32)
     assert not dict(fp32.constexprs)["OUT_BF16"] and fp32.out_shape[0].dtype == jnp.float32
 
@@ -285,8 +293,8 @@ def test_gemm_spec_follows_gemm_config(m, g):
 @pytest.mark.parametrize("m,g", [(1, 16), (64, 16), (1024, 2), (8192, 16), (64, 2), (128, 4)])
 def test_wgmma_spec_follows_the_torch_launcher(m, g):
     """Where ``gemm_config(wgmma=True)`` picks the wgmma kernel: its tile, grid and stages,
-    descriptors over x [M, G * K], w [G * N, K] and y [M, G * N]. Where the torch launcher
-    splits K (G = 2), the same tile unsplit: this route keeps no counters."""
+    descriptors over x [M, G * K], w [G * N, K] and y [M, G * N]; K split as the torch launcher
+    splits it (G = 2 at M = 64), into XLA's parts and counters."""
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     from torch_bridge.backends.triton import wgmma_kernels
 
@@ -297,18 +305,21 @@ def test_wgmma_spec_follows_the_torch_launcher(m, g):
                                 sms=132)
     assert call.kernel is wgmma_kernels.batched_gemm_a8w8_mxscale_wgmma_kernel
     programs = configs.tile_programs(m, g, n, cfg.block_m, cfg.block_n, cfg.programs_per_sm,
-                                     132)
+                                     132, cfg.split_k)
     assert call.grid == (programs,) and call.num_warps == cfg.num_warps
     x, w, y, xs, ws, m_arg, programs_arg, parts, counters = call.args
     assert (x.index, x.shape, x.row_stride, x.block) == (0, (m, g * k), g * k, (cfg.block_m, 128))
     assert (w.index, w.shape, w.row_stride, w.block) == (1, (g * n, k), k, (cfg.block_n, 128))
-    assert (y.index, y.shape, y.block) == (4, (m, g * n), (cfg.block_m, cfg.block_n))
+    split = cfg.split_k > 1
+    assert (y.index, y.shape, y.block) == (4 + split, (m, g * n), (cfg.block_m, cfg.block_n))
     assert (xs, ws, m_arg, programs_arg) == (Ref(2), Ref(3), m, programs)
-    assert parts == counters == Ref(4)  # SPLIT_K = 1 never touches them: y stands in
+    # Unsplit, y stands in for the parts and counters (never touched).
+    assert (parts, counters) == ((Ref(6), Ref(7)) if split else (Ref(4), Ref(4)))
+    assert call.counters == (configs.programs(cfg, m, g, n) if split else 0)
     cx = dict(call.constexprs)
-    assert cx["SPLIT_K"] == 1
-    assert cx["STAGES"] == configs.wgmma_stages(cfg.num_stages, k // 128, cfg.block_m,
-                                                cfg.block_n, 128, 2)
+    assert cx["SPLIT_K"] == cfg.split_k
+    assert cx["STAGES"] == configs.wgmma_stages(cfg.num_stages, k // 128 // cfg.split_k,
+                                                cfg.block_m, cfg.block_n, 128, 2)
     assert (cx["SWAP_AB"], cx["G"], cx["SXSM"]) == (cfg.swap_ab, g, g * k // 128)
     assert jax_launch.gemm_call(m, g, n, k, 128, n // 128, dtype=jnp.bfloat16).kernel is (
         kernels.batched_gemm_a8w8_mxscale_kernel)  # without wgmma: the pointer kernel
@@ -324,16 +335,20 @@ def _chain_shapes(s, g):
     return o, pos, cos, sin, w, ws
 
 
-def test_chain_fuses_where_the_torch_launcher_fuses_without_split(native_ok):
-    """M = 1 at G = 16: one fused launch (no split-K there). G = 2 splits K, M = 2 does not
-    fuse, and another backend never fuses natively."""
+def test_chain_fuses_where_the_torch_launcher_fuses(native_ok):
+    """Exactly where ``wo_a_fp8_chosen`` fuses, split K included (M <= 8 at G = 2 and 4, M = 1
+    at G = 16); another backend never fuses natively."""
     def fused(s, g, backend="triton", dtype=jnp.bfloat16):
         o, pos, cos, sin, w, ws = _chain_shapes(s, g)
         return jax_ops._wo_a_fp8_native(o, pos, cos, sin, w, ws, 128, g, 1e-8, dtype, backend)
 
     assert fused(1, 16) and fused(1, 16, dtype=jnp.float32)
     assert launch.wo_a_fp8_config(1, 2, N, HPG * DH, 128).split_k > 1
-    assert not fused(1, 2) and not fused(2, 16) and not fused(1, 16, backend="torch")
+    for g in (2, 4, 16):
+        for s in (1, 2, 8, 16, 64, 256):
+            assert fused(s, g) == launch.wo_a_fp8_chosen(s, g, N, HPG * DH, 128), (s, g)
+    assert fused(1, 2) and fused(8, 4) and not fused(16, 2) and not fused(2, 16)
+    assert not fused(1, 16, backend="torch")
     assert jax_launch.wo_a_fp8_fits(1, 16, N, HPG * DH, 128, DH, RD)
     assert not jax_launch.wo_a_fp8_fits(1, 16, N, HPG * DH, 128, 192, RD)  # Dh % B != 0
 
@@ -379,10 +394,114 @@ def test_fused_spec_follows_fused_config():
     assert [(t.shape, t.dtype) for t in call.out_shape] == [
         ((1, 16, HPG * DH), jnp.float8_e4m3fn), ((1, 16, HPG * DH // 128), jnp.uint8),
         ((1, 16, N), jnp.bfloat16)]
-    with pytest.raises(ValueError, match="the native wo_a_fp8 kernel does not split K"):
-        jax_launch.wo_a_fp8_call(1, 2 * HPG, DH, RD, P, 2, N, HPG * DH, 128, N // 128,
-                              fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8, dtype=jnp.bfloat16,
-                              o_dtype=jnp.bfloat16, rope_dtype=jnp.bfloat16)
+    assert call.counters == 0  # unsplit: y stands in for the parts and counters
+
+
+def test_fused_spec_splits_like_the_torch_launcher():
+    """G = 2 at M = 1: the fused kernel splits K as ``wo_a_fp8_config`` says; the counters
+    input (6) shifts the outputs by one, parts and counters follow y."""
+    call = jax_launch.wo_a_fp8_call(1, 2 * HPG, DH, RD, P, 2, N, HPG * DH, 128, N // 128,
+                                    fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8,
+                                    dtype=jnp.bfloat16, o_dtype=jnp.bfloat16,
+                                    rope_dtype=jnp.bfloat16)
+    cfg = launch.wo_a_fp8_config(1, 2, N, HPG * DH, 128)
+    assert cfg.split_k > 1 and dict(call.constexprs)["SPLIT_K"] == cfg.split_k
+    assert call.grid == (N // cfg.block_n, 2, cfg.split_k)
+    assert call.args[8:] == tuple(map(Ref, range(7, 12)))
+    assert call.counters == configs.programs(cfg, 1, 2, N) == call.grid[0] * call.grid[1]
+    assert [(t.shape, t.dtype) for t in call.out_shape[3:]] == [
+        ((cfg.split_k, 1, 2, N), jnp.float32), ((call.counters,), jnp.int32)]
+
+
+@pytest.mark.parametrize("g", [2, 16])
+@pytest.mark.parametrize("m", [1, 16, 64, 256])
+@pytest.mark.parametrize("wgmma", [False, True])
+def test_jax_launches_what_the_torch_launcher_launches(m, g, wgmma):
+    """The GEMM's tile, stages and K split are ``gemm_config``'s, as the torch launcher's
+    default; the one-launch chain is taken exactly where the torch launcher fuses."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    n, k = N, HPG * DH
+    cfg = launch.gemm_config(m, g, n, k, 128, wgmma=wgmma)
+    call = jax_launch.gemm_call(m, g, n, k, 128, n // 128, dtype=jnp.bfloat16, wgmma=wgmma,
+                                sms=132)
+    cx = dict(call.constexprs)
+    block_m, block_n = (cx["BLOCK_M"], cx["BLOCK_N"]) if "BLOCK_M" in cx else (
+        call.args[2].block)  # wgmma: the y descriptor's tile
+    assert (block_m, block_n, cx["SPLIT_K"]) == (cfg.block_m, cfg.block_n, cfg.split_k)
+    assert call.counters == (configs.programs(cfg, m, g, n) if cfg.split_k > 1 else 0)
+    assert (cfg.split_k > 1) == (g == 2 and m <= (64 if wgmma else 256))
+    assert jax_launch.wo_a_fp8_fits(m, g, n, k, 128, DH, RD) == launch.wo_a_fp8_chosen(
+        m, g, n, k, 128)
+
+
+@pytest.fixture
+def lowered(monkeypatch):
+    """``lowered(fn, *args)``: the CUDA lowering's text of ``jax.jit(fn)``, the native calls'
+    kernels not compiled (the specs are checked above, the compile below); the pointer GEMM,
+    as the stand-in kernel has no TMA descriptors."""
+    monkeypatch.setattr(jax_launch, "capability", lambda: 90)
+    monkeypatch.setattr(jax_launch, "wgmma_ok", lambda: False)
+    monkeypatch.setattr(xla_ffi, "_registered", lambda: None)
+    monkeypatch.setattr(xla_ffi, "compile_kernel", lambda *a: xla_ffi.Compiled(
+        np.zeros(4, np.uint8), "kernel", 1, 128, 0, ()))
+    return lambda fn, *args: jax.jit(fn).trace(*args).lower(
+        lowering_platforms=("cuda",)).as_text()
+
+
+def _gemm_args(m, g):
+    f8, u8 = jnp.float8_e4m3fn, jnp.uint8
+    return (jax.ShapeDtypeStruct((m, g, HPG * DH), f8), jax.ShapeDtypeStruct((g, N, HPG * DH), f8),
+            jax.ShapeDtypeStruct((m, g, HPG * DH // 128), jnp.float8_e8m0fnu),
+            jax.ShapeDtypeStruct((g, N // 128, HPG * DH // 128), u8))
+
+
+def test_split_gemm_lowers_with_xla_scratch(lowered):
+    """A split launch (M = 16, G = 2: 8 parts) gets zeroed counters made inside the jit as its
+    last operand, aliased to its last result (XLA knows the kernel writes them), and the fp32
+    parts as one more result; the step returns y only. Two layers: a counters operand each."""
+    cfg = launch.gemm_config(16, 2, N, HPG * DH, 128)
+    tiles = configs.programs(cfg, 16, 2, N)
+    assert cfg.split_k == 8 and tiles == 32
+
+    def two_layers(x, w, xs, ws):
+        y = jax_launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, dtype=jnp.bfloat16)
+        return y + jax_launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, dtype=jnp.bfloat16)
+
+    text = lowered(two_layers, *_gemm_args(16, 2))
+    calls = [line for line in text.splitlines() if "custom_call @woa_triton_launch" in line]
+    assert len(calls) == 2
+    for line in calls:
+        assert ("output_operand_aliases = [#stablehlo.output_operand_alias<output_tuple_indices "
+                "= [2], operand_index = 4, operand_tuple_indices = []>]") in line
+        assert line.endswith(f"tensor<{tiles}xi32>) -> (tensor<16x2x{N}xbf16>, "
+                             f"tensor<8x16x2x{N}xf32>, tensor<{tiles}xi32>)")
+        assert "params = dense<[0, 1, 2, 3, -1, 5, 6, 7]>" in line  # y, parts, counters
+    assert text.count(f"stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> "
+                      f"tensor<{tiles}xi32>") >= 1
+
+
+def test_unsplit_gemm_lowers_without_scratch(lowered):
+    text = lowered(lambda *a: jax_launch.batched_gemm_a8w8_mxscale(*a, dtype=jnp.bfloat16),
+                   *_gemm_args(16, 16))
+    (line,) = [line for line in text.splitlines() if "custom_call @woa_triton_launch" in line]
+    assert "output_operand_aliases" not in line and "xi32>" not in line
+    assert line.endswith(f"-> tensor<16x16x{N}xbf16>")
+
+
+def test_split_chain_lowers_to_one_call_with_xla_scratch(lowered):
+    """The fused chain at M = 1, G = 2 (split K): one custom call, the counters aliased."""
+    cfg = launch.wo_a_fp8_config(1, 2, N, HPG * DH, 128)
+    tiles = configs.programs(cfg, 1, 2, N)
+    o = jax.ShapeDtypeStruct((1, 2 * HPG, DH), jnp.bfloat16)
+    pos = jax.ShapeDtypeStruct((1,), jnp.int32)
+    cos = jax.ShapeDtypeStruct((P, RD // 2), jnp.bfloat16)
+    w = jax.ShapeDtypeStruct((2, N, HPG * DH), jnp.float8_e4m3fn)
+    ws = jax.ShapeDtypeStruct((2, N // 128, HPG * DH // 128), jnp.float8_e8m0fnu)
+    text = lowered(lambda o, pos, cos, sin, w, ws: jax_launch.wo_a_fp8(
+        o, pos, cos, sin, w, ws, 2, amax_floor=1e-8, dtype=jnp.bfloat16), o, pos, cos, cos, w, ws)
+    (line,) = [line for line in text.splitlines() if "custom_call @woa_triton_launch" in line]
+    assert "output_tuple_indices = [4], operand_index = 6" in line
+    assert line.endswith(f"tensor<{cfg.split_k}x1x2x{N}xf32>, tensor<{tiles}xi32>)")
 
 
 _COMPILE_SCRIPT = textwrap.dedent("""
@@ -392,7 +511,8 @@ _COMPILE_SCRIPT = textwrap.dedent("""
     import numpy as np
     from torch_bridge.backends.triton import configs, jax_launch, launch, xla_ffi
 
-    def compiled(call, in_dtypes):
+    def compiled(call, in_dtypes):  # a split call's counters come in last
+        in_dtypes = [*in_dtypes, *(["int32"] if call.counters else [])]
         dtypes = tuple(np.dtype(d).name for d in (*in_dtypes, *(o.dtype for o in call.out_shape)))
         return xla_ffi.compile_triton(call.kernel, call.args, dtypes, dict(call.constexprs),
                                       call.num_warps, call.num_stages, 90)
@@ -427,6 +547,15 @@ _COMPILE_SCRIPT = textwrap.dedent("""
         print("fused", "wgmma" in code, "cvt.rn.satfinite.e4m3x2.f32" in code,
               "mul.rn.f32" in code)
 
+    # Split K (G = 2) on XLA's scratch: the wgmma GEMM and the fused chain take tickets.
+    ins = ["float8_e4m3fn"] * 2 + ["uint8"] * 2
+    wg = jax_launch.gemm_call(64, 2, 1024, 4096, 128, 8, dtype=jnp.bfloat16, wgmma=True, sms=132)
+    chain = jax_launch.wo_a_fp8_call(1, 16, 512, 64, 1024, 2, 1024, 4096, 128, 8,
+                                     fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8,
+                                     dtype=jnp.bfloat16, o_dtype=jnp.bfloat16,
+                                     rope_dtype=jnp.bfloat16)
+    print("split", *("atom.global" in compiled(c, i).asm["ptx"] for c, i in (
+        (wg, ins), (chain, rope + ["float8_e4m3fn", "uint8"]))))
     # Lowered for CUDA: one custom call carrying the cubin and the parameter map.
     jax_launch.capability = lambda: 90
     jax_launch.sm_count = lambda: 132
@@ -445,11 +574,12 @@ _COMPILE_SCRIPT = textwrap.dedent("""
 def test_specs_compile_for_sm90(tmp_path):
     """Every native launch compiles to sm_90 with vectorized ``o`` loads (strides marked
     divisible by 16), wgmma and TMA in the wgmma GEMM, wgmma and the hardware fp8 cast in the
-    fused chain, and with fp32 tables the rotation's products rounded by ``mul.rn``; the GEMM
+    fused chain, and with fp32 tables the rotation's products rounded by ``mul.rn``; split-K's
+    tickets in the split wgmma GEMM and fused chain; the GEMM
     lowers to one custom call with the cubin (an ELF) and the descriptors' parameter map. A
     subprocess, since the kernels of this process are interpreted."""
     lines = run_compile_script(_COMPILE_SCRIPT, tmp_path)
-    assert len(lines) == 8, lines
+    assert len(lines) == 9, lines
     assert lines[0].startswith("inverse_rope_group_quant_kernel "), lines
     assert lines[1].startswith("inverse_rope_group_quant_head_kernel "), lines
     assert "ld.global.v4" in lines[0] and "ld.global.v" in lines[1], lines
@@ -457,5 +587,6 @@ def test_specs_compile_for_sm90(tmp_path):
     assert lines[3] == "gemm True", lines
     assert lines[4] == "wgmma True True 3", lines
     assert lines[5].startswith("fused True True") and lines[6] == "fused True True True", lines
-    assert lines[7] == ("lowered 1 True -2, -1, -1, -1, -1, -2, -1, -1, -1, -1, -2, -1, -1, -1, "
+    assert lines[7] == "split True True", lines
+    assert lines[8] == ("lowered 1 True -2, -1, -1, -1, -1, -2, -1, -1, -1, -1, -2, -1, -1, -1, "
                         "-1, 2, 3, -1, -1, 4, 4"), lines  # y stands in for the split scratch

@@ -232,19 +232,17 @@ def torch_step(layers: list, base_o, base_pos):
 
 def _route_kernels(route: str, m: int, g: int, n: int, k: int, block: int, dh: int, rd: int,
                    on_gpu: bool) -> tuple[bool, object]:
-    """``(fused, gemm config)`` of the launches a route makes (``None``: the launcher's own)."""
+    """``(fused, gemm config)`` of the launches a route makes (``None``: the launcher's own).
+    Both routes run what torch runs, K split included; the native GEMM takes the pointer
+    kernel where torch's takes the TMA one (the same tile, unsplit)."""
     from torch_bridge.backends.triton import configs, jax_launch
 
-    if route == "callback":  # the torch launchers' quant, then their GEMM (unsplit if recorded)
-        from torch_bridge import jax_ops
-
-        recorded = jax_ops._records(None, "batched_gemm_a8w8_mxscale", "triton")
-        return False, jax_ops.callback_gemm_config(
-            m, g, n, k, block, wgmma=on_gpu and jax_launch.wgmma_ok(), recorded=recorded)
+    if route == "callback":  # the torch launchers' quant, then their GEMM
+        return False, None
     if jax_launch.wo_a_fp8_fits(m, g, n, k, block, dh, rd):
         return True, None
     cfg = configs.gemm_config(m, g, n, k, block, wgmma=on_gpu and jax_launch.wgmma_ok())
-    return False, dataclasses.replace(cfg, split_k=1, tma=False)  # jax_launch.gemm_call's
+    return False, dataclasses.replace(cfg, tma=False)  # jax_launch.gemm_call's
 
 
 def _layer_differs(m: int, g: int, n: int, k: int, block: int, dh: int, rd: int,
@@ -252,13 +250,10 @@ def _layer_differs(m: int, g: int, n: int, k: int, block: int, dh: int, rd: int,
     """How the torch layer's launches differ from a route's (for the check's message)."""
     from torch_bridge.backends.triton import configs, gemm
 
-    if (configs.wo_a_fp8_blocker(dh, rd, block) is None
-            and configs.wo_a_fp8_chosen(m, g, n, k, block)):
-        split = configs.wo_a_fp8_config(m, g, n, k, block).split_k
-        return "the layer runs the fused chain" + (f", K split {split} ways" if split > 1 else "")
     wgmma = on_gpu and gemm.wgmma_available(None)[0]
-    split = configs.gemm_config(m, g, n, k, block, wgmma=wgmma).split_k
-    return f"the layer splits K {split} ways" if split > 1 else "the layer's launches differ"
+    if configs.gemm_config(m, g, n, k, block, wgmma=wgmma).tma:
+        return "the layer's GEMM runs the TMA kernel"
+    return "the layer's launches differ"
 
 
 def check_fp8(y, route: str, ref_layer, p: problem.Problem, on_gpu: bool) -> str:

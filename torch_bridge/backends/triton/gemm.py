@@ -96,24 +96,26 @@ def tma_ok(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, block_n: int) ->
             and all(t.data_ptr() % 16 == 0 for t in (x, w, out)))
 
 
-@launcher_op("batched_gemm_a8w8_mxscale", mutates_args=("out",))
+@launcher_op("batched_gemm_a8w8_mxscale", mutates_args=("out", "parts", "counters"))
 def _batched_gemm_a8w8_mxscale_op(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor,
                                   w_scale: torch.Tensor, out: torch.Tensor, block_m: int,
                                   block_n: int, split_k: int, swap_ab: bool, num_warps: int,
                                   num_stages: int, tma: bool, programs_per_sm: int,
-                                  wgmma: bool) -> None:
+                                  wgmma: bool, parts: torch.Tensor | None = None,
+                                  counters: torch.Tensor | None = None) -> None:
     if x.shape[0] == 0:
         return
     run, args = _gemm_launch(x, w, x_scale, w_scale, out,
                              (block_m, block_n, split_k, swap_ab, num_warps, num_stages, tma,
-                              programs_per_sm, wgmma))
+                              programs_per_sm, wgmma),
+                             None if parts is None else (parts, counters))
     with on_device_of(x):
         run(args)
 
 
-def _gemm_launch(x, w, x_scale, w_scale, out, shape: tuple):
-    """``(launch, runtime arguments)`` of one GEMM call (split-K's scratch taken for it);
-    ``shape`` holds ``GemmConfig``'s fields in order."""
+def _gemm_launch(x, w, x_scale, w_scale, out, shape: tuple, scratch: tuple | None = None):
+    """``(launch, runtime arguments)`` of one GEMM call (split-K's scratch taken for it, or
+    ``scratch``'s: ``split_scratch``); ``shape`` holds ``GemmConfig``'s fields in order."""
     m = x.shape[0]
     aligned = tuple(t.data_ptr() % 16 == 0 for t in (x, w, out))
     key = ("gemm", *signature(x), *signature(w), *signature(x_scale), *signature(w_scale),
@@ -132,7 +134,7 @@ def _gemm_launch(x, w, x_scale, w_scale, out, shape: tuple):
                      x_scale, w_scale, m, run.grid[0])
     # The pointer and wgmma launches keep their config last in ``extra``: a counter per tile.
     tiles = configs.programs(run.extra[-1], m, x.shape[1], w.shape[1])
-    split, parts, counters = split_scratch(out, run.plan.split_k, tiles)
+    split, parts, counters = split_scratch(out, run.plan.split_k, tiles, scratch)
     if split != run.plan.split_k:  # no counters to be had: the same tile, unsplit
         cfg = dataclasses.replace(run.extra[-1], split_k=split)
         run = launch_for((key, split), lambda: _gemm_plan(x, w, x_scale, w_scale, out, cfg))
@@ -347,7 +349,9 @@ def _check_explicit_wgmma(config: GemmConfig, x, w, out, block: int) -> None:
 def batched_gemm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor,
                               w_scale: torch.Tensor, *, dtype: torch.dtype = torch.bfloat16,
                               out: torch.Tensor | None = None,
-                              config: GemmConfig | None = None) -> torch.Tensor:
+                              config: GemmConfig | None = None,
+                              scratch: tuple[torch.Tensor, torch.Tensor] | None = None
+                              ) -> torch.Tensor:
     """Block-scaled FP8 batched GEMM ``y [M, G, N] = dq(x) @ dq(w)^T`` per group, fp32 accumulation.
 
     Args:
@@ -358,6 +362,9 @@ def batched_gemm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.T
       dtype: bf16 or fp32 output.
       out: optional ``[M, G, N]`` output with N contiguous (written in place).
       config: launch shape; ``None`` picks ``configs.gemm_config`` by M and G.
+      scratch: ``(parts, counters)`` for a launch that splits K, in place of the device's
+        counter pool (``split_k.split_scratch`` says what they must be); a caller that owns
+        the memory, as XLA does on ``jax_ops``' callback route, passes its own. Ignored unsplit.
 
     Returns:
       ``out`` (or a new tensor) ``[M, G, N]`` in ``dtype``.
@@ -379,5 +386,7 @@ def batched_gemm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.T
     if config is not None and config.wgmma:
         _check_explicit_wgmma(config, x, w, out, block)
     configs.check_split(cfg, k // block)
-    run_mutating(_batched_gemm_a8w8_mxscale_op, (out,), x, w, xs, ws, out, *_fields(cfg))
+    parts, counters = scratch or (None, None)
+    run_mutating(_batched_gemm_a8w8_mxscale_op, (out,), x, w, xs, ws, out, *_fields(cfg),
+                 parts, counters)
     return out

@@ -7,10 +7,12 @@ through ``buffer_callback``.
 
 The kernels, launch rules and specialization are the torch launchers' (``kernels``,
 ``wgmma_kernels``, ``configs.quant_config``, ``configs.gemm_config``, ``configs.wo_a_fp8_config``,
-read at trace time), except that nothing splits K (split-K needs counters that stay zeroed
-between launches): the GEMM runs the Hopper wgmma kernel where the torch launcher does, else
-the pointer kernel with SPLIT_K = 1, and the fused chain runs only where the torch launcher
-would not split K. Nothing here touches a GPU.
+read at trace time), split-K included: the GEMM runs the Hopper wgmma kernel where the torch
+launcher does, else the pointer kernel, and the fused chain where the torch launcher fuses it.
+A split launch's scratch is XLA's (``KernelCall.counters``): the tile counters are an operand
+of zeros made inside the jit and aliased to an output, and the fp32 parts one more output, so
+XLA owns every byte the kernel writes (command buffers replay it safely). Nothing here touches
+a GPU.
 """
 
 from __future__ import annotations
@@ -65,7 +67,9 @@ def wgmma_ok() -> bool:
 class KernelCall:
     """One launch: the kernel, one entry per runtime parameter (a ``Ref`` to an input or an
     output, inputs first, or an ``int``), its outputs, grid and compile options;
-    ``constexprs`` go to the kernel as keyword metaparams."""
+    ``constexprs`` go to the kernel as keyword metaparams. ``counters`` (split-K only, else 0):
+    the tile counters ``run`` passes as one more input, zeros, aliased to the last output; the
+    two outputs before it are ``y`` and the fp32 parts (``_outputs``)."""
 
     kernel: Any  # a triton.JITFunction
     args: tuple[Ref | int, ...]
@@ -74,6 +78,7 @@ class KernelCall:
     num_warps: int
     num_stages: int | None
     constexprs: tuple[tuple[str, Any], ...]
+    counters: int = 0
 
     @property
     def scalars(self) -> tuple[int, ...]:
@@ -81,10 +86,35 @@ class KernelCall:
 
 
 def run(call: KernelCall, *arrays) -> tuple[jax.Array, ...]:
-    """Launch ``call`` on ``arrays`` (dense row-major JAX arrays)."""
-    return tuple(xla_ffi.lower(call.kernel, call.args, arrays, call.out_shape, call.grid,
-                               num_warps=call.num_warps, num_stages=call.num_stages,
-                               constexprs=dict(call.constexprs), capability=capability()))
+    """Launch ``call`` on ``arrays`` (dense row-major JAX arrays); its outputs, less split-K's
+    scratch. A split launch gets its counters as zeros made here, inside the jit: the kernel
+    leaves them at zero, but only a fresh operand lets XLA own them (and see them written,
+    through the alias)."""
+    aliases = None
+    if call.counters:
+        aliases = {len(arrays): len(call.out_shape) - 1}
+        arrays = (*arrays, jnp.zeros(call.counters, jnp.int32))
+    outs = xla_ffi.lower(call.kernel, call.args, arrays, call.out_shape, call.grid,
+                         num_warps=call.num_warps, num_stages=call.num_stages,
+                         constexprs=dict(call.constexprs), capability=capability(),
+                         aliases=aliases)
+    return tuple(outs[:-2] if call.counters else outs)
+
+
+def _outputs(n_in: int, out_shape: tuple, cfg: configs.GemmConfig, m: int, g: int,
+             n: int) -> tuple[tuple, tuple[Ref, ...], int]:
+    """``(out_shape, refs, counters)`` of a launch of ``n_in`` inputs whose last output is ``y``
+    at ``cfg``'s tile: ``refs`` points at each output, then at the parts and the counters.
+    Split, the counters input (``KernelCall.counters``, one per output tile) shifts the
+    outputs by one and two outputs follow ``y``: fp32 ``parts [split_k, M, G, N]`` and the
+    aliased counters; unsplit, ``y`` stands in for both (never touched)."""
+    if cfg.split_k == 1:
+        refs = tuple(Ref(n_in + i) for i in range(len(out_shape)))
+        return out_shape, (*refs, refs[-1], refs[-1]), 0
+    tiles = configs.programs(cfg, m, g, n)
+    out_shape = (*out_shape, jax.ShapeDtypeStruct((cfg.split_k, m, g, n), jnp.float32),
+                 jax.ShapeDtypeStruct((tiles,), jnp.int32))
+    return out_shape, tuple(Ref(n_in + 1 + i) for i in range(len(out_shape))), tiles
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,9 +126,9 @@ def _target() -> str:
     return "interpreter" if interpreter_on() else "cuda"
 
 
-def _call(plan: plans.Plan, args: tuple, out_shape: tuple) -> KernelCall:
+def _call(plan: plans.Plan, args: tuple, out_shape: tuple, counters: int = 0) -> KernelCall:
     return KernelCall(plan.kernel, args, out_shape, plan.grid, plan.num_warps, plan.num_stages,
-                      tuple(plan.constexprs.items()))
+                      tuple(plan.constexprs.items()), counters)
 
 
 def quant_call(s: int, h: int, dh: int, rd: int, n_pos: int, num_groups: int,
@@ -144,32 +174,33 @@ def gemm_call(m: int, g: int, n: int, k: int, block: int, n_blocks: int, *, dtyp
     """The GEMM launch for dense ``x [M, G, K]``, ``w [G, N, K]``, ``x_scale [M, G, K / B]``,
     ``w_scale [G, n_blocks, K / B]`` -> ``y [M, G, N]`` in ``dtype``.
 
-    The tile is ``configs.gemm_config(..., wgmma=wgmma)``'s: the wgmma kernel where it picks
-    it (``sms``: the GPU's SM count, for its persistent grid), else the pointer kernel
-    without its TMA field; neither splits K (module docstring).
+    The launch shape is ``configs.gemm_config(..., wgmma=wgmma)``'s, K split included: the
+    wgmma kernel where it picks it (``sms``: the GPU's SM count, for its persistent grid), else
+    the pointer kernel without its TMA field (the TMA kernel does not split; the tile is the
+    same). Split, the outputs end with the parts and the counters (``_outputs``).
     """
-    cfg = dataclasses.replace(configs.gemm_config(m, g, n, k, block, wgmma=wgmma), split_k=1)
+    cfg = configs.gemm_config(m, g, n, k, block, wgmma=wgmma)
     kb = k // block
     strides = dict(x_scale=plans.dense(m, g, kb), w_scale=plans.dense(g, n_blocks, kb))
-    out_shape = (jax.ShapeDtypeStruct((m, g, n), dtype),)
+    out_shape, (y, parts, counters), tiles = _outputs(
+        4, (jax.ShapeDtypeStruct((m, g, n), dtype),), cfg, m, g, n)
     if cfg.wgmma:
         from . import wgmma_kernels
 
         plan, views = plans.gemm_wgmma(m, g, n, k, block, cfg, sms, x_row=g * k, y_row=g * n,
                                        out_bytes=np.dtype(dtype).itemsize, **strides)
         names = ("float8_e4m3fn", "float8_e4m3fn", np.dtype(dtype).name)
-        x, w, y = (xla_ffi.Desc(index, shape, view_strides[0], tile,
-                                wgmma_kernels.smem_layout(tile, name))
-                   for index, (shape, view_strides, tile), name in zip((0, 1, 4), views, names,
-                                                                       strict=True))
-        # Unsplit, the parts and counters are never touched: y stands in for them.
-        return _call(plan, (x, w, y, Ref(2), Ref(3), m, plan.grid[0], Ref(4), Ref(4)),
-                     out_shape)
+        x, w, y_desc = (xla_ffi.Desc(index, shape, view_strides[0], tile,
+                                     wgmma_kernels.smem_layout(tile, name))
+                        for index, (shape, view_strides, tile), name in zip(
+                            (0, 1, y.index), views, names, strict=True))
+        return _call(plan, (x, w, y_desc, Ref(2), Ref(3), m, plan.grid[0], parts, counters),
+                     out_shape, tiles)
     plan = plans.gemm_pointer(m, g, n, k, block, cfg, cfg.split_k, x=plans.dense(m, g, k),
                               w=plans.dense(g, n, k), y=plans.dense(m, g, n),
                               out_bf16=np.dtype(dtype) == np.dtype(jnp.bfloat16), **strides)
-    x, w, xs, ws, y = map(Ref, range(5))
-    return _call(plan, (x, w, xs, ws, m, y, y, y), out_shape)
+    x, w, xs, ws = map(Ref, range(4))
+    return _call(plan, (x, w, xs, ws, m, y, parts, counters), out_shape, tiles)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -177,12 +208,10 @@ def gemm_call(m: int, g: int, n: int, k: int, block: int, n_blocks: int, *, dtyp
 # ---------------------------------------------------------------------------------------------
 
 def wo_a_fp8_fits(s: int, g: int, n: int, k: int, block: int, dh: int, rd: int) -> bool:
-    """Whether the chain runs natively as one fused launch: where the torch launcher fuses
-    (``configs.wo_a_fp8_chosen``) without splitting K (this route keeps no split-K counters):
-    DeepSeek V4 at M = 1 and G >= 16."""
+    """Whether the chain runs natively as one fused launch: exactly where the torch launcher
+    fuses it (``configs.wo_a_fp8_chosen``), split K included, so both run the same kernel."""
     return (configs.wo_a_fp8_blocker(dh, rd, block) is None
-            and configs.wo_a_fp8_chosen(s, g, n, k, block)
-            and configs.wo_a_fp8_config(s, g, n, k, block).split_k == 1)
+            and configs.wo_a_fp8_chosen(s, g, n, k, block))
 
 
 def wo_a_fp8_call(s: int, h: int, dh: int, rd: int, n_pos: int, g: int, n: int, k: int,
@@ -191,23 +220,23 @@ def wo_a_fp8_call(s: int, h: int, dh: int, rd: int, n_pos: int, g: int, n: int, 
     """The one-launch chain for dense ``o [S, H, Dh]``, positions ``[S]``, cos/sin
     ``[n_pos, rd / 2]``, ``w [G, N, K]``, ``w_scale [G, n_blocks, K / B]`` (uint8). Outputs:
     the quantized activations ``x_fp8 [S, G, K]``, ``x_scale [S, G, K / B]`` uint8 (scratch)
-    and ``y [S, G, N]`` in ``dtype``. The tile is ``configs.wo_a_fp8_config``'s."""
+    and ``y [S, G, N]`` in ``dtype``, then split-K's scratch where ``configs.wo_a_fp8_config``
+    (the tile) splits (``_outputs``)."""
     cfg = configs.wo_a_fp8_config(s, g, n, k, block)
-    if cfg.split_k != 1:
-        raise ValueError(f"the native wo_a_fp8 kernel does not split K; wo_a_fp8_config({s}, "
-                         f"{g}, ...) asks for split_k={cfg.split_k} (see wo_a_fp8_fits)")
     kb = k // block
-    out_shape = (jax.ShapeDtypeStruct((s, g, k), fp8_dtype),
-                 jax.ShapeDtypeStruct((s, g, kb), jnp.uint8),
-                 jax.ShapeDtypeStruct((s, g, n), dtype))
+    out_shape, (x, xs, y, parts, counters), tiles = _outputs(
+        6, (jax.ShapeDtypeStruct((s, g, k), fp8_dtype),
+            jax.ShapeDtypeStruct((s, g, kb), jnp.uint8),
+            jax.ShapeDtypeStruct((s, g, n), dtype)), cfg, s, g, n)
     plan = plans.wo_a_fp8(
-        s, dh, rd, g, n, k, block, cfg, 1, o_row=h * dh, cos_row=rd // 2, sin_row=rd // 2,
+        s, dh, rd, g, n, k, block, cfg, cfg.split_k, o_row=h * dh, cos_row=rd // 2, sin_row=rd // 2,
         w=plans.dense(g, n, k), w_scale=plans.dense(g, n_blocks, kb), y=plans.dense(s, g, n),
         fp8=np.dtype(fp8_dtype).name, amax_floor=amax_floor, o_dtype=np.dtype(o_dtype).name,
         rope_dtype=np.dtype(rope_dtype).name, out_bf16=np.dtype(dtype) == np.dtype(jnp.bfloat16),
         target=_target())
-    o, pos, cos, sin, w, ws, x, xs, y = map(Ref, range(9))
-    return _call(plan, (o, pos, cos, sin, w, ws, s, n_pos, x, xs, y, y, y), out_shape)
+    o, pos, cos, sin, w, ws = map(Ref, range(6))
+    return _call(plan, (o, pos, cos, sin, w, ws, s, n_pos, x, xs, y, parts, counters), out_shape,
+                 tiles)
 
 
 def wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: int, *,

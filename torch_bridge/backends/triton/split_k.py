@@ -66,19 +66,44 @@ class CounterPool:
 
 
 COUNTER_POOLS: dict[torch.device, CounterPool] = {}
+
+
+def check_given(given: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor, split_k: int,
+                tiles: int) -> None:
+    """Raise ``ValueError`` unless ``given`` is ``(parts, counters)`` a split launch can use:
+    contiguous fp32 ``parts [split_k, *out.shape]`` and at least ``tiles`` contiguous int32
+    counters, both on ``out``'s device and 16-byte aligned (the kernel is specialized on
+    that, as for the pool's ranges). The counters must be zero: the kernel leaves them so."""
+    parts, counters = given
+    shape = (split_k, *out.shape)
+    ok = (parts.dtype == torch.float32 and tuple(parts.shape) == shape and parts.is_contiguous()
+          and counters.dtype == torch.int32 and counters.dim() == 1
+          and counters.numel() >= tiles and counters.is_contiguous()
+          and parts.device == counters.device == out.device
+          and parts.data_ptr() % 16 == 0 and counters.data_ptr() % (4 * _ALIGN) == 0)
+    if not ok:
+        raise ValueError(
+            f"split-K scratch must be contiguous fp32 parts {list(shape)} and >= {tiles} "
+            f"contiguous int32 counters on {out.device}, 16-byte aligned; got parts "
+            f"{parts.dtype} {list(parts.shape)}, counters {counters.dtype} "
+            f"{list(counters.shape)}")
 _FALLBACK_LOGGED: set[str] = set()
 
 
-def split_scratch(out: torch.Tensor, split_k: int,
-                  tiles: int) -> tuple[int, torch.Tensor, torch.Tensor]:
-    """``(split_k, parts, counters)`` for one pointer-kernel launch writing ``out [M, G, N]``
-    in ``tiles`` output tiles: fp32 ``parts [split_k, M, G, N]`` (the stream's buffer when
-    eager, the launch's own when captured) and int32 counters; without split-K,
-    ``(1, out, out)`` (unused). Runs unsplit, logged once, when no counters can be had: the
-    pool is created on the first split launch outside CUDA-graph capture, and a long run of
-    captures can use it up."""
+def split_scratch(out: torch.Tensor, split_k: int, tiles: int,
+                  given: tuple[torch.Tensor, torch.Tensor] | None = None
+                  ) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """``(split_k, parts, counters)`` for one launch writing ``out [M, G, N]`` in ``tiles``
+    output tiles: fp32 ``parts [split_k, M, G, N]`` (the stream's buffer when eager, the
+    launch's own when captured) and int32 counters; without split-K, ``(1, out, out)``
+    (unused). ``given``: the caller's ``(parts, counters)`` instead, checked (``check_given``).
+    Runs unsplit, logged once, when no counters can be had: the pool is created on the first
+    split launch outside CUDA-graph capture, and a long run of captures can use it up."""
     if split_k == 1:
         return 1, out, out
+    if given is not None:
+        check_given(given, out, split_k, tiles)
+        return split_k, *given
     capturing = out.is_cuda and torch.cuda.is_current_stream_capturing()
     pool = COUNTER_POOLS.get(out.device)
     if pool is None and not capturing:

@@ -253,12 +253,15 @@ def compile_kernel(kernel, args: tuple, dtypes: tuple[str, ...], constexprs: tup
 
 def lower(kernel, args: tuple, arrays: tuple, out_shape: tuple, grid: tuple[int, ...], *,
           num_warps: int, num_stages: int | None, constexprs: dict[str, Any],
-          capability: int):
+          capability: int, aliases: dict[int, int] | None = None):
     """``kernel[grid](*args, **constexprs)`` on ``arrays`` inside ``jax.jit``; the outputs.
 
     ``args`` has one entry per runtime parameter, in order: a ``Ref`` to an input of
     ``arrays`` or an output of ``out_shape`` (inputs first), a ``Desc`` over one, or an
-    ``int``. Outputs start uninitialized: the kernel writes them whole.
+    ``int``. Outputs start uninitialized: the kernel writes them whole, except those aliased
+    to an input (``aliases``, ``{input index: output index}``, as ``ffi_call``'s
+    ``input_output_aliases``): they start with the input's values, in its buffer, so XLA knows
+    the kernel writes that buffer.
     """
     import jax
 
@@ -268,7 +271,7 @@ def lower(kernel, args: tuple, arrays: tuple, out_shape: tuple, grid: tuple[int,
                               num_stages, capability)
     params, scalars, tmaps = _params(args, compiled.tma)
     g = (*grid, 1, 1)[:3]
-    return jax.ffi.ffi_call(TARGET, out_shape)(
+    return jax.ffi.ffi_call(TARGET, out_shape, input_output_aliases=aliases or None)(
         *arrays, cubin=compiled.cubin, name=compiled.name, digest=np.int64(compiled.digest),
         launch=np.array([*g, compiled.threads, compiled.shared], np.int64), params=params,
         scalars=scalars, tmaps=tmaps)
