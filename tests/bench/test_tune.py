@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from torch_bridge.backends.triton import configs  # noqa: E402
-from torch_bridge.bench import results, tune  # noqa: E402
+from torch_bridge.bench import problem, results, tune  # noqa: E402
 
 
 def _row(kind, g, m, us, cfg, run="2026-01-02"):
@@ -78,6 +78,18 @@ def test_gemm_candidates_time_the_wgmma_kernel_split_1_to_8_ways(m):
         assert ks == [1, 2, 4, 8], (tile, ks)
     assert all(c.wgmma and 32 % c.split_k == 0 for c in split)
     assert "gemm-split" in tune.KINDS and "gemm-split" not in tune.DEFAULT_KINDS
+
+
+@pytest.mark.parametrize("g,m", ((2, 16), (2, 64), (4, 64), (2, 128)))
+def test_split_candidates_rank_the_pointer_split_beside_the_wgmma_splits(g, m):
+    """"gemm-split" times the pointer kernel's own K split for the shape first, then every
+    wgmma split, each once."""
+    from torch_bridge.backends.triton import configs
+
+    got = tune.split_candidates(m, g, problem.GPU)
+    assert got[0] == configs.gemm_config(m, g, 1024, 4096, 128) and not got[0].wgmma
+    assert got[0].split_k > 1
+    assert [c.label() for c in got[1:]] == [c.label() for c in tune.wgmma_split_candidates(m)]
 
 
 def test_source_digest_tracks_the_code(tmp_path):

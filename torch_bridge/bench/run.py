@@ -74,8 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: all)")
     p.add_argument("--tune-kinds", type=_names, default=TUNE_DEFAULT_KINDS,
                    help=f"with --tune: comma-separated subset of {','.join(TUNE_KINDS)} "
-                        f"(default: {','.join(TUNE_DEFAULT_KINDS)}; gemm-split: the wgmma "
-                        "kernel's split-K shapes alone)")
+                        f"(default: {','.join(TUNE_DEFAULT_KINDS)}; gemm-split: the few-tile "
+                        "K splits of both GEMM kernels alone)")
     p.add_argument("--sustained", action="store_true",
                    help="sweep and --tune on a GPU: time at the clock held under a long run "
                         "(~20 ms replays after 1 s of them) instead of the burst clock")

@@ -15,8 +15,8 @@ from .providers import chain_fp8_triton, chain_fp8_triton_2k, gemm_triton, quant
 from .sweep import time_calls
 
 KINDS = ("gemm", "quant", "chain", "gemm-split")
-#: What ``--tune`` times unless told: "gemm-split" (the wgmma kernel's split-K shapes alone, a
-#: short run) is a subset of "gemm".
+#: What ``--tune`` times unless told: "gemm-split" (the few-tile K splits alone, a short run)
+#: is a subset of "gemm".
 DEFAULT_KINDS = KINDS[:3]
 
 
@@ -39,6 +39,15 @@ def wgmma_split_candidates(m: int) -> list:
         out += [C(tokens, 64, sk, swap_ab=True, num_warps=4, num_stages=8, wgmma=True)
                 for sk in (1, 2, 4, 8)]
     return out
+
+
+def split_candidates(m: int, g: int, sweep: problem.Sweep) -> list:
+    """The wgmma kernel's K splits beside the pointer kernel's own rule for the shape (what
+    ``gemm_config`` gives where the wgmma kernel cannot run), so one run ranks the two."""
+    from torch_bridge.backends.triton import configs
+
+    pointer = configs.gemm_config(m, g, sweep.n, sweep.k, 128)  # V4 scale block
+    return [pointer] + [c for c in wgmma_split_candidates(m) if c.label() != pointer.label()]
 
 
 def _gemm_candidates(m: int) -> list:
@@ -103,7 +112,7 @@ def run_tune(sweep: problem.Sweep, *, on_gpu: bool, reps: int, progress, seed: i
         if "gemm" in kinds:
             jobs += [("gemm", c.label(), c, gemm_triton) for c in gemm_candidates(m)]
         elif "gemm-split" in kinds:
-            jobs += [("gemm", c.label(), c, gemm_triton) for c in wgmma_split_candidates(m)]
+            jobs += [("gemm", c.label(), c, gemm_triton) for c in split_candidates(m, g, sweep)]
         if "quant" in kinds:
             jobs += [("quant", c.label(), c, quant_triton) for c in quant_candidates()]
         if "chain" in kinds and m <= 64:
