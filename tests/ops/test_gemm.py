@@ -168,6 +168,39 @@ def test_gemm_rejects_bad_out_and_split(rng):
         launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, config=launch.GemmConfig(16, 64, 3))
 
 
+def test_launcher_ops_mutate_only_tensors_they_always_get():
+    """No custom op of ours declares an optional mutated tensor: torch 2.11's fake tensors
+    fail on one left ``None`` under ``torch.compile``. Caller-owned memory (XLA's split-K
+    scratch) is launched outside the ops (``_common.run_direct``)."""
+    import torch_bridge.backends.triton  # noqa: F401  (registers the ops)
+
+    names = [n for n in torch._C._dispatch_get_all_op_names() if n.startswith(_common.LIB + "::")]
+    assert any(n.endswith("batched_gemm_a8w8_mxscale") for n in names)
+    for name in names:
+        ns, op = name.split("::")
+        schema = getattr(getattr(torch.ops, ns), op).default._schema
+        for arg in schema.arguments:
+            if arg.alias_info is not None and arg.alias_info.is_write:
+                assert str(arg.type) == "Tensor", (name, arg.name, str(arg.type))
+
+
+def test_gemm_under_fake_tensors_takes_the_op_and_refuses_a_callers_scratch(rng):
+    """Fake tensors (what ``torch.compile`` traces with) reach the op's fake implementation;
+    scratch a caller owns is for plain eager calls and says so."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x, w, xs, ws = gemm_tensors(rng, 2, 2, 128, 256)
+    cfg = launch.GemmConfig(16, 64, split_k=2)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fx, fw, fxs, fws = (mode.from_tensor(t) for t in (x, w, xs, ws))
+        y = launch.batched_gemm_a8w8_mxscale(fx, fw, fxs, fws, config=cfg)
+        assert y.shape == (2, 2, 128) and y.dtype == torch.bfloat16
+        scratch = (torch.empty((2 * 2 * 128 * 2,)), torch.zeros((16,), dtype=torch.int32))
+        with pytest.raises(ValueError, match="plain eager"):
+            launch.batched_gemm_a8w8_mxscale(fx, fw, fxs, fws, config=cfg,
+                                             scratch=tuple(mode.from_tensor(t) for t in scratch))
+
+
 def test_default_wgmma_shape_runs_the_triton_kernels_when_x_has_no_tma_view(rng):
     """A default wgmma shape reaches the launch op before the operands' layout is known; when
     x cannot be viewed as TMA tiles (transposed from [G, M, K]) the op runs the Triton

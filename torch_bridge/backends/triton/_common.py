@@ -67,6 +67,19 @@ def run_mutating(op, mutated: tuple[torch.Tensor, ...], *args) -> None:
     torch.autograd.graph.increment_version(mutated)
 
 
+def run_direct(fn, mutated: tuple[torch.Tensor, ...], *args) -> None:
+    """Call a launch function that no custom op wraps, for operands an op does not declare
+    (memory its caller owns, such as XLA's buffers on ``jax_ops``' callback route).
+
+    Plain eager calls only: ``torch.compile`` and fake tensors could not see its writes.
+    """
+    if torch.compiler.is_compiling() or not _plain_eager(args):
+        raise ValueError("caller-owned scratch is for plain eager calls; under torch.compile, "
+                         "fake tensors or tensor subclasses leave it out (the op takes its own)")
+    fn(*args)
+    torch.autograd.graph.increment_version(mutated)
+
+
 def signature(t: torch.Tensor) -> tuple:
     """What a launch plan may depend on in a tensor: shape, strides, dtype, device."""
     return t.shape, t.stride(), t.dtype, t.device

@@ -29,6 +29,7 @@ from ._common import (
     raw_launch,
     row_major,
     rows_contiguous,
+    run_direct,
     run_mutating,
     signature,
     triton_launch,
@@ -96,19 +97,21 @@ def tma_ok(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, block_n: int) ->
             and all(t.data_ptr() % 16 == 0 for t in (x, w, out)))
 
 
-@launcher_op("batched_gemm_a8w8_mxscale", mutates_args=("out", "parts", "counters"))
+@launcher_op("batched_gemm_a8w8_mxscale", mutates_args=("out",))
 def _batched_gemm_a8w8_mxscale_op(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor,
                                   w_scale: torch.Tensor, out: torch.Tensor, block_m: int,
                                   block_n: int, split_k: int, swap_ab: bool, num_warps: int,
                                   num_stages: int, tma: bool, programs_per_sm: int,
-                                  wgmma: bool, parts: torch.Tensor | None = None,
-                                  counters: torch.Tensor | None = None) -> None:
+                                  wgmma: bool) -> None:
+    _run_gemm(x, w, x_scale, w_scale, out, (block_m, block_n, split_k, swap_ab, num_warps,
+                                            num_stages, tma, programs_per_sm, wgmma))
+
+
+def _run_gemm(x, w, x_scale, w_scale, out, shape: tuple, scratch: tuple | None = None) -> None:
+    """Launch one GEMM call (the op's body; ``scratch``: the caller's split-K memory)."""
     if x.shape[0] == 0:
         return
-    run, args = _gemm_launch(x, w, x_scale, w_scale, out,
-                             (block_m, block_n, split_k, swap_ab, num_warps, num_stages, tma,
-                              programs_per_sm, wgmma),
-                             None if parts is None else (parts, counters))
+    run, args = _gemm_launch(x, w, x_scale, w_scale, out, shape, scratch)
     with on_device_of(x):
         run(args)
 
@@ -371,7 +374,8 @@ def batched_gemm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.T
 
     Raises:
       ValueError: ``out`` has the wrong shape or strides, ``config.split_k`` does not divide
-        the K blocks, or an explicit wgmma ``config`` does not fit the operands.
+        the K blocks, an explicit wgmma ``config`` does not fit the operands, or ``scratch``
+        is given under ``torch.compile`` or fake tensors.
       RuntimeError: an explicit wgmma ``config`` on a device without the wgmma kernel.
     """
     m, g, k = x.shape
@@ -386,7 +390,8 @@ def batched_gemm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.T
     if config is not None and config.wgmma:
         _check_explicit_wgmma(config, x, w, out, block)
     configs.check_split(cfg, k // block)
-    parts, counters = scratch or (None, None)
-    run_mutating(_batched_gemm_a8w8_mxscale_op, (out,), x, w, xs, ws, out, *_fields(cfg),
-                 parts, counters)
+    if scratch is None:
+        run_mutating(_batched_gemm_a8w8_mxscale_op, (out,), x, w, xs, ws, out, *_fields(cfg))
+    else:  # no op declares a caller's scratch: launched directly, plain eager only
+        run_direct(_run_gemm, (out, *scratch), x, w, xs, ws, out, _fields(cfg), tuple(scratch))
     return out
