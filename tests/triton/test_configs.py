@@ -65,9 +65,9 @@ GEMM_CHOICES = {
     (1, 2, 128, True): C(16, 64, split_k=8, swap_ab=True),
     (17, 2, 128, True): C(64, 64, split_k=4, num_stages=8, wgmma=True),
     (64, 2, 128, True): C(64, 64, split_k=4, num_stages=8, wgmma=True),
-    (128, 2, 128, True): C(64, 64, split_k=4, num_stages=8, wgmma=True),
+    (128, 2, 128, True): C(64, 64, split_k=2, num_stages=8, wgmma=True),
     (256, 2, 128, True): C(64, 128, num_stages=6, wgmma=True),
-    (64, 4, 128, True): C(64, 64, split_k=4, num_stages=8, wgmma=True),
+    (64, 4, 128, True): C(64, 64, split_k=2, num_stages=8, wgmma=True),
     (128, 4, 128, True): C(64, 128, num_stages=6, wgmma=True),
     (64, 8, 128, True): C(64, 64, num_stages=6),
     (8192, 16, 32, True): C(64, 128, tma=True),
@@ -127,10 +127,10 @@ def test_gemm_config_rules(wgmma):
                 assert tiles >= configs.ONE_WAVE_TILES, (m, g, cfg)
         elif wgmma and block == 128 and m > 64:
             assert cfg.split_k > 1, (m, g, cfg)
-        if cfg.wgmma and cfg.split_k > 1:  # k_split's parts; G = 2 to 4 fill a wave or two
+        if cfg.wgmma and cfg.split_k > 1:  # k_split's parts; G = 2 to 4 fill one wave
             assert _tiles(C(64, 128), m, g, n) < configs.FEW_PROGRAMS, (m, g, cfg)
-            assert cfg.split_k == configs.k_split(cfg, m, g, n, kb), (m, g, cfg)
-            assert g not in (2, 4) or 128 <= tiles * cfg.split_k <= 256, (m, g, cfg)
+            assert cfg.split_k == configs.k_split(cfg, m, g, n, kb, most=configs.ONE_WAVE_TILES)
+            assert g not in (2, 4) or tiles * cfg.split_k == configs.ONE_WAVE_TILES, (m, g, cfg)
 
 
 def test_k_split_is_a_divisor_capped_by_programs():
@@ -139,6 +139,8 @@ def test_k_split_is_a_divisor_capped_by_programs():
         split = configs.k_split(cfg, 1, tiles_g, 64, kb)
         assert kb % split == 0 and 1 <= split <= 8
         assert split == 1 or split * tiles_g <= 256
+        one_wave = configs.k_split(cfg, 1, tiles_g, 64, kb, most=configs.ONE_WAVE_TILES)
+        assert kb % one_wave == 0 and (one_wave == 1 or one_wave * tiles_g <= 128)
 
 
 @pytest.mark.parametrize("key", FUSED_CHOICES, ids=lambda k: "m{}g{}b{}".format(*k))

@@ -243,8 +243,8 @@ def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
     Above 16 tokens, 64 x 128 tiles with 6 stages where they make at most one wave (and more
     than 64 tiles up to M = 64, where the pointer tiles win); where they are fewer than
     ``FEW_PROGRAMS`` (G = 2 to 4, the grids the Triton kernels split K for), the Triton
-    kernels' 64 x 64 tile and K split on the wgmma kernel, 8 stages (each part streams its
-    weight slice with all its loads in flight); above 64 tokens and beyond one wave, persistent
+    kernels' 64 x 64 tile and K split on the wgmma kernel into one wave, 8 stages (each part
+    streams its weight slice with all its loads in flight); above 64 tokens and beyond one wave, persistent
     128 x 128 tiles, 8 warps, 4 stages, where more than 64 tiles fill the GPU.
     """
     if wgmma and block == 128 and n % 128 == 0:
@@ -260,7 +260,8 @@ def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
                 return cfg
             if programs(cfg, m, g, n) < FEW_PROGRAMS:
                 cfg = GemmConfig(64, 64, num_warps=4, num_stages=8, wgmma=True)
-                return dataclasses.replace(cfg, split_k=k_split(cfg, m, g, n, k // block))
+                split = k_split(cfg, m, g, n, k // block, most=ONE_WAVE_TILES)
+                return dataclasses.replace(cfg, split_k=split)
         if m > 64:
             cfg = GemmConfig(128, 128, num_warps=8, num_stages=4, wgmma=True, programs_per_sm=1)
             if programs(cfg, m, g, n) > FEW_PROGRAMS:
@@ -283,11 +284,15 @@ def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
                                num_stages=4)
 
 
-def k_split(cfg: GemmConfig, m: int, g: int, n: int, k_blocks: int) -> int:
-    """K parts for a grid of few tiles: about 256 programs, at most 8 parts, at most
-    256 / block_m (the last part reads every part back), and a divisor of the K blocks."""
+def k_split(cfg: GemmConfig, m: int, g: int, n: int, k_blocks: int, *, most: int = 256) -> int:
+    """K parts for a grid of few tiles: at most ``most`` programs in all, at most 8 parts, at
+    most 256 / block_m (the last part reads every part back), and a divisor of the K blocks.
+
+    The pointer kernels take two programs per SM (``most`` 256); the wgmma kernel's 8 stages
+    fill an SM, so its split stops at one wave (``ONE_WAVE_TILES``): a second wave doubles it.
+    """
     tiles = max(1, programs(cfg, m, g, n))  # zero tokens: any shape, nothing launches
-    split = max(1, min(8, 256 // tiles, 256 // cfg.block_m))
+    split = max(1, min(8, most // tiles, 256 // cfg.block_m))
     while k_blocks % split:
         split //= 2
     return split
