@@ -14,7 +14,9 @@
 #   WOA_BEFORE=dir WOA_BEFORE_COMMIT=sha bash benchmarks/device_run.sh compare
 #                                          # host cost and a G 16/2 sweep, the tree in dir and
 #                                          # this one alternated; rows in $OUT/{before,after}
-#                                          # (WOA_HOST_ROUNDS, WOA_SWEEP_PROVIDERS, _SECONDS)
+#                                          # (WOA_HOST_ROUNDS, WOA_SWEEP_PROVIDERS, _SECONDS;
+#                                          # providers both trees know; a side's sweep of
+#                                          # G 16/2 takes about 120 s)
 # Wheels in .whl/ (git-ignored; packages a machine without an index lacks) are installed
 # first. Where the copy has no git history, set WOA_COMMIT to the commit measured; rows also
 # carry the source digest.

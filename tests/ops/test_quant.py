@@ -55,11 +55,12 @@ gpu = pytest.mark.gpu
                                              (64, 2, torch.int32), (32, 4, torch.int64)])
 @pytest.mark.parametrize("config", [launch.QuantConfig(8, 2), launch.QuantConfig(32, 2),
                                     launch.QuantConfig(2, 2, block_h=2),
-                                    launch.QuantConfig(4, 2, block_h=3)],
+                                    launch.QuantConfig(4, 2, block_h=3),
+                                    launch.QuantConfig(1, 1, block_h=1)],
                          ids=lambda c: c.label())
 def test_quant_bit_exact(rng, gs, g, pos_dtype, config):
     """Both quant kernels (flat rows; per head, where block_h=3 does not divide H=4 and is cut
-    to a divisor) give the oracle's bytes."""
+    to a divisor, and one (token, head) per program) give the oracle's bytes."""
     o, pos, cos, sin = rope_tensors(rng, pos_dtype=pos_dtype)
     q, sc = launch.inverse_rope_group_quant(o, pos, cos, sin, g, gs, config=config)
     assert q.dtype == torch.float8_e4m3fn and sc.dtype == torch.uint8
