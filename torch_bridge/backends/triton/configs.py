@@ -244,8 +244,8 @@ def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
     than 64 tiles up to M = 64, where the pointer tiles win); where they are fewer than
     ``FEW_PROGRAMS`` (G = 2 to 4, the grids the Triton kernels split K for), the Triton
     kernels' 64 x 64 tile and K split on the wgmma kernel into one wave, 8 stages (each part
-    streams its weight slice with all its loads in flight); above 64 tokens and beyond one wave, persistent
-    128 x 128 tiles, 8 warps, 4 stages, where more than 64 tiles fill the GPU.
+    streams its weight slice with all its loads in flight); above 64 tokens and beyond one
+    wave, persistent 128 x 128 tiles, 8 warps, 4 stages, where more than 64 tiles fill the GPU.
     """
     if wgmma and block == 128 and n % 128 == 0:
         if m <= 16:
