@@ -84,8 +84,6 @@ def test_gemm_candidates_time_the_wgmma_kernel_split_1_to_8_ways(m):
 def test_split_candidates_rank_the_pointer_split_beside_the_wgmma_splits(g, m):
     """"gemm-split" times the pointer kernel's own K split for the shape first, then every
     wgmma split, each once."""
-    from torch_bridge.backends.triton import configs
-
     got = tune.split_candidates(m, g, problem.GPU)
     assert got[0] == configs.gemm_config(m, g, 1024, 4096, 128) and not got[0].wgmma
     assert got[0].split_k > 1
