@@ -7,6 +7,7 @@
 #   bash benchmarks/device_run.sh tune     # launch-shape candidates at G = 16
 #   bash benchmarks/device_run.sh tp       # 2 GPUs: NCCL TP check and TP2 vs TP1
 #   bash benchmarks/device_run.sh jax_step # jitted 8- and 61-layer steps, G = $WOA_STEP_GROUPS (16)
+#                                          # (WOA_STEP_LAYERS, WOA_STEP_MS: fewer per call)
 #   bash benchmarks/device_run.sh decode   # G 2/4 decode batches beside DeepGEMM and vLLM (after
 #                                          # source out/peers/device_peers.sh), wgmma K splits
 #   bash benchmarks/device_run.sh capture  # which launches XLA records in command buffers, and
@@ -14,7 +15,8 @@
 #   WOA_BEFORE=dir WOA_BEFORE_COMMIT=sha bash benchmarks/device_run.sh compare
 #                                          # host cost and a G 16/2 sweep, the tree in dir and
 #                                          # this one alternated; rows in $OUT/{before,after}
-#                                          # (WOA_HOST_ROUNDS, WOA_SWEEP_PROVIDERS, _SECONDS;
+#                                          # (WOA_HOST_ROUNDS, WOA_SWEEP_PROVIDERS, _GROUPS,
+#                                          # _MS, _SECONDS;
 #                                          # providers both trees know; a side's sweep of
 #                                          # G 16/2 takes about 120 s)
 # Wheels in .whl/ (git-ignored; packages a machine without an index lacks) are installed
@@ -73,8 +75,9 @@ tp)
   ;;
 jax_step)
   # One G per call keeps a run within a device command's 10 minutes.
-  CUDA_VISIBLE_DEVICES=0 timeout 560 $BENCH --jax-step --groups "${WOA_STEP_GROUPS:-16}" \
-    --reps 10 > "$OUT/jax_step.log" 2>&1
+  CUDA_VISIBLE_DEVICES=0 timeout "${WOA_STEP_SECONDS:-560}" $BENCH --jax-step \
+    --groups "${WOA_STEP_GROUPS:-16}" --layers "${WOA_STEP_LAYERS:-8,61}" \
+    --ms "${WOA_STEP_MS:-1,16,64,256,1024,8192}" --reps 10 > "$OUT/jax_step.log" 2>&1
   grep -E "jax_step_" "$OUT/jax_step.log" | cut -c1-200
   ;;
 decode)
@@ -121,7 +124,7 @@ compare)
       >> "$OUT/compare_$name.log" 2>&1
   }
   host="--host-cost --groups 16,2 --ms ${WOA_HOST_MS:-1,16,64,256}"
-  sweep="--groups 16,2 --ms 1,64,1024,8192 --reps 10 \
+  sweep="--groups ${WOA_SWEEP_GROUPS:-16,2} --ms ${WOA_SWEEP_MS:-1,64,1024,8192} --reps 10 \
     --providers ${WOA_SWEEP_PROVIDERS:-quant_triton,gemm_triton,chain_fp8,chain_fp8_triton,chain_bf16}"
   for round in $(seq "${WOA_HOST_ROUNDS:-3}"); do
     side 100 before $host; side 100 after $host
