@@ -16,8 +16,9 @@ launches it by one of two routes, chosen at trace time and logged once (logger `
   E8M0) cross the boundary as ``uint8`` and are re-viewed on each side, so the exchange does
   not depend on DLPack's fp8 support. XLA records the callback into its command buffers (CUDA
   graphs) and replays it without Python wherever that is safe (``command_buffer_blocker``):
-  by default, the Triton backend's quant and GEMM; ``WOA_JAX_COMMAND_BUFFER=0`` opts out. A
-  split-K GEMM gets its parts and counters from XLA too (``_split_scratch``).
+  by default, the Triton backend's quant, GEMM and fused chain (one callback where the torch
+  launcher fuses); ``WOA_JAX_COMMAND_BUFFER=0`` opts out. A split-K launch gets its parts and
+  counters from XLA too (``_split_scratch``, ``_wo_a_fp8_callback``).
 
 On a CPU-only JAX with no backend asked for, the ops return the ``woa_jax`` oracle (pure JAX);
 pass ``backend="triton"`` with ``TRITON_INTERPRET=1`` to run the callback route on CPU.
@@ -105,10 +106,10 @@ def _check_out_dtype(dtype) -> None:
         raise TypeError(f"dtype must be bfloat16 or float32, got {np.dtype(dtype).name}")
 
 
-def _wo_a_fp8_native(o, positions, cos_cache, sin_cache, w, w_scale, block: int, num_groups: int,
-                  amax_floor: float, dtype, backend: str | None) -> bool:
-    """Whether ``wo_a_fp8`` runs as one native fused launch: the dispatcher picks triton for
-    the quant and the GEMM, both would go native, and ``jax_launch.wo_a_fp8_fits``."""
+def _wo_a_fp8_fused(o, positions, cos_cache, sin_cache, w, w_scale, block: int, num_groups: int,
+                    amax_floor: float, dtype, backend: str | None) -> bool:
+    """Whether ``wo_a_fp8`` runs as one fused launch: the dispatcher picks triton for the quant
+    and the GEMM, and the torch launcher fuses this chain (``configs.wo_a_fp8_chosen``)."""
     if _use_oracle(backend):
         return False
     # The two-step path's checks, so that both paths reject the same inputs the same way.
@@ -124,12 +125,12 @@ def _wo_a_fp8_native(o, positions, cos_cache, sin_cache, w, w_scale, block: int,
     gemm = _dispatch.gemm_case(jax.ShapeDtypeStruct((s, g, k), w.dtype), w, block,
                                np.dtype(dtype), device_type=_device_type(), x_k_contiguous=True)
     if (_dispatch.select("inverse_rope_group_quant", rope, backend).name != "triton"
-            or _dispatch.select("batched_gemm_a8w8_mxscale", gemm, backend).name != "triton"
-            or native_route_reason("triton") is not None):
+            or _dispatch.select("batched_gemm_a8w8_mxscale", gemm, backend).name != "triton"):
         return False
-    from .backends.triton import jax_launch
+    from .backends.triton import configs
 
-    return jax_launch.wo_a_fp8_fits(s, g, n, k, block, dh, rd)
+    return (configs.wo_a_fp8_blocker(dh, rd, block) is None
+            and configs.wo_a_fp8_chosen(s, g, n, k, block))
 
 
 def _torch_wgmma() -> bool:
@@ -192,6 +193,9 @@ RECORDABLE = {
     ("batched_gemm_a8w8_mxscale", "triton"):
         "the launcher writes only the output XLA hands it and, split, the parts and counters "
         "XLA hands it (_split_scratch)",
+    ("wo_a_fp8", "triton"):
+        "the fused launcher writes only the output, the prologue's activations and, split, "
+        "the parts and counters XLA hands it (_wo_a_fp8_callback)",
 }
 
 #: Why a known callback may not be recorded: it launches into memory torch allocates.
@@ -353,8 +357,8 @@ def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_group
 
     Same arguments as ``woa_jax.wo_a_fp8`` and ``torch_bridge.wo_a_fp8``. Where the torch
     launcher runs the chain as one fused kernel (``configs.wo_a_fp8_chosen``: DeepSeek V4 at
-    M = 1 for G = 16, M <= 8 at G = 2 and 4, K split there) and both ops take the native
-    route, this launches that kernel natively too (``jax_launch.wo_a_fp8_fits``): the same
+    M = 1 for G = 16, M <= 8 at G = 2 and 4, K split there) and the dispatcher picks triton,
+    this launches that kernel too, natively or as one callback on XLA's scratch: the same
     bits, one launch.
 
     Args:
@@ -383,17 +387,59 @@ def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_group
     else:
         w, w_scale = woa_jax.wo_a_weight_e8m0(weight, weight_scale, num_groups)
     block = w.shape[2] // w_scale.shape[2]
-    if _wo_a_fp8_native(o, positions, cos_cache, sin_cache, w, w_scale, block, num_groups,
-                     amax_floor, dtype, backend):
-        from .backends.triton import jax_launch
+    if _wo_a_fp8_fused(o, positions, cos_cache, sin_cache, w, w_scale, block, num_groups,
+                       amax_floor, dtype, backend):
+        if _native("wo_a_fp8", "triton"):
+            from .backends.triton import jax_launch
 
-        return jax_launch.wo_a_fp8(o, positions[:o.shape[0]], cos_cache, sin_cache, w, w_scale,
-                                   num_groups, amax_floor=amax_floor, dtype=dtype)
+            return jax_launch.wo_a_fp8(o, positions[:o.shape[0]], cos_cache, sin_cache, w,
+                                       w_scale, num_groups, amax_floor=amax_floor, dtype=dtype)
+        return _wo_a_fp8_callback(o, positions[:o.shape[0]], cos_cache, sin_cache, w,
+                                  woa_jax.e8m0_bytes(w_scale), num_groups, amax_floor, dtype,
+                                  command_buffer)
     x, xs = inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, block,
                                      fp8_dtype=w.dtype, amax_floor=amax_floor, backend=backend,
                                      command_buffer=command_buffer)
     return batched_gemm_a8w8_mxscale(x, w, xs, w_scale, dtype=dtype, backend=backend,
                                      command_buffer=command_buffer)
+
+
+def _wo_a_fp8_callback(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: int,
+                       amax_floor: float, dtype, command_buffer: bool | None):
+    """The Triton launcher's fused chain as one callback -> ``y [S, G, N]``: XLA owns every
+    buffer it writes, the prologue's activations and split-K's parts and counters included
+    (outputs after ``y``; the counters are zeros aliased to the last), so it may be
+    recorded."""
+    from .backends.triton import configs, launch
+
+    s = o.shape[0]
+    g, n, k = w.shape
+    block = k // w_scale.shape[2]
+    cfg = configs.wo_a_fp8_config(s, g, n, k, block)
+    out_types = (jax.ShapeDtypeStruct((s, g, n), dtype),
+                 jax.ShapeDtypeStruct((s, g, k), jnp.uint8),
+                 jax.ShapeDtypeStruct((s, g, k // block), jnp.uint8))
+    args = (o, positions, cos_cache, sin_cache, _fp8_bytes(w), w_scale)
+    aliases = None
+    if cfg.split_k > 1:
+        tiles = configs.programs(cfg, s, g, n)
+        out_types += (jax.ShapeDtypeStruct((cfg.split_k, s, g, n), jnp.float32),
+                      jax.ShapeDtypeStruct((tiles,), jnp.int32))
+        aliases = {len(args): len(out_types) - 1}
+        args += (jnp.zeros(tiles, jnp.int32),)
+    f8 = _torch_dtype(w.dtype)
+
+    def run(ctx, outs, o_b, pos_b, cos_b, sin_b, w_b, ws_b, *_):
+        y, x_fp8, *rest = (_to_torch(b) for b in outs)
+        with _on_xla_stream(ctx):
+            launch.wo_a_fp8(_to_torch(o_b), _to_torch(pos_b), _to_torch(cos_b), _to_torch(sin_b),
+                            _to_torch(w_b, f8), _to_torch(ws_b), num_groups,
+                            amax_floor=amax_floor, dtype=_torch_dtype(dtype), out=y,
+                            single_kernel=True, config=cfg,
+                            scratch=(x_fp8.view(f8), *rest))
+
+    return _callback(run, out_types, _records(command_buffer, "wo_a_fp8", "triton"), *args,
+                     aliases=aliases)[0]
 
 
 def wo_a_bf16(o, positions, cos_cache, sin_cache, weight, weight_scale, num_groups: int):

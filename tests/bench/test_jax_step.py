@@ -147,12 +147,17 @@ def test_native_kernels_are_the_gemm_launch_of_the_jax_launcher(m, g):
 @pytest.mark.parametrize("m, g", [(1, 2), (64, 2), (256, 2), (1, 16), (8192, 16)])
 def test_callback_kernels_are_the_launchers_own(m, g, monkeypatch):
     """The callback route runs the torch launchers with their own config, recorded or not
-    (split K on XLA's scratch)."""
+    (split K on XLA's scratch): the fused kernel where the torch launcher fuses, else its
+    quant, then its GEMM."""
+    from torch_bridge.backends.triton import configs
+
     n, k, block, dh, rd = 1024, 4096, 128, 512, 64
+    fused = configs.wo_a_fp8_chosen(m, g, n, k, block)
+    assert fused == (m == 1)
     for flag in ("1", "0"):
         monkeypatch.setenv("WOA_JAX_COMMAND_BUFFER", flag)
         assert jax_step._route_kernels("callback", m, g, n, k, block, dh, rd,
-                                       on_gpu=False) == (False, None)
+                                       on_gpu=False) == (fused, None)
 
 
 def test_fp8_check_falls_back_to_the_routes_kernels_and_still_catches_wrong_bits():

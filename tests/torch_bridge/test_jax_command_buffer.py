@@ -129,10 +129,10 @@ def test_registration_passes_both_stages_and_no_traits(handler, monkeypatch):
 # ---------------------------------------------------------------------------------------------
 
 def test_only_the_triton_launchers_record_by_default():
-    """Recorded by default: the Triton backend's quant and GEMM, whose launchers write only the
-    buffers XLA hands them. Not recorded, each with its reason: AITER (torch temporaries, a
-    GEMM without ``out=``), the BF16 chain, any backend not audited."""
-    for op in ("inverse_rope_group_quant", "batched_gemm_a8w8_mxscale"):
+    """Recorded by default: the Triton backend's quant, GEMM and fused chain, whose launchers
+    write only the buffers XLA hands them. Not recorded, each with its reason: AITER (torch
+    temporaries, a GEMM without ``out=``), the BF16 chain, any backend not audited."""
+    for op in ("inverse_rope_group_quant", "batched_gemm_a8w8_mxscale", "wo_a_fp8"):
         assert jax_ops.command_buffer_blocker(op, "triton") is None
         assert jax_ops._records(None, op, "triton") is True
     blocked = {
@@ -203,6 +203,87 @@ def test_callback_gemm_splits_on_xla_scratch(monkeypatch, recorded):
     assert len(pools) == 1  # the torch launcher's own split launch
     for y in ys:
         np.testing.assert_array_equal(y, want.view(torch.int16).cpu().numpy().view(np.uint16))
+
+
+@pytest.mark.parametrize("split", [True, False])
+@pytest.mark.parametrize("s", [1, 3])
+def test_callback_chain_is_one_fused_launch_on_xla_scratch(monkeypatch, s, split):
+    """Where the torch launcher fuses the chain, the callback route makes one callback, to the
+    fused launcher, on XLA's buffers for the prologue's activations and split-K's parts and
+    counters: torch's counter pool is never created, and the bits are the torch launcher's
+    (fused, and the same as quant + GEMM)."""
+    import dataclasses
+
+    import torch
+    from inputs import chain_tensors, jx
+
+    from torch_bridge.backends.triton import launch, split_k
+
+    monkeypatch.setenv("WOA_JAX_NATIVE", "0")
+    g, n, k = 2, 128, 1024
+    if not split:  # the launch shape of a chain with enough tiles to leave K whole
+        fused_config = configs.wo_a_fp8_config
+        monkeypatch.setattr(configs, "wo_a_fp8_config", lambda *a: dataclasses.replace(
+            fused_config(*a), split_k=1, num_stages=5))
+    assert configs.wo_a_fp8_chosen(s, g, n, k, 128)
+    assert (configs.wo_a_fp8_config(s, g, n, k, 128).split_k > 1) == split
+    o, pos, cos, sin, w, ws = chain_tensors(np.random.default_rng(s), s, g=g, n=n)
+    callbacks = []
+    real_callback = jax_ops._callback
+
+    def spy(fn, out_types, *args, **kwargs):
+        callbacks.append(len(out_types))
+        return real_callback(fn, out_types, *args, **kwargs)
+
+    monkeypatch.setattr(jax_ops, "_callback", spy)
+    pools: dict = {}
+    monkeypatch.setattr(split_k, "COUNTER_POOLS", pools)
+    args = jx(o, pos.int(), cos, sin, w, ws)
+    f = jax.jit(lambda *a: jax_ops.wo_a_fp8(*a, g, backend="triton"))
+    ys = [np.asarray(f(*args)).view(np.uint16) for _ in range(2)]  # counters back at 0
+    assert callbacks == [5 if split else 3], "not one callback to the fused launcher"
+    assert pools == {}, "the callback took split-K scratch from torch's pool"
+    fused = launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, single_kernel=True)
+    two_steps = launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, single_kernel=False)
+    for want in (fused, two_steps):
+        for y in ys:
+            np.testing.assert_array_equal(y, want.view(torch.int16).cpu().numpy().view(np.uint16))
+
+
+def test_fused_chain_scratch_is_checked():
+    """The fused launcher's ``scratch=`` must fit its launch: fused only, the prologue's two
+    buffers in the right dtype and shape, split-K's two more where K splits."""
+    import torch
+    from inputs import chain_tensors
+
+    from torch_bridge.backends.triton import launch
+
+    s, g, n, k = 1, 2, 128, 1024
+    o, pos, cos, sin, w, ws = chain_tensors(np.random.default_rng(0), s, g=g, n=n)
+    cfg = configs.wo_a_fp8_config(s, g, n, k, 128)
+    assert cfg.split_k > 1
+    x = torch.empty((s, g, k), dtype=w.dtype, device=o.device)
+    xs = torch.empty((s, g, k // 128), dtype=torch.uint8, device=o.device)
+    parts = torch.empty((cfg.split_k, s, g, n), dtype=torch.float32, device=o.device)
+    counters = torch.zeros(configs.programs(cfg, s, g, n), dtype=torch.int32, device=o.device)
+
+    def call(scratch, single_kernel=True):
+        return launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, single_kernel=single_kernel,
+                               scratch=scratch)
+
+    with pytest.raises(ValueError, match="is for the fused kernel"):
+        call((x, xs, parts, counters), single_kernel=False)
+    with pytest.raises(ValueError, match="splits K 8 ways, so it takes 4 tensors"):
+        call((x, xs))
+    with pytest.raises(ValueError, match="x_scale must be contiguous torch.uint8"):
+        call((x, xs.view(torch.float8_e8m0fnu), parts, counters))
+    with pytest.raises(ValueError, match="x_fp8 must be contiguous"):
+        call((x[:, :1], xs, parts, counters))
+    with pytest.raises(ValueError, match="split-K scratch must be"):
+        call((x, xs, parts[:2], counters))
+    want = launch.wo_a_fp8(o, pos, cos, sin, w, ws, g)
+    torch.testing.assert_close(call((x, xs, parts, counters)), want, rtol=0, atol=0)
+    assert not counters.any()  # the split launch leaves its counters at zero
 
 
 def test_given_scratch_is_checked():

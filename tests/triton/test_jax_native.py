@@ -340,7 +340,7 @@ def test_chain_fuses_where_the_torch_launcher_fuses(native_ok):
     at G = 16); another backend never fuses natively."""
     def fused(s, g, backend="triton", dtype=jnp.bfloat16):
         o, pos, cos, sin, w, ws = _chain_shapes(s, g)
-        return jax_ops._wo_a_fp8_native(o, pos, cos, sin, w, ws, 128, g, 1e-8, dtype, backend)
+        return jax_ops._wo_a_fp8_fused(o, pos, cos, sin, w, ws, 128, g, 1e-8, dtype, backend)
 
     assert fused(1, 16) and fused(1, 16, dtype=jnp.float32)
     assert launch.wo_a_fp8_config(1, 2, N, HPG * DH, 128).split_k > 1
@@ -357,10 +357,10 @@ def test_fused_chain_checks_inputs_like_the_two_steps(native_ok):
     o, pos, cos, sin, w, _ = _chain_shapes(1, 16)
     bad = jax.ShapeDtypeStruct((16, 4, HPG * DH // 128), jnp.float8_e8m0fnu)
     with pytest.raises(ValueError, match=r"w_scale must be \[G, ceil\(N / 128\), K / 128\]"):
-        jax_ops._wo_a_fp8_native(o, pos, cos, sin, w, bad, 128, 16, 1e-8, jnp.bfloat16, "triton")
+        jax_ops._wo_a_fp8_fused(o, pos, cos, sin, w, bad, 128, 16, 1e-8, jnp.bfloat16, "triton")
     ws = jax.ShapeDtypeStruct((16, N // 128, HPG * DH // 128), jnp.float8_e8m0fnu)
     with pytest.raises(TypeError, match="dtype must be bfloat16 or float32, got float16"):
-        jax_ops._wo_a_fp8_native(o, pos, cos, sin, w, ws, 128, 16, 1e-8, jnp.float16, "triton")
+        jax_ops._wo_a_fp8_fused(o, pos, cos, sin, w, ws, 128, 16, 1e-8, jnp.float16, "triton")
 
 
 def test_chain_takes_the_fused_launch(native_ok, monkeypatch):

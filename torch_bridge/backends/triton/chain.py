@@ -32,6 +32,7 @@ from ._common import (
     output,
     row_major,
     rows_contiguous,
+    run_direct,
     run_mutating,
     signature,
     target,
@@ -52,19 +53,28 @@ def _wo_a_fp8_op(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tens
                  x_fp8: torch.Tensor, x_scale: torch.Tensor, out: torch.Tensor, amax_floor: float,
                  block_m: int, block_n: int, split_k: int, num_warps: int,
                  num_stages: int) -> None:
+    _run_wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, x_fp8, x_scale, out,
+                  amax_floor, block_m, block_n, split_k, num_warps, num_stages)
+
+
+def _run_wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, x_fp8, x_scale, out,
+                  amax_floor, block_m, block_n, split_k, num_warps, num_stages,
+                  scratch: tuple | None = None) -> None:
+    """Launch one fused chain call (the op's body; ``scratch``: the caller's split-K memory)."""
     if o.shape[0] == 0:
         return
     with on_device_of(o):
         run, args = _wo_a_fp8_launch(o, positions, cos_cache, sin_cache, w, w_scale, x_fp8,
                                      x_scale, out, amax_floor, block_m, block_n, split_k,
-                                     num_warps, num_stages)
+                                     num_warps, num_stages, scratch)
         run(args)
 
 
 def _wo_a_fp8_launch(o, positions, cos_cache, sin_cache, w, w_scale, x_fp8, x_scale, out,
-                     amax_floor, block_m, block_n, split_k, num_warps, num_stages):
+                     amax_floor, block_m, block_n, split_k, num_warps, num_stages,
+                     scratch: tuple | None = None):
     """``(launch, runtime arguments)`` of one ``wo_a_fp8_kernel`` call (split-K's scratch
-    taken for it)."""
+    taken for it, or ``scratch``'s: ``split_scratch``)."""
     key = ("wo_a_fp8", *signature(o), *signature(cos_cache), sin_cache.stride(), *signature(w),
            *signature(w_scale), *signature(out), amax_floor, block_m, block_n, split_k,
            num_warps, num_stages)
@@ -82,7 +92,7 @@ def _wo_a_fp8_launch(o, positions, cos_cache, sin_cache, w, w_scale, x_fp8, x_sc
             target=target()))
 
     run = launch_for(key, lambda: make(split_k))
-    split, parts, counters = split_scratch(out, split_k, run.grid[0] * run.grid[1])
+    split, parts, counters = split_scratch(out, split_k, run.grid[0] * run.grid[1], scratch)
     if split != split_k:  # no counters to be had: the same tile, unsplit
         run = launch_for((key, split), lambda: make(split))
     return run, (o, positions, cos_cache, sin_cache, w, w_scale, o.shape[0], cos_cache.shape[0],
@@ -172,7 +182,8 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
              sin_cache: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, num_groups: int,
              *, amax_floor: float = AITER_AMAX_FLOOR, dtype: torch.dtype = torch.bfloat16,
              out: torch.Tensor | None = None, single_kernel: bool | None = None,
-             config: GemmConfig | None = None) -> torch.Tensor:
+             config: GemmConfig | None = None, scratch: tuple[torch.Tensor, ...] | None = None
+             ) -> torch.Tensor:
     """The FP8 chain ``y = dq(quant(inv_rope(o))) @ dq(w)^T``: one fused kernel at decode sizes.
 
     The fused kernel (``wo_a_fp8_kernel``) quantizes, in each program, the activations its tile
@@ -195,13 +206,19 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
         so; ``True`` requires it, ``False`` runs quant + GEMM.
       config: the fused kernel's launch shape (a swapped pointer-load ``GemmConfig``) when it
         runs, else the GEMM's; ``None`` picks by S and G.
+      scratch: for the fused kernel only, the caller's memory in place of the launcher's:
+        the prologue's ``x_fp8 [S, G, K]`` (w's dtype) and ``x_scale [S, G, K / B]`` uint8,
+        contiguous, then split-K's ``(parts, counters)`` where the launch splits K
+        (``split_k.split_scratch``). A caller that owns the memory passes it, as XLA does on
+        ``jax_ops``' callback route: a recorded launch must write only memory XLA owns.
 
     Returns:
       ``out`` (or a new tensor) ``[S, G, N]`` in ``dtype``.
 
     Raises:
       ValueError: ``o`` and ``w`` do not make ``num_groups`` groups of K,
-        ``single_kernel=True`` on a chain the kernel cannot run, or a bad ``out`` / ``config``.
+        ``single_kernel=True`` on a chain the kernel cannot run, a bad ``out`` / ``config``,
+        or ``scratch`` that does not fit the launch or is given under ``torch.compile``.
     """
     s, h, dh = o.shape
     g, n, k = w.shape
@@ -216,6 +233,9 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
                          f"{blocker}")
     if single_kernel is None:
         single_kernel = blocker is None and configs.wo_a_fp8_chosen(s, g, n, k, block)
+    if scratch is not None and not single_kernel:
+        raise ValueError("wo_a_fp8(scratch=...) is for the fused kernel; this call runs quant "
+                         "+ GEMM (pass single_kernel=True where the kernel can run)")
     if not single_kernel:
         x_fp8, x_scale = inverse_rope_group_quant(o, positions, cos_cache, sin_cache, g, block,
                                                   amax_floor=amax_floor,
@@ -226,15 +246,43 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
     cfg = config or configs.wo_a_fp8_config(s, g, n, k, block)
     configs.check_split(cfg, k // block)
     out = output(out, (s, g, n), dtype, o.device)
-    # The prologue's quantized activations (read back by the same program, never returned).
-    x_fp8 = torch.empty((s, g, k), dtype=w.dtype, device=o.device)
-    x_scale = torch.empty((s, g, k // block), dtype=torch.uint8, device=o.device)
-    run_mutating(_wo_a_fp8_op, (x_fp8, x_scale, out), last_dims_contiguous(o),
-                 rows_contiguous(positions), rows_contiguous(cos_cache),
-                 rows_contiguous(sin_cache), rows_contiguous(w),
-                 rows_contiguous(e8m0_bytes(w_scale)), x_fp8, x_scale, out, float(amax_floor),
-                 cfg.block_m, cfg.block_n, cfg.split_k, cfg.num_warps, cfg.num_stages)
+    args = (last_dims_contiguous(o), rows_contiguous(positions), rows_contiguous(cos_cache),
+            rows_contiguous(sin_cache), rows_contiguous(w), rows_contiguous(e8m0_bytes(w_scale)))
+    shape = (float(amax_floor), cfg.block_m, cfg.block_n, cfg.split_k, cfg.num_warps,
+             cfg.num_stages)
+    if scratch is None:
+        # The prologue's quantized activations (read back by the same program, never returned).
+        x_fp8 = torch.empty((s, g, k), dtype=w.dtype, device=o.device)
+        x_scale = torch.empty((s, g, k // block), dtype=torch.uint8, device=o.device)
+        run_mutating(_wo_a_fp8_op, (x_fp8, x_scale, out), *args, x_fp8, x_scale, out, *shape)
+        return out
+    x_fp8, x_scale, split = _prologue_scratch(scratch, (s, g, k), block, w.dtype, o.device,
+                                              cfg.split_k)
+    # No op declares a caller's scratch: launched directly, plain eager only.
+    run_direct(_run_wo_a_fp8, (x_fp8, x_scale, out, *(split or ())), *args, x_fp8, x_scale,
+               out, *shape, split)
     return out
+
+
+def _prologue_scratch(scratch: tuple, shape: tuple, block: int, fp8: torch.dtype,
+                      device: torch.device, split_k: int) -> tuple:
+    """``(x_fp8, x_scale, (parts, counters) or None)`` of a caller's fused-chain scratch,
+    checked (the split part by ``split_scratch``); ``ValueError`` when it does not fit."""
+    s, g, k = shape
+    want = 4 if split_k > 1 else 2
+    if len(scratch) != want:
+        names = "x_fp8, x_scale, parts, counters" if want == 4 else "x_fp8, x_scale"
+        raise ValueError(f"wo_a_fp8 scratch: this launch splits K {split_k} ways, so it takes "
+                         f"{want} tensors ({names}), got {len(scratch)}")
+    x_fp8, x_scale = scratch[:2]
+    for t, name, dtype, dims in ((x_fp8, "x_fp8", fp8, shape),
+                                 (x_scale, "x_scale", torch.uint8, (s, g, k // block))):
+        if (t.dtype != dtype or tuple(t.shape) != dims or not t.is_contiguous()
+                or t.device != device):
+            raise ValueError(f"wo_a_fp8 scratch: {name} must be contiguous {dtype} "
+                             f"{list(dims)} on {device}, got {t.dtype} {list(t.shape)} on "
+                             f"{t.device}")
+    return x_fp8, x_scale, tuple(scratch[2:]) or None
 
 
 # ---------------------------------------------------------------------------------------------
