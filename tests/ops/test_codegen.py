@@ -179,7 +179,11 @@ _GLUON_SCRIPT = textwrap.dedent("""
     cases += [(split.block_m, split.block_n, split.num_warps, split.num_stages, "bf16", 4096,
                False, split.split_k), (64, 128, 4, 8, "bf16", 8 * sb, False, 8),
               (128, 128, 8, 4, "bf16", 62 * sb, False, 2), (16, 64, 4, 8, "fp32", 4096, True, 8)]
-    for bm, bn, warps, stages, out, k, swap, split_k in cases:
+    # As the chain quant's programmatic dependent: the split decode shape and a narrow tile.
+    cases = [(*c, False) for c in cases] + [
+        (split.block_m, split.block_n, split.num_warps, split.num_stages, "bf16", 4096, False,
+         split.split_k, True), (64, 32, 4, 8, "bf16", 4096, False, 1, True)]
+    for bm, bn, warps, stages, out, k, swap, split_k, pdl in cases:
         stages = launch.wgmma_stages(stages, k // sb // split_k, bm, bn, sb,
                                      4 if out == "fp32" else 2)
         def desc(dtype, tile):
@@ -192,7 +196,8 @@ _GLUON_SCRIPT = textwrap.dedent("""
                "part_ptr": "*fp32" if split_k > 1 else "*bf16",
                "count_ptr": "*i32" if split_k > 1 else "*bf16"}
         cx = dict(SXSM=g * k // sb, SXSG=k // sb, SWSG=n // sb * k // sb, SWSN=k // sb, G=g,
-                  N=n, K=k, STAGES=stages, num_warps=warps, SWAP_AB=swap, SPLIT_K=split_k)
+                  N=n, K=k, STAGES=stages, num_warps=warps, SWAP_AB=swap, SPLIT_K=split_k,
+                  PDL=pdl)
         src = GluonASTSource(wgmma_kernels.batched_gemm_a8w8_mxscale_wgmma_kernel,
                              {**sig, **{c: "constexpr" for c in cx}}, cx,
                              {(i,): [["tt.divisibility", 16]] for i in (3, 4, 7, 8)})
@@ -207,7 +212,11 @@ _GLUON_SCRIPT = textwrap.dedent("""
                                   check=True).stderr
         # Split K: an acquire-release ticket, and the other parts read from L2.
         ticket = "atom.global.gpu.acq_rel.add" in ptx and "ld.global.cg" in ptx
-        print(f"m{bm}n{bn}{'s' if swap else ''} {out} k{k // sb}/{split_k} st{stages}",
+        # A dependent requests weight tiles before it waits; a plain launch never waits.
+        wait, tma = ptx.find("griddepcontrol.wait"), ptx.find("cp.async.bulk.tensor")
+        waits = 0 <= tma < wait if pdl else wait < 0
+        print(f"m{bm}n{bn}{'s' if swap else ''}{'P' if pdl else ''} {out} "
+              f"k{k // sb}/{split_k} st{stages}", waits,
               "wgmma.mma_async" in ptx,
               "cp.async.bulk.tensor" in ptx, "C7514" not in info,
               " 0 bytes spill stores" in info, ticket == (split_k > 1))
@@ -220,15 +229,18 @@ def test_wgmma_gemm_compiles_for_sm90_without_serialized_wgmma(tmp_path):
     launcher allows, K split 2 to 8 ways) fits Hopper's shared memory and compiles to sm_90a
     with async wgmma and TMA copies, no register spills, and no ptxas C7514 warning: with it,
     ptxas serializes every wgmma of the kernel and the promotion no longer overlaps the MMAs.
-    Split launches, and only they, take an acquire-release ticket and read the parts from L2."""
+    Split launches, and only they, take an acquire-release ticket and read the parts from L2.
+    Launched as the chain quant's dependent (``PDL``) it requests weight tiles before its
+    grid-dependency wait; otherwise it never waits."""
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     lines = run_compile_script(_GLUON_SCRIPT, tmp_path)
-    assert lines == [f"{shape} True True True True True" for shape in (
+    assert lines == [f"{shape} True True True True True True" for shape in (
         "m128n128 bf16 k32/1 st4", "m64n128 fp32 k32/1 st4", "m128n128 bf16 k31/1 st4",
         "m128n128 bf16 k1/1 st1", "m128n128 fp32 k32/1 st5", "m64n128 bf16 k32/1 st8",
         "m64n128 bf16 k32/1 st6", "m8n64s bf16 k32/1 st8", "m16n64s bf16 k32/1 st6",
         "m16n128s fp32 k31/1 st12", "m32n128s bf16 k1/1 st1", "m64n64 bf16 k32/4 st8",
-        "m64n128 bf16 k8/8 st1", "m128n128 bf16 k62/2 st4", "m16n64s fp32 k32/8 st4")], lines
+        "m64n128 bf16 k8/8 st1", "m128n128 bf16 k62/2 st4", "m16n64s fp32 k32/8 st4",
+        "m64n64P bf16 k32/4 st8", "m64n32P bf16 k32/1 st8")], lines
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,8 +23,23 @@ DEFAULT_KINDS = KINDS[:3]
 def gemm_candidates(m: int) -> list:
     """GEMM launch shapes worth timing at ``m`` tokens (``GemmConfig.label()`` names each),
     each once."""
-    out = {c.label(): c for c in _gemm_candidates(m) + wgmma_split_candidates(m)}
+    out = {c.label(): c for c in _gemm_candidates(m) + wgmma_split_candidates(m)
+           + narrow_candidates(m)}
     return list(out.values())
+
+
+def narrow_candidates(m: int) -> list:
+    """Unsplit tiles narrow on N (16 or 32 weight rows), so that G = 2 to 4 make a wave of
+    programs without splitting K: the wgmma kernel's 64- and 128-token tiles, and up to 16
+    tokens the pointer kernel's swapped tile (the wgmma kernel's swapped tile takes 64 rows or
+    more)."""
+    from torch_bridge.backends.triton.launch import GemmConfig as C
+
+    out = [C(bm, bn, num_warps=bm // 16, num_stages=8, wgmma=True)
+           for bm in (64, 128) if bm <= max(64, m) for bn in (16, 32)]
+    if m <= 16:
+        out += [C(16, bn, 1, True, 4, st) for bn in (16, 32) for st in (4, 6)]
+    return out
 
 
 def wgmma_split_candidates(m: int) -> list:
@@ -47,7 +62,8 @@ def split_candidates(m: int, g: int, sweep: problem.Sweep) -> list:
     from torch_bridge.backends.triton import configs
 
     pointer = configs.gemm_config(m, g, sweep.n, sweep.k, 128)  # V4 scale block
-    return [pointer] + [c for c in wgmma_split_candidates(m) if c.label() != pointer.label()]
+    return [pointer] + [c for c in wgmma_split_candidates(m) + narrow_candidates(m)
+                        if c.label() != pointer.label()]
 
 
 def _gemm_candidates(m: int) -> list:
@@ -86,8 +102,9 @@ def wo_a_fp8_candidates(m: int, g: int, n: int) -> list:
 
     t = max(16, 1 << (m - 1).bit_length())
     splits = (1, 2) if -(-m // t) * (n // 64) * g > 64 else (4, 8)
+    narrow = [C(t, bn, 1, True, nw, st) for bn in (16, 32) for nw in (4, 8) for st in (4, 6)]
     return [C(t, bn, sk, True, nw, st) for bn in (64, 128) for sk in splits for nw in (4, 8)
-            for st in (4, 5)]
+            for st in (4, 5)] + narrow
 
 
 def quant_candidates() -> list:

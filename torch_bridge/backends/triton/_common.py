@@ -445,26 +445,31 @@ def target() -> str:
     return "hip" if torch.version.hip is not None else "cuda"
 
 
-#: ``pdl`` per device index (a plain dict: asked on every plan, ``functools.cache`` would make
-#: Dynamo warn under ``torch.compile``).
+#: ``pdl_capable`` per device index (a plain dict: asked on every plan, ``functools.cache``
+#: would make Dynamo warn under ``torch.compile``).
 _PDL: dict[int | None, bool] = {}
 
 
-def pdl(device_index: int | None) -> bool:
-    """Whether launches on this device are programmatic dependent launches
-    (``plans.pdl_launches``): only with ``WOA_PDL=1``, as they speed the quant alone but slow
-    the quant + GEMM chain at decode sizes (``benchmarks/RESULTS.md``)."""
+def pdl_capable(device_index: int | None) -> bool:
+    """Whether this device takes programmatic dependent launches (``plans.pdl_launches``)."""
     found = _PDL.get(device_index)
     if found is None:
-        from ... import _capability
         from . import plans
 
-        found = target() == "cuda" and _capability.env_flag("WOA_PDL", False)
+        found = target() == "cuda"
         if found:
             major, minor = torch.cuda.get_device_capability(device_index)
             found = plans.pdl_launches("cuda", 10 * major + minor)
         _PDL[device_index] = found
     return found
+
+
+def pdl(device_index: int | None) -> bool:
+    """Whether the quant and the pointer GEMM launch as programmatic dependent launches: only
+    with ``WOA_PDL=1``, on a device that takes them (``pdl_capable``)."""
+    from ... import _capability
+
+    return _capability.env_flag("WOA_PDL", False) and pdl_capable(device_index)
 
 
 def dtype_name(dtype: torch.dtype) -> str:

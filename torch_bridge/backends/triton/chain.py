@@ -163,7 +163,7 @@ def _eager_unfused(o, positions, cos_cache, sin_cache, w, w_scale, amax_floor: f
     gemm = quant and eager_gemm(
         torch.empty((s, g, k), dtype=w.dtype, device=o.device), w,
         torch.empty((s, g, k // block), dtype=torch.float8_e8m0fnu, device=o.device), w_scale,
-        torch.bfloat16)
+        torch.bfloat16, dependent=True)
     if not gemm:
         return None
 
@@ -174,7 +174,8 @@ def _eager_unfused(o, positions, cos_cache, sin_cache, w, w_scale, amax_floor: f
         x, xs = got
         y = gemm(x, w, xs, w_scale)
         # The quant launched: the GEMM's own path finishes a call its launcher refuses.
-        return y if y is not None else batched_gemm_a8w8_mxscale(x, w, xs, w_scale)
+        return y if y is not None else batched_gemm_a8w8_mxscale(x, w, xs, w_scale,
+                                                                  dependent=True)
     return run
 
 
@@ -242,7 +243,7 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
                                                   x_fp8=torch.empty((s, g, k), dtype=w.dtype,
                                                                     device=o.device))
         return batched_gemm_a8w8_mxscale(x_fp8, w, x_scale, w_scale, dtype=dtype, out=out,
-                                         config=config)
+                                         config=config, dependent=True)
     cfg = config or configs.wo_a_fp8_config(s, g, n, k, block)
     configs.check_split(cfg, k // block)
     out = output(out, (s, g, n), dtype, o.device)

@@ -157,6 +157,11 @@ class GemmConfig:
     #: multiple of ``16 * num_warps``. It splits K too (``split_k``), with the pointer kernel's
     #: scratch.
     wgmma: bool = False
+    #: Launched as a programmatic dependent of the kernel before it on the stream (CUDA,
+    #: Hopper on): the wgmma kernel requests its first weight tiles before waiting for that
+    #: kernel, so only where it does not write ``w`` (the FP8 chain's quant, ``chain``); the
+    #: pointer kernel waits before any load.
+    pdl: bool = False
 
     def __post_init__(self):
         # tl.dot needs every tile dim >= 16; wgmma takes 8 tokens on its N side.
@@ -184,7 +189,7 @@ class GemmConfig:
         if self.tma:
             tma = f"T{self.programs_per_sm or ''}"
         return (f"m{self.block_m}n{self.block_n}k{self.split_k}{'s' if self.swap_ab else ''}"
-                f"w{self.num_warps}st{self.num_stages}{tma}")
+                f"w{self.num_warps}st{self.num_stages}{tma}{'P' if self.pdl else ''}")
 
 
 def _wgmma_tile_ok(cfg: GemmConfig) -> bool:
@@ -345,7 +350,7 @@ def wgmma_launch(m: int, g: int, n: int, k: int, block: int, cfg: GemmConfig, *,
              ((m, g * n), (y_row, 1), (bm, bn)))
     return WgmmaLaunch(programs, views, dict(
         SXSM=sxsm, SXSG=sxsg, SWSG=swsg, SWSN=swsn, G=g, N=n, K=k, STAGES=stages,
-        num_warps=cfg.num_warps, SWAP_AB=cfg.swap_ab, SPLIT_K=cfg.split_k))
+        num_warps=cfg.num_warps, SWAP_AB=cfg.swap_ab, SPLIT_K=cfg.split_k, PDL=cfg.pdl))
 
 
 def wgmma_stages(requested: int, k_blocks: int, block_m: int, block_n: int, block: int,

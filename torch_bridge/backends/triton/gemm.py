@@ -26,6 +26,7 @@ from ._common import (
     on_device_of,
     output,
     pdl,
+    pdl_capable,
     raw_launch,
     row_major,
     rows_contiguous,
@@ -102,9 +103,9 @@ def _batched_gemm_a8w8_mxscale_op(x: torch.Tensor, w: torch.Tensor, x_scale: tor
                                   w_scale: torch.Tensor, out: torch.Tensor, block_m: int,
                                   block_n: int, split_k: int, swap_ab: bool, num_warps: int,
                                   num_stages: int, tma: bool, programs_per_sm: int,
-                                  wgmma: bool) -> None:
+                                  wgmma: bool, pdl: bool) -> None:
     _run_gemm(x, w, x_scale, w_scale, out, (block_m, block_n, split_k, swap_ab, num_warps,
-                                            num_stages, tma, programs_per_sm, wgmma))
+                                            num_stages, tma, programs_per_sm, wgmma, pdl))
 
 
 def _run_gemm(x, w, x_scale, w_scale, out, shape: tuple, scratch: tuple | None = None) -> None:
@@ -152,7 +153,8 @@ def _gemm_launch(x, w, x_scale, w_scale, out, shape: tuple, scratch: tuple | Non
 _POINTER_TENSORS = (0, 1, 2, 3, 5, 6, 7)
 
 
-def eager_gemm(x, w, x_scale, w_scale, dtype: torch.dtype, out: torch.Tensor | None = None):
+def eager_gemm(x, w, x_scale, w_scale, dtype: torch.dtype, out: torch.Tensor | None = None, *,
+               dependent: bool = False):
     """For plain eager calls that repeat this call's signature (the ops layer checks that):
     ``go(x, w, x_scale, w_scale, out=None) -> out | None``, the compiled kernel launched
     directly (``None``: this call needs the op's path). ``out``: bind for calls that pass an
@@ -160,15 +162,14 @@ def eager_gemm(x, w, x_scale, w_scale, dtype: torch.dtype, out: torch.Tensor | N
     as the op's path does); else each call gets a new output. Split-K's scratch is the current
     stream's, kept for the launches on that stream. ``None`` when there is nothing to bind: no
     launch of this signature yet, the TMA kernel (prefill sizes, not host-bound), or operands
-    that the launcher would first repack."""
+    that the launcher would first repack. ``dependent``: as for ``batched_gemm_a8w8_mxscale``."""
     m, g, k = x.shape
     n = w.shape[1]
     if (not x.is_cuda or m == 0 or any(t.stride(-1) != 1 for t in (x, w, x_scale, w_scale))
             or (out is not None and out.stride(-1) != 1)):
         return None
     device = x.device
-    cfg = configs.gemm_config(m, g, n, k, k // x_scale.shape[2],
-                              wgmma=wgmma_available(device.index)[0])
+    cfg = _default_config(m, g, n, k, k // x_scale.shape[2], device, dependent)
     shape = (m, g, n)
     given = out is not None
     y = out if given else torch.empty(shape, dtype=dtype, device=device)
@@ -198,10 +199,21 @@ def eager_gemm(x, w, x_scale, w_scale, dtype: torch.dtype, out: torch.Tensor | N
     return go
 
 
+def _default_config(m: int, g: int, n: int, k: int, block: int, device: torch.device,
+                    dependent: bool) -> GemmConfig:
+    """``configs.gemm_config`` for this device; a programmatic dependent of the chain's quant
+    where ``dependent`` and ``WOA_PDL=1`` (``batched_gemm_a8w8_mxscale``)."""
+    cuda = device.type == "cuda"
+    cfg = configs.gemm_config(m, g, n, k, block, wgmma=cuda and wgmma_available(device.index)[0])
+    if dependent and cuda and pdl(device.index):
+        return dataclasses.replace(cfg, pdl=True)
+    return cfg
+
+
 def _fields(cfg: GemmConfig) -> tuple:
     """The launcher op's launch-shape arguments, in ``GemmConfig``'s field order."""
     return (cfg.block_m, cfg.block_n, cfg.split_k, cfg.swap_ab, cfg.num_warps, cfg.num_stages,
-            cfg.tma, cfg.programs_per_sm, cfg.wgmma)
+            cfg.tma, cfg.programs_per_sm, cfg.wgmma, cfg.pdl)
 
 
 def _gemm_plan(x, w, x_scale, w_scale, out, cfg: GemmConfig) -> Launch:
@@ -232,10 +244,11 @@ def _gemm_plan(x, w, x_scale, w_scale, out, cfg: GemmConfig) -> Launch:
 def _pointer_plan(x, w, x_scale, w_scale, out, cfg: GemmConfig) -> Launch:
     """The pointer kernel's launch; its ``extra`` keeps ``cfg`` for an unsplit relaunch."""
     m, g, k = x.shape
+    dependent = pdl(x.device.index) or (cfg.pdl and pdl_capable(x.device.index))
     return Launch(plans.gemm_pointer(
         m, g, w.shape[1], k, k // x_scale.shape[2], cfg, cfg.split_k, x=x.stride(),
         w=w.stride(), y=out.stride(), x_scale=x_scale.stride(), w_scale=w_scale.stride(),
-        out_bf16=out.dtype == torch.bfloat16, pdl=pdl(x.device.index)), ("pointer", cfg))
+        out_bf16=out.dtype == torch.bfloat16, pdl=dependent), ("pointer", cfg))
 
 
 def _descriptor(t: torch.Tensor, view: tuple):
@@ -353,8 +366,8 @@ def batched_gemm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.T
                               w_scale: torch.Tensor, *, dtype: torch.dtype = torch.bfloat16,
                               out: torch.Tensor | None = None,
                               config: GemmConfig | None = None,
-                              scratch: tuple[torch.Tensor, torch.Tensor] | None = None
-                              ) -> torch.Tensor:
+                              scratch: tuple[torch.Tensor, torch.Tensor] | None = None,
+                              dependent: bool = False) -> torch.Tensor:
     """Block-scaled FP8 batched GEMM ``y [M, G, N] = dq(x) @ dq(w)^T`` per group, fp32 accumulation.
 
     Args:
@@ -368,6 +381,9 @@ def batched_gemm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.T
       scratch: ``(parts, counters)`` for a launch that splits K, in place of the device's
         counter pool (``split_k.split_scratch`` says what they must be); a caller that owns
         the memory, as XLA does on ``jax_ops``' callback route, passes its own. Ignored unsplit.
+      dependent: the kernel before this call on the stream is the FP8 chain's quant, which
+        does not write ``w``: with ``WOA_PDL=1`` the default shape launches as its
+        programmatic dependent (``GemmConfig.pdl``), streaming weight while the quant runs.
 
     Returns:
       ``out`` (or a new tensor) ``[M, G, N]`` in ``dtype``.
@@ -381,8 +397,7 @@ def batched_gemm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.T
     m, g, k = x.shape
     n = w.shape[1]
     block = k // x_scale.shape[2]
-    cfg = config or configs.gemm_config(
-        m, g, n, k, block, wgmma=x.is_cuda and wgmma_available(x.device.index)[0])
+    cfg = config or _default_config(m, g, n, k, block, x.device, dependent)
     out = output(out, (m, g, n), dtype, x.device)
     x = rows_contiguous(x)
     w = rows_contiguous(w)

@@ -96,9 +96,11 @@ def _unit_origin(unit, tiles_per_group, NUM_N: gl.constexpr, BLOCK_M: gl.constex
 @gluon.jit
 def _issue_load(x_desc, w_desc, a_bufs, b_bufs, ready, j, first_unit, num_programs,
                 tiles_per_group, K: gl.constexpr, N: gl.constexpr, KB_PER: gl.constexpr,
-                NUM_N: gl.constexpr, SPLIT_K: gl.constexpr, STAGES: gl.constexpr):
+                NUM_N: gl.constexpr, SPLIT_K: gl.constexpr, STAGES: gl.constexpr,
+                PART: gl.constexpr = 0):
     """TMA-load this program's ``j``-th K block (over all its work units) into stage
-    ``j % STAGES``."""
+    ``j % STAGES``: both tiles (``PART`` 0), or the weight's with the stage's byte count (1)
+    and later the activations' (2)."""
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
@@ -106,9 +108,19 @@ def _issue_load(x_desc, w_desc, a_bufs, b_bufs, ready, j, first_unit, num_progra
                                   NUM_N, BLOCK_M, BLOCK_N, SPLIT_K, KB_PER)
     k0 = (kb0 + j % KB_PER) * BLOCK_K
     s = j % STAGES
-    mbarrier.expect(ready.index(s), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
-    _tma_load(x_desc, [m0, g * K + k0], ready.index(s), a_bufs.index(s))
-    _tma_load(w_desc, [g * N + n0, k0], ready.index(s), b_bufs.index(s))
+    if PART != 2:
+        mbarrier.expect(ready.index(s), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+        _tma_load(w_desc, [g * N + n0, k0], ready.index(s), b_bufs.index(s))
+    if PART != 1:
+        _tma_load(x_desc, [m0, g * K + k0], ready.index(s), a_bufs.index(s))
+
+
+@gluon.jit
+def _wait_prior_grid():
+    """Under programmatic dependent launch, wait until the kernel before this one on the stream
+    has finished and its writes are visible (a no-op in a plain launch)."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32,
+                              is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -169,7 +181,7 @@ def batched_gemm_a8w8_mxscale_wgmma_kernel(
     SWSG: gl.constexpr, SWSN: gl.constexpr,  # w_scale [G, N/SB, K/SB] strides
     G: gl.constexpr, N: gl.constexpr, K: gl.constexpr,
     STAGES: gl.constexpr, num_warps: gl.constexpr, SWAP_AB: gl.constexpr = False,
-    SPLIT_K: gl.constexpr = 1,
+    SPLIT_K: gl.constexpr = 1, PDL: gl.constexpr = False,
 ):
     """``y [M, G, N] = dq(x) @ dq(w)^T`` per group in ``BLOCK_M x BLOCK_N`` tiles.
 
@@ -186,6 +198,11 @@ def batched_gemm_a8w8_mxscale_wgmma_kernel(
     ``SPLIT_K > 1`` (few tiles): each tile's K blocks are cut into ``SPLIT_K`` parts, each a
     work unit of its own, so more SMs stream the weight; the parts are added in K order by the
     last to finish (``_reduce_parts``). Counters must start at 0.
+
+    ``PDL`` (a programmatic dependent of the kernel before it, the FP8 chain's quant): the
+    first ``STAGES`` weight tiles are requested before waiting for that kernel, so the weight
+    streams while it runs; activations, scales, counters and every write come after the wait.
+    That kernel must not write ``w``.
     """
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
@@ -210,10 +227,17 @@ def batched_gemm_a8w8_mxscale_wgmma_kernel(
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for st in gl.static_range(STAGES):
         mbarrier.init(ready.index(st), count=1)
+    if PDL:
+        for j in gl.static_range(STAGES):
+            if j < total:
+                _issue_load(x_desc, w_desc, a_bufs, b_bufs, ready, j, pid, num_programs,
+                            tiles_per_group, K, N, KB_PER, NUM_N, SPLIT_K, STAGES, 1)
+        _wait_prior_grid()
     for j in gl.static_range(STAGES):
         if j < total:
             _issue_load(x_desc, w_desc, a_bufs, b_bufs, ready, j, pid, num_programs,
-                        tiles_per_group, K, N, KB_PER, NUM_N, SPLIT_K, STAGES)
+                        tiles_per_group, K, N, KB_PER, NUM_N, SPLIT_K, STAGES,
+                        2 if PDL else 0)
 
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, MMA_N, 32])
