@@ -332,11 +332,8 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, dtype=jnp.bfloat16, *,
     args = (_fp8_bytes(x), _fp8_bytes(w), woa_jax.e8m0_bytes(x_scale),
             woa_jax.e8m0_bytes(w_scale))
     aliases = None
-    if split > 1:  # counters: zeros made here, aliased to the last output (the kernel writes)
-        out_types += (jax.ShapeDtypeStruct((split, m, g, n), jnp.float32),
-                      jax.ShapeDtypeStruct((tiles,), jnp.int32))
-        aliases = {len(args): 2}
-        args += (jnp.zeros(tiles, jnp.int32),)
+    if split > 1:
+        out_types, args, aliases = _split_outputs(out_types, args, split, (m, g, n), tiles)
 
     f8 = _torch_dtype(x.dtype)
 
@@ -404,6 +401,16 @@ def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_group
                                      command_buffer=command_buffer)
 
 
+def _split_outputs(out_types: tuple, args: tuple, split: int, shape: tuple[int, int, int],
+                   tiles: int) -> tuple[tuple, tuple, dict[int, int]]:
+    """A split callback's scratch as XLA's: the fp32 parts ``[split, M, G, N]`` and ``tiles``
+    counters appended to the outputs, the counters an input of zeros made here and aliased to
+    the last output (the kernels leave them at zero) -> ``(out_types, args, aliases)``."""
+    out_types += (jax.ShapeDtypeStruct((split, *shape), jnp.float32),
+                  jax.ShapeDtypeStruct((tiles,), jnp.int32))
+    return out_types, args + (jnp.zeros(tiles, jnp.int32),), {len(args): len(out_types) - 1}
+
+
 def _wo_a_fp8_callback(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: int,
                        amax_floor: float, dtype, command_buffer: bool | None):
     """The Triton launcher's fused chain as one callback -> ``y [S, G, N]``: XLA owns every
@@ -422,11 +429,8 @@ def _wo_a_fp8_callback(o, positions, cos_cache, sin_cache, w, w_scale, num_group
     args = (o, positions, cos_cache, sin_cache, _fp8_bytes(w), w_scale)
     aliases = None
     if cfg.split_k > 1:
-        tiles = configs.programs(cfg, s, g, n)
-        out_types += (jax.ShapeDtypeStruct((cfg.split_k, s, g, n), jnp.float32),
-                      jax.ShapeDtypeStruct((tiles,), jnp.int32))
-        aliases = {len(args): len(out_types) - 1}
-        args += (jnp.zeros(tiles, jnp.int32),)
+        out_types, args, aliases = _split_outputs(out_types, args, cfg.split_k, (s, g, n),
+                                                  configs.programs(cfg, s, g, n))
     f8 = _torch_dtype(w.dtype)
 
     def run(ctx, outs, o_b, pos_b, cos_b, sin_b, w_b, ws_b, *_):

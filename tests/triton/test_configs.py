@@ -66,9 +66,10 @@ GEMM_CHOICES = {
     (17, 2, 128, True): C(64, 64, split_k=4, num_stages=8, wgmma=True),
     (64, 2, 128, True): C(64, 64, split_k=4, num_stages=8, wgmma=True),
     (128, 2, 128, True): C(64, 64, split_k=2, num_stages=8, wgmma=True),
-    (256, 2, 128, True): C(64, 128, num_stages=6, wgmma=True),
+    (256, 2, 128, True): C(64, 64, num_stages=8, wgmma=True),
     (64, 4, 128, True): C(64, 64, split_k=2, num_stages=8, wgmma=True),
-    (128, 4, 128, True): C(64, 128, num_stages=6, wgmma=True),
+    (128, 4, 128, True): C(64, 64, num_stages=8, wgmma=True),
+    (256, 4, 128, True): C(64, 128, num_stages=6, wgmma=True),
     (64, 8, 128, True): C(64, 64, num_stages=6),
     (8192, 16, 32, True): C(64, 128, tma=True),
 }
@@ -330,3 +331,16 @@ def test_blocker_and_block_k_limit():
     assert "rope dim" in configs.bf16_gemm_blocker(64, 128, 128)
     cfg = Bf16GemmConfig(128, 256, 64, 8, 3, tma=True)
     assert cfg.label() == "m128n256k64w8st3T" and dataclasses.replace(cfg, tma=False) != cfg
+
+
+def test_programmatic_dependent_shapes_are_named_and_reach_the_wgmma_kernel():
+    """``pdl`` is part of a launch shape: its label says so (``P``) and the wgmma launch passes
+    it to the kernel, which then requests weight tiles before it waits."""
+    cfg = C(64, 64, split_k=4, num_stages=8, wgmma=True, pdl=True)
+    assert cfg.label() == "m64n64k4w4st8WP"
+    assert configs.QuantConfig(4, 1, 1, pdl=True).label() == "r4w1h1P"
+    scales = (32, 32, 256, 32)
+    for shape in (cfg, dataclasses.replace(cfg, pdl=False)):
+        launch = configs.wgmma_launch(64, 2, N, K, 128, shape, out_bytes=2, sms=132,
+                                      x_row=2 * K, y_row=2 * N, scale_strides=scales)
+        assert launch.constexprs["PDL"] is shape.pdl

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -113,7 +115,7 @@ def test_wgmma_relaunch_passes_every_argument_in_kernel_order(monkeypatch):
 
 #: ``GemmConfig``'s fields of a wgmma launch: 64 x 128 tiles, 4 warps, 4 stages, one program
 #: per SM.
-_WGMMA_FIELDS = (64, 128, 1, False, 4, 4, False, 1, True)
+_WGMMA_FIELDS = (64, 128, 1, False, 4, 4, False, 1, True, False)
 
 
 def _stand_in_plan(kernel, grid, constexprs):
@@ -516,3 +518,50 @@ def test_an_unknown_launch_layout_takes_tritons_public_launch_on_every_call(monk
         run((1, 2))
     assert calls == [((4, 2), (1, 2), {"BLOCK": 16, "num_warps": 4})] * 3
     assert run.compiled((1, 2)) is None and run.bind((1, 2), ()) is None
+
+
+@pytest.mark.parametrize("env,m,dependent", [
+    (None, 64, True), (None, 256, True), ("0", 64, False), ("1", 64, True),
+    (None, 16, False),  # the pointer GEMM waits before its first load: nothing to overlap
+])
+def test_chain_launches_its_wgmma_gemm_as_the_quants_dependent(monkeypatch, env, m, dependent):
+    """The unfused chain makes its GEMM a programmatic dependent of its quant where the GEMM is
+    the wgmma kernel (it streams weight before waiting) and the device takes one, unless
+    ``WOA_PDL=0``; the quant then launches as one too, and the GEMM's default shape says so."""
+    from torch_bridge.backends.triton import chain, configs
+
+    if env is None:
+        monkeypatch.delenv("WOA_PDL", raising=False)
+    else:
+        monkeypatch.setenv("WOA_PDL", env)
+    monkeypatch.setattr(_common, "_PDL", {0: True})  # a Hopper, as far as PDL goes
+    monkeypatch.setattr(gemm, "wgmma_available", lambda index: (True, "wgmma"))
+    cuda = torch.device("cuda", 0)
+    g, n, k, block = 2, 1024, 4096, 128
+    assert gemm.chain_dependent(m, g, n, k, block, cuda) is dependent
+    assert chain._chain_quant_config(m, dependent).pdl is dependent
+    assert gemm._default_config(m, g, n, k, block, cuda, dependent).pdl is dependent
+    assert not gemm._default_config(m, g, n, k, block, cuda, False).pdl
+    assert configs.quant_config(m) == dataclasses.replace(chain._chain_quant_config(m, True),
+                                                          pdl=False)
+    # Nowhere else: not on CPU, not where the device takes no programmatic launch.
+    assert not gemm.chain_dependent(m, g, n, k, block, torch.device("cpu"))
+    monkeypatch.setattr(_common, "_PDL", {0: False})
+    assert not gemm.chain_dependent(m, g, n, k, block, cuda)
+    assert not gemm._default_config(m, g, n, k, block, cuda, True).pdl
+
+
+def test_woa_pdl_1_makes_every_quant_and_pointer_gemm_a_dependent(monkeypatch):
+    """``WOA_PDL=1`` makes every quant and pointer GEMM launch a programmatic dependent (each
+    waits before its first load, so any kernel may precede it); unset or ``0``, none but the
+    chain's."""
+    monkeypatch.setattr(_common, "_PDL", {0: True})
+    for env, every, chain in ((None, False, True), ("0", False, False), ("1", True, True)):
+        if env is None:
+            monkeypatch.delenv("WOA_PDL", raising=False)
+        else:
+            monkeypatch.setenv("WOA_PDL", env)
+        assert (_common.pdl(0), _common.chain_pdl(0)) == (every, chain), env
+    monkeypatch.setenv("WOA_PDL", "yes")
+    with pytest.raises(ValueError, match="WOA_PDL='yes' is not a valid switch"):
+        _common.chain_pdl(0)

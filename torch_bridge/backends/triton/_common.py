@@ -465,11 +465,19 @@ def pdl_capable(device_index: int | None) -> bool:
 
 
 def pdl(device_index: int | None) -> bool:
-    """Whether the quant and the pointer GEMM launch as programmatic dependent launches: only
+    """Whether every quant and pointer GEMM launches as a programmatic dependent launch: only
     with ``WOA_PDL=1``, on a device that takes them (``pdl_capable``)."""
     from ... import _capability
 
     return _capability.env_flag("WOA_PDL", False) and pdl_capable(device_index)
+
+
+def chain_pdl(device_index: int | None) -> bool:
+    """Whether the FP8 chain may launch its wgmma GEMM as the quant's programmatic dependent
+    (``chain``): by default on a device that takes them; ``WOA_PDL=0`` turns it off."""
+    from ... import _capability
+
+    return _capability.env_flag("WOA_PDL", True) and pdl_capable(device_index)
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -37,8 +37,8 @@ from ._common import (
     signature,
     target,
 )
-from .configs import Bf16GemmConfig, GemmConfig
-from .gemm import batched_gemm_a8w8_mxscale
+from .configs import Bf16GemmConfig, GemmConfig, QuantConfig
+from .gemm import batched_gemm_a8w8_mxscale, chain_dependent
 from .quant import inverse_rope_group_quant
 from .split_k import split_scratch
 
@@ -152,18 +152,20 @@ def eager_wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: i
 
 def _eager_unfused(o, positions, cos_cache, sin_cache, w, w_scale, amax_floor: float):
     """``eager_wo_a_fp8`` where the chain does not fuse: the quant's direct launcher, then the
-    GEMM's (``None`` where either has none)."""
+    GEMM's (``None`` where either has none), as ``wo_a_fp8`` launches them."""
     from .gemm import eager_gemm
     from .quant import eager_quant
 
     s = o.shape[0]
-    g, _, k = w.shape
+    g, n, k = w.shape
     block = k // w_scale.shape[2]
-    quant = eager_quant(o, positions, cos_cache, sin_cache, g, block, amax_floor, w.dtype)
+    dependent = chain_dependent(s, g, n, k, block, o.device)
+    quant = eager_quant(o, positions, cos_cache, sin_cache, g, block, amax_floor, w.dtype,
+                        config=_chain_quant_config(s, dependent))
     gemm = quant and eager_gemm(
         torch.empty((s, g, k), dtype=w.dtype, device=o.device), w,
         torch.empty((s, g, k // block), dtype=torch.float8_e8m0fnu, device=o.device), w_scale,
-        torch.bfloat16, dependent=True)
+        torch.bfloat16, dependent=dependent)
     if not gemm:
         return None
 
@@ -175,8 +177,15 @@ def _eager_unfused(o, positions, cos_cache, sin_cache, w, w_scale, amax_floor: f
         y = gemm(x, w, xs, w_scale)
         # The quant launched: the GEMM's own path finishes a call its launcher refuses.
         return y if y is not None else batched_gemm_a8w8_mxscale(x, w, xs, w_scale,
-                                                                  dependent=True)
+                                                                  dependent=dependent)
     return run
+
+
+def _chain_quant_config(s: int, dependent: bool) -> QuantConfig:
+    """The unfused chain's quant shape; a programmatic dependent launch where the GEMM after it
+    is one (``gemm.chain_dependent``), so that the GEMM launches while the quant runs."""
+    cfg = configs.quant_config(s)
+    return dataclasses.replace(cfg, pdl=True) if dependent else cfg
 
 
 def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
@@ -238,12 +247,15 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
         raise ValueError("wo_a_fp8(scratch=...) is for the fused kernel; this call runs quant "
                          "+ GEMM (pass single_kernel=True where the kernel can run)")
     if not single_kernel:
+        # An explicit GEMM shape is launched as given, never as a dependent.
+        dependent = config is None and chain_dependent(s, g, n, k, block, o.device)
         x_fp8, x_scale = inverse_rope_group_quant(o, positions, cos_cache, sin_cache, g, block,
                                                   amax_floor=amax_floor,
                                                   x_fp8=torch.empty((s, g, k), dtype=w.dtype,
-                                                                    device=o.device))
+                                                                    device=o.device),
+                                                  config=_chain_quant_config(s, dependent))
         return batched_gemm_a8w8_mxscale(x_fp8, w, x_scale, w_scale, dtype=dtype, out=out,
-                                         config=config, dependent=True)
+                                         config=config, dependent=dependent)
     cfg = config or configs.wo_a_fp8_config(s, g, n, k, block)
     configs.check_split(cfg, k // block)
     out = output(out, (s, g, n), dtype, o.device)

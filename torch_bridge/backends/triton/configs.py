@@ -42,6 +42,9 @@ class QuantConfig:
     block_r: int = 32
     num_warps: int = 4
     block_h: int = 0
+    #: Launched as a programmatic dependent (CUDA, Hopper on): wait for the kernel before it,
+    #: and let the next one (the chain's GEMM) launch at once.
+    pdl: bool = False
 
     def __post_init__(self):
         _check_power_of_two(self, "block_r", self.block_r, 1)
@@ -51,7 +54,8 @@ class QuantConfig:
                              f"{self.block_h}")
 
     def label(self) -> str:
-        return f"r{self.block_r}w{self.num_warps}" + (f"h{self.block_h}" if self.block_h else "")
+        return (f"r{self.block_r}w{self.num_warps}" + (f"h{self.block_h}" if self.block_h else "")
+                + ("P" if self.pdl else ""))
 
 
 def quant_config(s: int) -> QuantConfig:
@@ -245,12 +249,12 @@ def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
     ``wgmma`` (the wgmma kernel can run, ``wgmma_available``), with 128-blocks and N a multiple
     of 128: up to 16 tokens the swapped 64-row x 8/16-token tile where it gives at least one
     wave (``ONE_WAVE_TILES``), 8 stages at one program per SM, 6 above.
-    Above 16 tokens, 64 x 128 tiles with 6 stages where they make at most one wave (and more
-    than 64 tiles up to M = 64, where the pointer tiles win); where they are fewer than
-    ``FEW_PROGRAMS`` (G = 2 to 4, the grids the Triton kernels split K for), the Triton
-    kernels' 64 x 64 tile and K split on the wgmma kernel into one wave, 8 stages (each part
-    streams its weight slice with all its loads in flight); above 64 tokens and beyond one
-    wave, persistent 128 x 128 tiles, 8 warps, 4 stages, where more than 64 tiles fill the GPU.
+    Above 16 tokens, 64 x 128 tiles with 6 stages where they make more than ``FEW_PROGRAMS``
+    and at most one wave; where they make fewer (G = 2 to 4 up to 256 tokens; up to 64
+    tokens, fewer than ``FEW_PROGRAMS``, as the pointer tiles win at G = 8), 64 x 64 tiles,
+    8 stages, K split until they make one wave (each part streams its weight slice with all
+    its loads in flight); above 64 tokens and beyond one wave, persistent 128 x 128 tiles,
+    8 warps, 4 stages, where more than 64 tiles fill the GPU.
     """
     if wgmma and block == 128 and n % 128 == 0:
         if m <= 16:
@@ -260,10 +264,11 @@ def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
                 return dataclasses.replace(cfg, num_stages=8 if tiles <= ONE_WAVE_TILES else 6)
         if m > 16:
             cfg = GemmConfig(64, 128, num_warps=4, num_stages=6, wgmma=True)
-            fewest = FEW_PROGRAMS if m > 64 else FEW_PROGRAMS + 1
-            if fewest <= programs(cfg, m, g, n) <= ONE_WAVE_TILES:
+            tiles = programs(cfg, m, g, n)
+            if FEW_PROGRAMS < tiles <= ONE_WAVE_TILES:
                 return cfg
-            if programs(cfg, m, g, n) < FEW_PROGRAMS:
+            # Up to 64 tokens, a grid of exactly FEW_PROGRAMS (G = 8) takes the pointer tiles.
+            if tiles < FEW_PROGRAMS or (tiles == FEW_PROGRAMS and m > 64):
                 cfg = GemmConfig(64, 64, num_warps=4, num_stages=8, wgmma=True)
                 split = k_split(cfg, m, g, n, k // block, most=ONE_WAVE_TILES)
                 return dataclasses.replace(cfg, split_k=split)

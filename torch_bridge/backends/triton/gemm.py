@@ -16,6 +16,7 @@ from ...interop import e8m0_bytes
 from . import configs, plans
 from ._common import (
     Launch,
+    chain_pdl,
     current_stream,
     descriptor_launcher,
     direct_launches,
@@ -79,6 +80,15 @@ def _probe_wgmma(device_index: int | None) -> tuple[bool, str]:
     except ImportError as e:
         return False, f"this Triton has no Gluon Hopper dialect ({e})"
     return True, "ok"
+
+
+def chain_dependent(m: int, g: int, n: int, k: int, block: int, device: torch.device) -> bool:
+    """Whether the unfused FP8 chain launches its GEMM as the quant's programmatic dependent:
+    where the GEMM is the wgmma kernel, which requests weight tiles before it waits for the
+    quant (the pointer kernel waits first, and gains nothing), and ``chain_pdl`` allows."""
+    return (device.type == "cuda" and chain_pdl(device.index)
+            and configs.gemm_config(m, g, n, k, block,
+                                    wgmma=wgmma_available(device.index)[0]).wgmma)
 
 
 def wgmma_chosen(m: int, g: int, n: int, k: int, block: int) -> bool:
@@ -202,10 +212,10 @@ def eager_gemm(x, w, x_scale, w_scale, dtype: torch.dtype, out: torch.Tensor | N
 def _default_config(m: int, g: int, n: int, k: int, block: int, device: torch.device,
                     dependent: bool) -> GemmConfig:
     """``configs.gemm_config`` for this device; a programmatic dependent of the chain's quant
-    where ``dependent`` and ``WOA_PDL=1`` (``batched_gemm_a8w8_mxscale``)."""
+    where ``dependent`` (``batched_gemm_a8w8_mxscale``) and the device takes one."""
     cuda = device.type == "cuda"
     cfg = configs.gemm_config(m, g, n, k, block, wgmma=cuda and wgmma_available(device.index)[0])
-    if dependent and cuda and pdl(device.index):
+    if dependent and cuda and pdl_capable(device.index):
         return dataclasses.replace(cfg, pdl=True)
     return cfg
 
@@ -382,8 +392,8 @@ def batched_gemm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.T
         counter pool (``split_k.split_scratch`` says what they must be); a caller that owns
         the memory, as XLA does on ``jax_ops``' callback route, passes its own. Ignored unsplit.
       dependent: the kernel before this call on the stream is the FP8 chain's quant, which
-        does not write ``w``: with ``WOA_PDL=1`` the default shape launches as its
-        programmatic dependent (``GemmConfig.pdl``), streaming weight while the quant runs.
+        does not write ``w``: the default shape launches as its programmatic dependent
+        (``GemmConfig.pdl``), streaming weight while the quant runs (``chain``).
 
     Returns:
       ``out`` (or a new tensor) ``[M, G, N]`` in ``dtype``.

@@ -18,6 +18,7 @@ from ._common import (
     launcher_op,
     on_device_of,
     pdl,
+    pdl_capable,
     row_major,
     rows_contiguous,
     run_mutating,
@@ -32,10 +33,10 @@ def _inverse_rope_group_quant_op(o: torch.Tensor, positions: torch.Tensor,
                                  cos_cache: torch.Tensor, sin_cache: torch.Tensor,
                                  x_fp8: torch.Tensor, x_scale: torch.Tensor,
                                  quant_group_size: int, amax_floor: float, block_r: int,
-                                 num_warps: int, block_h: int) -> None:
+                                 num_warps: int, block_h: int, pdl: bool) -> None:
     if o.shape[0] == 0:
         return
-    cfg = QuantConfig(block_r, num_warps, block_h)
+    cfg = QuantConfig(block_r, num_warps, block_h, pdl)
     run, args = _quant_launch(o, positions, cos_cache, sin_cache, x_fp8, x_scale,
                               quant_group_size, amax_floor, cfg)
     with on_device_of(o):
@@ -47,10 +48,11 @@ def _quant_launch(o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_grou
     """``(launch, runtime arguments)`` of one quant call."""
     key = ("quant", *signature(o), *signature(cos_cache), x_fp8.dtype, quant_group_size,
            amax_floor, cfg)
+    dependent = pdl(o.device.index) or (cfg.pdl and pdl_capable(o.device.index))
     run = launch_for(key, lambda: Launch(plans.quant(
         *o.shape, 2 * cos_cache.shape[1], quant_group_size, cfg, fp8=dtype_name(x_fp8.dtype),
         amax_floor=amax_floor, o_dtype=dtype_name(o.dtype), rope_dtype=dtype_name(cos_cache.dtype),
-        target=target(), pdl=pdl(o.device.index))))
+        target=target(), pdl=dependent)))
     return run, (o, positions, cos_cache, sin_cache, run.plan.n_work, cos_cache.shape[0],
                  o.stride(0), cos_cache.stride(0), sin_cache.stride(0), x_fp8, x_scale)
 
@@ -61,7 +63,7 @@ _QUANT_TENSORS = (0, 1, 2, 3, 9, 10)
 
 def eager_quant(o, positions, cos_cache, sin_cache, num_groups: int, quant_group_size: int,
                 amax_floor: float, fp8_dtype: torch.dtype, x_fp8: torch.Tensor | None = None,
-                x_scale: torch.Tensor | None = None):
+                x_scale: torch.Tensor | None = None, config: QuantConfig | None = None):
     """For plain eager calls that repeat this call's signature (the ops layer checks that):
     ``run(o, positions, cos_cache, sin_cache, x_fp8=None, x_scale=None) -> (x_fp8, x_scale) |
     None``, the compiled kernel launched directly (``None``: this call needs Triton's path).
@@ -69,7 +71,8 @@ def eager_quant(o, positions, cos_cache, sin_cache, num_groups: int, quant_group
     alignment is checked on each call, their versions bumped as the op's path does); an
     output not given is made new, the scales as float8_e8m0fnu, the public op's dtype (the
     kernel takes their address only). ``None`` when there is nothing to bind: no launch of
-    this signature yet, or operands that the launcher would first repack."""
+    this signature yet, or operands that the launcher would first repack. ``config``: the
+    launch shape (``None``: ``configs.quant_config``)."""
     s, h, dh = o.shape
     if (not o.is_cuda or s == 0 or last_dims_contiguous(o) is not o
             or any(t.stride(-1) != 1 for t in (positions, cos_cache, sin_cache))):
@@ -82,7 +85,7 @@ def eager_quant(o, positions, cos_cache, sin_cache, num_groups: int, quant_group
     sc = (e8m0_bytes(x_scale) if x_scale is not None
           else torch.empty(shape_s, dtype=torch.uint8, device=device))
     run, args = _quant_launch(o, positions, cos_cache, sin_cache, q, sc, quant_group_size,
-                              float(amax_floor), configs.quant_config(s))
+                              float(amax_floor), config or configs.quant_config(s))
     bound = run.bind(args, _QUANT_TENSORS, checked=6 if given else 4)
     if bound is None:
         return None
@@ -145,5 +148,6 @@ def inverse_rope_group_quant(o: torch.Tensor, positions: torch.Tensor, cos_cache
     run_mutating(_inverse_rope_group_quant_op, (x_fp8, scale_bytes),
                  last_dims_contiguous(o), rows_contiguous(positions),
                  rows_contiguous(cos_cache), rows_contiguous(sin_cache), x_fp8, scale_bytes,
-                 quant_group_size, float(amax_floor), cfg.block_r, cfg.num_warps, cfg.block_h)
+                 quant_group_size, float(amax_floor), cfg.block_r, cfg.num_warps, cfg.block_h,
+                 cfg.pdl)
     return x_fp8, x_scale
