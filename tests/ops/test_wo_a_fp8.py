@@ -282,6 +282,44 @@ def test_gpu_fused_decode_chain(s, g):
 
 
 @gpu
+@pytest.mark.parametrize("s,g", ((17, 2), (64, 2), (256, 2), (128, 4), (64, 16), (16, 2)))
+def test_gpu_chain_with_a_dependent_gemm_gives_the_plain_launches_bits(s, g):
+    """Where the unfused chain launches its wgmma GEMM as the quant's programmatic dependent
+    (weight tiles requested before the quant has finished), its bits are those of the quant
+    and the GEMM launched plainly, eager and replayed from a CUDA graph on new values."""
+    from torch_bridge.backends.triton import _common
+
+    seed = new_seed()
+    o, pos, cos, sin = rope_inputs(s, g, seed)
+    weight, scale = checkpoint(g, seed)
+    k = HPG * DH
+    w, ws = weight.view(g, N, -1), scale.view(g, N // 128, -1)
+    expected = s > 16 and _common.pdl_capable(0) and gemm.wgmma_available(0)[0]
+    assert gemm.chain_dependent(s, g, N, k, 128, o.device) == expected
+
+    def plain():
+        x, xs = launch.inverse_rope_group_quant(
+            o, pos, cos, sin, g, 128, x_fp8=torch.empty((s, g, k), dtype=w.dtype, device="cuda"),
+            config=configs.quant_config(s))
+        return launch.batched_gemm_a8w8_mxscale(x, w, xs, ws)
+
+    y = launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, single_kernel=False)
+    bad = int((y.view(torch.int16) != plain().view(torch.int16)).sum())
+    assert bad == 0, f"seed {seed}: {bad} of {y.numel()} outputs differ"
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, single_kernel=False, out=y)
+    for step in range(3):
+        o2, pos2, _, _ = rope_inputs(s, g, seed + 1 + step)
+        o.copy_(o2)
+        pos.copy_(pos2)
+        graph.replay()
+        torch.cuda.synchronize()
+        bad = int((y.view(torch.int16) != plain().view(torch.int16)).sum())
+        assert bad == 0, f"seed {seed}, replay {step}: {bad} of {y.numel()} outputs differ"
+
+
+@gpu
 @pytest.mark.parametrize("s,g", ((1, 2), (1, 16)))  # (1, 2): split-K, its buffer in the pool
 def test_gpu_fused_chain_cuda_graph_and_torch_compile(s, g):
     assert launch.wo_a_fp8_chosen(s, g, N, HPG * DH, 128)
