@@ -282,7 +282,8 @@ def test_gpu_fused_decode_chain(s, g):
 
 
 @gpu
-@pytest.mark.parametrize("s,g", ((17, 2), (64, 2), (256, 2), (128, 4), (64, 16), (16, 2)))
+@pytest.mark.parametrize("s,g", ((9, 2), (16, 4), (17, 2), (64, 2), (256, 2), (128, 4),
+                                 (16, 16), (64, 16)))
 def test_gpu_chain_with_a_dependent_gemm_gives_the_plain_launches_bits(s, g):
     """Where the unfused chain launches its wgmma GEMM as the quant's programmatic dependent
     (weight tiles requested before the quant has finished), its bits are those of the quant
@@ -294,14 +295,17 @@ def test_gpu_chain_with_a_dependent_gemm_gives_the_plain_launches_bits(s, g):
     weight, scale = checkpoint(g, seed)
     k = HPG * DH
     w, ws = weight.view(g, N, -1), scale.view(g, N // 128, -1)
-    expected = s > 16 and _common.pdl_capable(0) and gemm.wgmma_available(0)[0]
+    expected = _common.pdl_capable(0) and gemm.wgmma_available(0)[0]
     assert gemm.chain_dependent(s, g, N, k, 128, o.device) == expected
+    chained = gemm._default_config(s, g, N, k, 128, o.device, True)
+    assert chained.pdl == expected
 
     def plain():
         x, xs = launch.inverse_rope_group_quant(
             o, pos, cos, sin, g, 128, x_fp8=torch.empty((s, g, k), dtype=w.dtype, device="cuda"),
             config=configs.quant_config(s))
-        return launch.batched_gemm_a8w8_mxscale(x, w, xs, ws)
+        return launch.batched_gemm_a8w8_mxscale(x, w, xs, ws,
+                                                config=dataclasses.replace(chained, pdl=False))
 
     y = launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, single_kernel=False)
     bad = int((y.view(torch.int16) != plain().view(torch.int16)).sum())

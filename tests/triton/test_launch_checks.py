@@ -521,8 +521,8 @@ def test_an_unknown_launch_layout_takes_tritons_public_launch_on_every_call(monk
 
 
 @pytest.mark.parametrize("env,m,dependent", [
-    (None, 64, True), (None, 256, True), ("0", 64, False), ("1", 64, True),
-    (None, 16, False),  # the pointer GEMM waits before its first load: nothing to overlap
+    (None, 64, True), (None, 256, True), ("0", 64, False), ("1", 64, True), (None, 16, True),
+    ("0", 16, False),  # alone, the pointer GEMM (it waits before its first load)
 ])
 def test_chain_launches_its_wgmma_gemm_as_the_quants_dependent(monkeypatch, env, m, dependent):
     """The unfused chain makes its GEMM a programmatic dependent of its quant where the GEMM is
@@ -541,7 +541,9 @@ def test_chain_launches_its_wgmma_gemm_as_the_quants_dependent(monkeypatch, env,
     assert gemm.chain_dependent(m, g, n, k, block, cuda) is dependent
     assert chain._chain_quant_config(m, dependent).pdl is dependent
     assert gemm._default_config(m, g, n, k, block, cuda, dependent).pdl is dependent
-    assert not gemm._default_config(m, g, n, k, block, cuda, False).pdl
+    plain = gemm._default_config(m, g, n, k, block, cuda, False)
+    assert not plain.pdl
+    assert plain.wgmma == (m > 16)  # up to 16 tokens at G = 2 alone: the pointer tile
     assert configs.quant_config(m) == dataclasses.replace(chain._chain_quant_config(m, True),
                                                           pdl=False)
     # Nowhere else: not on CPU, not where the device takes no programmatic launch.

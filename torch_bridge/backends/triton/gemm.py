@@ -87,8 +87,8 @@ def chain_dependent(m: int, g: int, n: int, k: int, block: int, device: torch.de
     where the GEMM is the wgmma kernel, which requests weight tiles before it waits for the
     quant (the pointer kernel waits first, and gains nothing), and ``chain_pdl`` allows."""
     return (device.type == "cuda" and chain_pdl(device.index)
-            and configs.gemm_config(m, g, n, k, block,
-                                    wgmma=wgmma_available(device.index)[0]).wgmma)
+            and configs.gemm_config(m, g, n, k, block, wgmma=wgmma_available(device.index)[0],
+                                    dependent=True).wgmma)
 
 
 def wgmma_chosen(m: int, g: int, n: int, k: int, block: int) -> bool:
@@ -212,12 +212,13 @@ def eager_gemm(x, w, x_scale, w_scale, dtype: torch.dtype, out: torch.Tensor | N
 def _default_config(m: int, g: int, n: int, k: int, block: int, device: torch.device,
                     dependent: bool) -> GemmConfig:
     """``configs.gemm_config`` for this device; a programmatic dependent of the chain's quant
-    where ``dependent`` (``batched_gemm_a8w8_mxscale``) and the device takes one."""
+    (and its shape, ``configs.gemm_config``) where ``dependent``
+    (``batched_gemm_a8w8_mxscale``), the device takes one and the GEMM is the wgmma kernel."""
     cuda = device.type == "cuda"
-    cfg = configs.gemm_config(m, g, n, k, block, wgmma=cuda and wgmma_available(device.index)[0])
-    if dependent and cuda and pdl_capable(device.index):
-        return dataclasses.replace(cfg, pdl=True)
-    return cfg
+    dependent = dependent and cuda and pdl_capable(device.index)
+    cfg = configs.gemm_config(m, g, n, k, block, wgmma=cuda and wgmma_available(device.index)[0],
+                              dependent=dependent)
+    return dataclasses.replace(cfg, pdl=True) if dependent and cfg.wgmma else cfg
 
 
 def _fields(cfg: GemmConfig) -> tuple:
