@@ -534,7 +534,7 @@ def test_chain_launches_its_wgmma_gemm_as_the_quants_dependent(monkeypatch, env,
         monkeypatch.delenv("WOA_PDL", raising=False)
     else:
         monkeypatch.setenv("WOA_PDL", env)
-    monkeypatch.setattr(_common, "_PDL", {0: True})  # a Hopper, as far as PDL goes
+    monkeypatch.setattr(_common, "_PDL", {("capable", 0): True})  # a Hopper, as far as PDL goes
     monkeypatch.setattr(gemm, "wgmma_available", lambda index: (True, "wgmma"))
     cuda = torch.device("cuda", 0)
     g, n, k, block = 2, 1024, 4096, 128
@@ -548,7 +548,7 @@ def test_chain_launches_its_wgmma_gemm_as_the_quants_dependent(monkeypatch, env,
                                                           pdl=False)
     # Nowhere else: not on CPU, not where the device takes no programmatic launch.
     assert not gemm.chain_dependent(m, g, n, k, block, torch.device("cpu"))
-    monkeypatch.setattr(_common, "_PDL", {0: False})
+    monkeypatch.setattr(_common, "_PDL", {("capable", 0): False})
     assert not gemm.chain_dependent(m, g, n, k, block, cuda)
     assert not gemm._default_config(m, g, n, k, block, cuda, True).pdl
 
@@ -557,13 +557,14 @@ def test_woa_pdl_1_makes_every_quant_and_pointer_gemm_a_dependent(monkeypatch):
     """``WOA_PDL=1`` makes every quant and pointer GEMM launch a programmatic dependent (each
     waits before its first load, so any kernel may precede it); unset or ``0``, none but the
     chain's."""
-    monkeypatch.setattr(_common, "_PDL", {0: True})
     for env, every, chain in ((None, False, True), ("0", False, False), ("1", True, True)):
+        monkeypatch.setattr(_common, "_PDL", {("capable", 0): True})  # WOA_PDL read anew
         if env is None:
             monkeypatch.delenv("WOA_PDL", raising=False)
         else:
             monkeypatch.setenv("WOA_PDL", env)
         assert (_common.pdl(0), _common.chain_pdl(0)) == (every, chain), env
+    monkeypatch.setattr(_common, "_PDL", {("capable", 0): True})
     monkeypatch.setenv("WOA_PDL", "yes")
     with pytest.raises(ValueError, match="WOA_PDL='yes' is not a valid switch"):
         _common.chain_pdl(0)

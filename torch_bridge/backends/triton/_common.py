@@ -445,14 +445,15 @@ def target() -> str:
     return "hip" if torch.version.hip is not None else "cuda"
 
 
-#: ``pdl_capable`` per device index (a plain dict: asked on every plan, ``functools.cache``
-#: would make Dynamo warn under ``torch.compile``).
-_PDL: dict[int | None, bool] = {}
+#: ``pdl_capable``, ``pdl`` and ``chain_pdl`` per (question, device index): asked on every
+#: chain call, so ``WOA_PDL`` is read once (a plain dict: ``functools.cache`` would make Dynamo
+#: warn under ``torch.compile``; ``Backend.cache_clear`` empties it).
+_PDL: dict[tuple[str, int | None], bool] = {}
 
 
 def pdl_capable(device_index: int | None) -> bool:
     """Whether this device takes programmatic dependent launches (``plans.pdl_launches``)."""
-    found = _PDL.get(device_index)
+    found = _PDL.get(("capable", device_index))
     if found is None:
         from . import plans
 
@@ -460,24 +461,30 @@ def pdl_capable(device_index: int | None) -> bool:
         if found:
             major, minor = torch.cuda.get_device_capability(device_index)
             found = plans.pdl_launches("cuda", 10 * major + minor)
-        _PDL[device_index] = found
+        _PDL[("capable", device_index)] = found
     return found
 
 
 def pdl(device_index: int | None) -> bool:
     """Whether every quant and pointer GEMM launches as a programmatic dependent launch: only
     with ``WOA_PDL=1``, on a device that takes them (``pdl_capable``)."""
-    from ... import _capability
-
-    return _capability.env_flag("WOA_PDL", False) and pdl_capable(device_index)
+    return _pdl_switch("every", False, device_index)
 
 
 def chain_pdl(device_index: int | None) -> bool:
     """Whether the FP8 chain may launch its wgmma GEMM as the quant's programmatic dependent
     (``chain``): by default on a device that takes them; ``WOA_PDL=0`` turns it off."""
-    from ... import _capability
+    return _pdl_switch("chain", True, device_index)
 
-    return _capability.env_flag("WOA_PDL", True) and pdl_capable(device_index)
+
+def _pdl_switch(question: str, default: bool, device_index: int | None) -> bool:
+    found = _PDL.get((question, device_index))
+    if found is None:
+        from ... import _capability
+
+        found = _PDL[(question, device_index)] = (
+            _capability.env_flag("WOA_PDL", default) and pdl_capable(device_index))
+    return found
 
 
 def dtype_name(dtype: torch.dtype) -> str:
