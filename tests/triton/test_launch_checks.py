@@ -528,7 +528,7 @@ def test_chain_launches_its_wgmma_gemm_as_the_quants_dependent(monkeypatch, env,
     """The unfused chain makes its GEMM a programmatic dependent of its quant where the GEMM is
     the wgmma kernel (it streams weight before waiting) and the device takes one, unless
     ``WOA_PDL=0``; the quant then launches as one too, and the GEMM's default shape says so."""
-    from torch_bridge.backends.triton import chain, configs
+    from torch_bridge.backends.triton import configs
 
     if env is None:
         monkeypatch.delenv("WOA_PDL", raising=False)
@@ -539,13 +539,13 @@ def test_chain_launches_its_wgmma_gemm_as_the_quants_dependent(monkeypatch, env,
     cuda = torch.device("cuda", 0)
     g, n, k, block = 2, 1024, 4096, 128
     assert gemm.chain_dependent(m, g, n, k, block, cuda) is dependent
-    assert chain._chain_quant_config(m, dependent).pdl is dependent
+    assert configs.quant_config(m, dependent=dependent).pdl is dependent
     assert gemm._default_config(m, g, n, k, block, cuda, dependent).pdl is dependent
     plain = gemm._default_config(m, g, n, k, block, cuda, False)
     assert not plain.pdl
     assert plain.wgmma == (m > 16)  # up to 16 tokens at G = 2 alone: the pointer tile
-    assert configs.quant_config(m) == dataclasses.replace(chain._chain_quant_config(m, True),
-                                                          pdl=False)
+    assert configs.quant_config(m) == dataclasses.replace(
+        configs.quant_config(m, dependent=True), pdl=False)
     # Nowhere else: not on CPU, not where the device takes no programmatic launch.
     assert not gemm.chain_dependent(m, g, n, k, block, torch.device("cpu"))
     monkeypatch.setattr(_common, "_PDL", {("capable", 0): False})

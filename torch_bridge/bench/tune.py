@@ -198,4 +198,5 @@ def use_tuned(rows: list[dict]) -> None:
         configs.wo_a_fp8_config = nearest(fused)
     if quant:
         chosen = configs.QuantConfig(**config(quant[-1][2]))
-        configs.quant_config = lambda s: chosen
+        configs.quant_config = lambda s, dependent=False: dataclasses.replace(chosen,
+                                                                               pdl=dependent)

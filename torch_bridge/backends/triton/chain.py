@@ -37,7 +37,7 @@ from ._common import (
     signature,
     target,
 )
-from .configs import Bf16GemmConfig, GemmConfig, QuantConfig
+from .configs import Bf16GemmConfig, GemmConfig
 from .gemm import batched_gemm_a8w8_mxscale, chain_dependent
 from .quant import inverse_rope_group_quant
 from .split_k import split_scratch
@@ -161,7 +161,7 @@ def _eager_unfused(o, positions, cos_cache, sin_cache, w, w_scale, amax_floor: f
     block = k // w_scale.shape[2]
     dependent = chain_dependent(s, g, n, k, block, o.device)
     quant = eager_quant(o, positions, cos_cache, sin_cache, g, block, amax_floor, w.dtype,
-                        config=_chain_quant_config(s, dependent))
+                        config=configs.quant_config(s, dependent=dependent))
     gemm = quant and eager_gemm(
         torch.empty((s, g, k), dtype=w.dtype, device=o.device), w,
         torch.empty((s, g, k // block), dtype=torch.float8_e8m0fnu, device=o.device), w_scale,
@@ -179,13 +179,6 @@ def _eager_unfused(o, positions, cos_cache, sin_cache, w, w_scale, amax_floor: f
         return y if y is not None else batched_gemm_a8w8_mxscale(x, w, xs, w_scale,
                                                                   dependent=dependent)
     return run
-
-
-def _chain_quant_config(s: int, dependent: bool) -> QuantConfig:
-    """The unfused chain's quant shape; a programmatic dependent launch where the GEMM after it
-    is one (``gemm.chain_dependent``), so that the GEMM launches while the quant runs."""
-    cfg = configs.quant_config(s)
-    return dataclasses.replace(cfg, pdl=True) if dependent else cfg
 
 
 def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
@@ -249,11 +242,12 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
     if not single_kernel:
         # An explicit GEMM shape is launched as given, never as a dependent.
         dependent = config is None and chain_dependent(s, g, n, k, block, o.device)
+        quant = configs.quant_config(s, dependent=dependent)
         x_fp8, x_scale = inverse_rope_group_quant(o, positions, cos_cache, sin_cache, g, block,
                                                   amax_floor=amax_floor,
                                                   x_fp8=torch.empty((s, g, k), dtype=w.dtype,
                                                                     device=o.device),
-                                                  config=_chain_quant_config(s, dependent))
+                                                  config=quant)
         return batched_gemm_a8w8_mxscale(x_fp8, w, x_scale, w_scale, dtype=dtype, out=out,
                                          config=config, dependent=dependent)
     cfg = config or configs.wo_a_fp8_config(s, g, n, k, block)

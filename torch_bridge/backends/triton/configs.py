@@ -58,16 +58,19 @@ class QuantConfig:
                 + ("P" if self.pdl else ""))
 
 
-def quant_config(s: int) -> QuantConfig:
+def quant_config(s: int, *, dependent: bool = False) -> QuantConfig:
     """The quant launch shape for ``s`` tokens: the per-head kernel, one warp, 4 tokens x 1 head.
 
     One warp holds a whole 1 x 128 group per token row, so each thread keeps more loads in
     flight and more programs fit on an SM than with 4 warps or the flat-rows kernel.
+    ``dependent``: the chain's quant before a GEMM launched as its programmatic dependent
+    (``gemm.chain_dependent``) launches as one too, so that the GEMM launches while it runs.
     """
-    return _QUANT_CONFIG
+    return _QUANT_DEPENDENT if dependent else _QUANT_CONFIG
 
 
 _QUANT_CONFIG = QuantConfig(4, 1, block_h=1)
+_QUANT_DEPENDENT = dataclasses.replace(_QUANT_CONFIG, pdl=True)
 
 
 @dataclasses.dataclass(frozen=True)
