@@ -344,24 +344,3 @@ def test_programmatic_dependent_shapes_are_named_and_reach_the_wgmma_kernel():
         launch = configs.wgmma_launch(64, 2, N, K, 128, shape, out_bytes=2, sms=132,
                                       x_row=2 * K, y_row=2 * N, scale_strides=scales)
         assert launch.constexprs["PDL"] is shape.pdl
-
-
-@pytest.mark.parametrize("m,g,dependent_shape", [
-    (16, 2, C(16, 64, split_k=4, swap_ab=True, num_stages=8, wgmma=True)),
-    (12, 4, C(16, 64, split_k=2, swap_ab=True, num_stages=8, wgmma=True)),
-    (1, 2, C(8, 64, split_k=4, swap_ab=True, num_stages=8, wgmma=True)),
-])
-def test_a_dependent_gemm_splits_the_swapped_wgmma_tile_where_alone_it_takes_pointer_tiles(
-        m, g, dependent_shape):
-    """Up to 16 tokens with fewer swapped tiles than a wave, the chain's GEMM (a programmatic
-    dependent of its quant) splits K on the swapped wgmma tile into one wave; alone, the GEMM
-    keeps the pointer tile. Elsewhere the two rules agree."""
-    alone = configs.gemm_config(m, g, N, K, 128, wgmma=True)
-    assert not alone.wgmma
-    assert configs.gemm_config(m, g, N, K, 128, wgmma=True, dependent=True) == dependent_shape
-    for key in GEMM_CHOICES:
-        if key[3] and key not in ((1, 2, 128, True),):
-            mm, gg, block, _ = key
-            assert (configs.gemm_config(mm, gg, N, K, block, wgmma=True, dependent=True)
-                    == GEMM_CHOICES[key]), key
-    assert not configs.gemm_config(m, g, N, K, 128, dependent=True).wgmma  # no wgmma kernel

@@ -521,8 +521,8 @@ def test_an_unknown_launch_layout_takes_tritons_public_launch_on_every_call(monk
 
 
 @pytest.mark.parametrize("env,m,dependent", [
-    (None, 64, True), (None, 256, True), ("0", 64, False), ("1", 64, True), (None, 16, True),
-    ("0", 16, False),  # alone, the pointer GEMM (it waits before its first load)
+    (None, 64, True), (None, 256, True), ("0", 64, False), ("1", 64, True),
+    (None, 16, False),  # the pointer GEMM waits before its first load: nothing to overlap
 ])
 def test_chain_launches_its_wgmma_gemm_as_the_quants_dependent(monkeypatch, env, m, dependent):
     """The unfused chain makes its GEMM a programmatic dependent of its quant where the GEMM is
@@ -542,8 +542,10 @@ def test_chain_launches_its_wgmma_gemm_as_the_quants_dependent(monkeypatch, env,
     assert configs.quant_config(m, dependent=dependent).pdl is dependent
     assert gemm._default_config(m, g, n, k, block, cuda, dependent).pdl is dependent
     plain = gemm._default_config(m, g, n, k, block, cuda, False)
-    assert not plain.pdl
-    assert plain.wgmma == (m > 16)  # up to 16 tokens at G = 2 alone: the pointer tile
+    # Asked for (the chain decides), the launch differs, never the shape: the chain's bits
+    # are the GEMM's alone.
+    assert gemm._default_config(m, g, n, k, block, cuda, True) == dataclasses.replace(
+        plain, pdl=plain.wgmma)
     assert configs.quant_config(m) == dataclasses.replace(
         configs.quant_config(m, dependent=True), pdl=False)
     # Nowhere else: not on CPU, not where the device takes no programmatic launch.
@@ -551,6 +553,10 @@ def test_chain_launches_its_wgmma_gemm_as_the_quants_dependent(monkeypatch, env,
     monkeypatch.setattr(_common, "_PDL", {("capable", 0): False})
     assert not gemm.chain_dependent(m, g, n, k, block, cuda)
     assert not gemm._default_config(m, g, n, k, block, cuda, True).pdl
+    # A shape that asks for it launches as a dependent on such a device only.
+    assert not _common.pdl(0, True)
+    monkeypatch.setattr(_common, "_PDL", {("capable", 0): True})
+    assert _common.pdl(0, True) and _common.pdl(0, False) == (env == "1")
 
 
 def test_woa_pdl_1_makes_every_quant_and_pointer_gemm_a_dependent(monkeypatch):

@@ -465,10 +465,11 @@ def pdl_capable(device_index: int | None) -> bool:
     return found
 
 
-def pdl(device_index: int | None) -> bool:
-    """Whether every quant and pointer GEMM launches as a programmatic dependent launch: only
-    with ``WOA_PDL=1``, on a device that takes them (``pdl_capable``)."""
-    return _pdl_switch("every", False, device_index)
+def pdl(device_index: int | None, requested: bool = False) -> bool:
+    """Whether a quant or pointer GEMM launches as a programmatic dependent launch, on a device
+    that takes them (``pdl_capable``): where its launch shape asks (``requested``), and every
+    one with ``WOA_PDL=1``."""
+    return (requested and pdl_capable(device_index)) or _pdl_switch("every", False, device_index)
 
 
 def chain_pdl(device_index: int | None) -> bool:

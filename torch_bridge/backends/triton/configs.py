@@ -240,7 +240,7 @@ def programs(cfg: GemmConfig, m: int, g: int, n: int) -> int:
 
 @_memoized
 def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
-                wgmma: bool = False, dependent: bool = False) -> GemmConfig:
+                wgmma: bool = False) -> GemmConfig:
     """The launch shape for one problem, by M and G.
 
     Weight-bandwidth-bound small M: up to 16 tokens they are the MMA's N side (``swap_ab``), 64
@@ -251,10 +251,7 @@ def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
 
     ``wgmma`` (the wgmma kernel can run, ``wgmma_available``), with 128-blocks and N a multiple
     of 128: up to 16 tokens the swapped 64-row x 8/16-token tile where it gives at least one
-    wave (``ONE_WAVE_TILES``), 8 stages at one program per SM, 6 above; for fewer tiles, a
-    ``dependent`` GEMM (the chain's, launched after its quant as a programmatic dependent)
-    splits K on that tile into one wave: its weight streams while the quant runs, which
-    outweighs the pointer tile's lead on its own.
+    wave (``ONE_WAVE_TILES``), 8 stages at one program per SM, 6 above.
     Above 16 tokens, 64 x 128 tiles with 6 stages where they make more than ``FEW_PROGRAMS``
     and at most one wave; where they make fewer (G = 2 to 4 up to 256 tokens; up to 64
     tokens, fewer than ``FEW_PROGRAMS``, as the pointer tiles win at G = 8), 64 x 64 tiles,
@@ -268,9 +265,6 @@ def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
             tiles = programs(cfg, m, g, n)
             if tiles >= ONE_WAVE_TILES:
                 return dataclasses.replace(cfg, num_stages=8 if tiles <= ONE_WAVE_TILES else 6)
-            if dependent:
-                return dataclasses.replace(cfg, num_stages=8, split_k=k_split(
-                    cfg, m, g, n, k // block, most=ONE_WAVE_TILES))
         if m > 16:
             cfg = GemmConfig(64, 128, num_warps=4, num_stages=6, wgmma=True)
             tiles = programs(cfg, m, g, n)

@@ -87,8 +87,8 @@ def chain_dependent(m: int, g: int, n: int, k: int, block: int, device: torch.de
     where the GEMM is the wgmma kernel, which requests weight tiles before it waits for the
     quant (the pointer kernel waits first, and gains nothing), and ``chain_pdl`` allows."""
     return (device.type == "cuda" and chain_pdl(device.index)
-            and configs.gemm_config(m, g, n, k, block, wgmma=wgmma_available(device.index)[0],
-                                    dependent=True).wgmma)
+            and configs.gemm_config(m, g, n, k, block,
+                                    wgmma=wgmma_available(device.index)[0]).wgmma)
 
 
 def wgmma_chosen(m: int, g: int, n: int, k: int, block: int) -> bool:
@@ -212,13 +212,14 @@ def eager_gemm(x, w, x_scale, w_scale, dtype: torch.dtype, out: torch.Tensor | N
 def _default_config(m: int, g: int, n: int, k: int, block: int, device: torch.device,
                     dependent: bool) -> GemmConfig:
     """``configs.gemm_config`` for this device; a programmatic dependent of the chain's quant
-    (and its shape, ``configs.gemm_config``) where ``dependent``
-    (``batched_gemm_a8w8_mxscale``), the device takes one and the GEMM is the wgmma kernel."""
+    where ``dependent`` (``batched_gemm_a8w8_mxscale``), the device takes one and the GEMM is
+    the wgmma kernel. Only the launch differs, never the shape: the bits are the GEMM's alone,
+    and JAX's chain, which launches plainly, gives them too."""
     cuda = device.type == "cuda"
-    dependent = dependent and cuda and pdl_capable(device.index)
-    cfg = configs.gemm_config(m, g, n, k, block, wgmma=cuda and wgmma_available(device.index)[0],
-                              dependent=dependent)
-    return dataclasses.replace(cfg, pdl=True) if dependent and cfg.wgmma else cfg
+    cfg = configs.gemm_config(m, g, n, k, block, wgmma=cuda and wgmma_available(device.index)[0])
+    if dependent and cfg.wgmma and pdl_capable(device.index):
+        return dataclasses.replace(cfg, pdl=True)
+    return cfg
 
 
 def _fields(cfg: GemmConfig) -> tuple:
@@ -255,11 +256,11 @@ def _gemm_plan(x, w, x_scale, w_scale, out, cfg: GemmConfig) -> Launch:
 def _pointer_plan(x, w, x_scale, w_scale, out, cfg: GemmConfig) -> Launch:
     """The pointer kernel's launch; its ``extra`` keeps ``cfg`` for an unsplit relaunch."""
     m, g, k = x.shape
-    dependent = pdl(x.device.index) or (cfg.pdl and pdl_capable(x.device.index))
     return Launch(plans.gemm_pointer(
         m, g, w.shape[1], k, k // x_scale.shape[2], cfg, cfg.split_k, x=x.stride(),
         w=w.stride(), y=out.stride(), x_scale=x_scale.stride(), w_scale=w_scale.stride(),
-        out_bf16=out.dtype == torch.bfloat16, pdl=dependent), ("pointer", cfg))
+        out_bf16=out.dtype == torch.bfloat16, pdl=pdl(x.device.index, cfg.pdl)),
+        ("pointer", cfg))
 
 
 def _descriptor(t: torch.Tensor, view: tuple):

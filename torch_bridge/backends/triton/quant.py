@@ -18,7 +18,6 @@ from ._common import (
     launcher_op,
     on_device_of,
     pdl,
-    pdl_capable,
     row_major,
     rows_contiguous,
     run_mutating,
@@ -48,11 +47,10 @@ def _quant_launch(o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_grou
     """``(launch, runtime arguments)`` of one quant call."""
     key = ("quant", *signature(o), *signature(cos_cache), x_fp8.dtype, quant_group_size,
            amax_floor, cfg)
-    dependent = pdl(o.device.index) or (cfg.pdl and pdl_capable(o.device.index))
     run = launch_for(key, lambda: Launch(plans.quant(
         *o.shape, 2 * cos_cache.shape[1], quant_group_size, cfg, fp8=dtype_name(x_fp8.dtype),
         amax_floor=amax_floor, o_dtype=dtype_name(o.dtype), rope_dtype=dtype_name(cos_cache.dtype),
-        target=target(), pdl=dependent)))
+        target=target(), pdl=pdl(o.device.index, cfg.pdl))))
     return run, (o, positions, cos_cache, sin_cache, run.plan.n_work, cos_cache.shape[0],
                  o.stride(0), cos_cache.stride(0), sin_cache.stride(0), x_fp8, x_scale)
 
