@@ -97,15 +97,6 @@ _SM90_SCRIPT = textwrap.dedent("""
 
     print("split", cfg.label(), "wgmma" in code, serial_split(code))
 
-    # As the chain quant's programmatic dependent: L2 prefetches of its weight slice, then the
-    # wait; a plain launch does neither.
-    dependent = ptx(kernels.batched_gemm_a8w8_mxscale_kernel, sig, {**cx, "PDL": True},
-                    ("x_ptr", "w_ptr", "xs_ptr", "ws_ptr", "y_ptr", "part_ptr", "count_ptr"),
-                    cfg.num_warps, cfg.num_stages)
-    first, wait = dependent.find("prefetch.global.L2"), dependent.find("griddepcontrol.wait")
-    print("dependent", 0 <= first < wait, dependent.count("prefetch.global.L2"),
-          "prefetch" in code or "griddepcontrol" in code)
-
     qc = launch.quant_config(8192)
     assert qc.block_h, qc
     sig = {"o_ptr": "*bf16", "pos_ptr": "*i64", "cos_ptr": "*bf16", "sin_ptr": "*bf16",
@@ -144,21 +135,17 @@ _SM90_SCRIPT = textwrap.dedent("""
 def test_gpu_only_paths_compile_for_sm90(tmp_path):
     """TMA GEMM tiles (large M and the swapped decode tile) use wgmma and the bulk tensor
     copy; the default decode tile without wgmma (64 x 64 pointer loads) uses wgmma fed by
-    cp.async; split-K uses wgmma, an acquire-release ticket and L2 reads of the parts, and as a
-    programmatic dependent prefetches its weight slice to L2 before it waits; the
+    cp.async; split-K uses wgmma, an acquire-release ticket and L2 reads of the parts; the
     per-head quant kernel uses the hardware RNE fp8 cast and 16-byte loads. The fused chain uses
     wgmma, serial split-K, the hardware cast and, with fp32 tables, products rounded apart."""
     lines = run_compile_script(_SM90_SCRIPT, tmp_path)
-    assert len(lines) == 7, lines
+    assert len(lines) == 6, lines
     assert lines[0].startswith("tma ") and lines[0].endswith("True True"), lines
     assert lines[1].startswith("tma ") and lines[1].endswith("True True"), lines
     assert lines[2].startswith("pointer ") and lines[2].endswith("True True"), lines
     assert lines[3].startswith("split ") and lines[3].endswith("True True"), lines
-    # Each thread prefetches its row of the 64-row tile once per K block of its part (M = 1,
-    # G = 2: 32 K blocks split 8 ways).
-    assert lines[4] == f"dependent True {32 // 8} False", lines
-    assert lines[5] == "quant True True", lines
-    assert lines[6].startswith("fused ") and lines[6].endswith("True True True True"), lines
+    assert lines[4] == "quant True True", lines
+    assert lines[5].startswith("fused ") and lines[5].endswith("True True True True"), lines
 
 
 _GLUON_SCRIPT = textwrap.dedent("""

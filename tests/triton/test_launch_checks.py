@@ -522,14 +522,12 @@ def test_an_unknown_launch_layout_takes_tritons_public_launch_on_every_call(monk
 
 @pytest.mark.parametrize("env,m,dependent", [
     (None, 64, True), (None, 256, True), ("0", 64, False), ("1", 64, True),
-    (None, 16, True),  # the pointer GEMM: it prefetches its weight slice before it waits
-    ("0", 16, False),
+    (None, 16, False),  # the pointer GEMM waits before its first load: nothing to overlap
 ])
-def test_chain_launches_its_gemm_as_the_quants_dependent(monkeypatch, env, m, dependent):
-    """The unfused chain makes its GEMM a programmatic dependent of its quant where the GEMM
-    asks for its weight before waiting (the wgmma and pointer kernels, not the TMA kernel) and
-    the device takes one, unless ``WOA_PDL=0``; the quant then launches as one too, and the
-    GEMM's default shape says so."""
+def test_chain_launches_its_wgmma_gemm_as_the_quants_dependent(monkeypatch, env, m, dependent):
+    """The unfused chain makes its GEMM a programmatic dependent of its quant where the GEMM is
+    the wgmma kernel (it streams weight before waiting) and the device takes one, unless
+    ``WOA_PDL=0``; the quant then launches as one too, and the GEMM's default shape says so."""
     from torch_bridge.backends.triton import configs
 
     if env is None:
@@ -546,17 +544,10 @@ def test_chain_launches_its_gemm_as_the_quants_dependent(monkeypatch, env, m, de
     plain = gemm._default_config(m, g, n, k, block, cuda, False)
     # Asked for (the chain decides), the launch differs, never the shape: the chain's bits
     # are the GEMM's alone.
-    assert plain.wgmma == (m > 16) and not plain.tma
     assert gemm._default_config(m, g, n, k, block, cuda, True) == dataclasses.replace(
-        plain, pdl=True)
+        plain, pdl=plain.wgmma)
     assert configs.quant_config(m) == dataclasses.replace(
         configs.quant_config(m, dependent=True), pdl=False)
-    # Not before the TMA kernel (no wgmma, G = 16, M = 256), which waits before its loads.
-    monkeypatch.setattr(gemm, "wgmma_available", lambda index: (False, "no wgmma"))
-    assert gemm._default_config(256, 16, n, k, block, cuda, False).tma
-    assert not gemm.chain_dependent(256, 16, n, k, block, cuda)
-    assert not gemm._default_config(256, 16, n, k, block, cuda, True).pdl
-    monkeypatch.setattr(gemm, "wgmma_available", lambda index: (True, "wgmma"))
     # Nowhere else: not on CPU, not where the device takes no programmatic launch.
     assert not gemm.chain_dependent(m, g, n, k, block, torch.device("cpu"))
     monkeypatch.setattr(_common, "_PDL", {("capable", 0): False})
@@ -570,9 +561,8 @@ def test_chain_launches_its_gemm_as_the_quants_dependent(monkeypatch, env, m, de
 
 def test_woa_pdl_1_makes_every_quant_and_pointer_gemm_a_dependent(monkeypatch):
     """``WOA_PDL=1`` makes every quant and pointer GEMM launch a programmatic dependent (each
-    waits before its first load, the GEMM's L2 prefetch aside, which reads no stale bytes: L2
-    is where the writes of the kernel before land, so any kernel may precede it); unset or
-    ``0``, none but the chain's."""
+    waits before its first load, so any kernel may precede it); unset or ``0``, none but the
+    chain's."""
     for env, every, chain in ((None, False, True), ("0", False, False), ("1", True, True)):
         monkeypatch.setattr(_common, "_PDL", {("capable", 0): True})  # WOA_PDL read anew
         if env is None:

@@ -473,8 +473,8 @@ def pdl(device_index: int | None, requested: bool = False) -> bool:
 
 
 def chain_pdl(device_index: int | None) -> bool:
-    """Whether the FP8 chain may launch its GEMM as the quant's programmatic dependent
-    (``gemm.chain_dependent``): by default on a device that takes them; ``WOA_PDL=0`` turns it off."""
+    """Whether the FP8 chain may launch its wgmma GEMM as the quant's programmatic dependent
+    (``chain``): by default on a device that takes them; ``WOA_PDL=0`` turns it off."""
     return _pdl_switch("chain", True, device_index)
 
 

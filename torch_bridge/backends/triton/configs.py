@@ -165,9 +165,9 @@ class GemmConfig:
     #: scratch.
     wgmma: bool = False
     #: Launched as a programmatic dependent of the kernel before it on the stream (CUDA,
-    #: Hopper on): the wgmma kernel requests its first weight tiles and the pointer kernel
-    #: prefetches its weight slice to L2 before waiting for that kernel, so only where it does
-    #: not write ``w`` (the FP8 chain's quant, ``gemm.chain_dependent``).
+    #: Hopper on): the wgmma kernel requests its first weight tiles before waiting for that
+    #: kernel, so only where it does not write ``w`` (the FP8 chain's quant, ``chain``); the
+    #: pointer kernel waits before any load.
     pdl: bool = False
 
     def __post_init__(self):

@@ -398,31 +398,12 @@ def batched_gemm_a8w8_mxscale_kernel(
     reduces the parts in the kernel, in K order (see ``_gemm_tile``).
     """
     NUM_N: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
-    pid = tl.program_id(0)
-    if PDL:
-        _prefetch_weight(w_ptr, pid % NUM_N, tl.program_id(1).to(tl.int64), tl.program_id(2),
-                         SWG, SWN, N, K, SB, BLOCK_N, SPLIT_K)
     _dependent_start(PDL, False)
+    pid = tl.program_id(0)
     _gemm_tile(x_ptr, w_ptr, xs_ptr, ws_ptr, M, y_ptr, part_ptr, count_ptr, pid // NUM_N,
               pid % NUM_N, tl.program_id(1).to(tl.int64), tl.program_id(2), SXM, SXG, SXSM,
               SXSG, SWG, SWN, SWSG, SWSN, SYM, SYG, N, K, SB, BLOCK_M, BLOCK_N, SPLIT_K, SWAP_AB,
               OUT_BF16)
-
-
-@triton.jit
-def _prefetch_weight(w_ptr, pid_n, g, pid_k, SWG: tl.constexpr, SWN: tl.constexpr,
-                     N: tl.constexpr, K: tl.constexpr, SB: tl.constexpr, BLOCK_N: tl.constexpr,
-                     SPLIT_K: tl.constexpr):
-    """Ask L2 for the weight lines this program's tile will read (its N rows, its K part), one
-    prefetch per row and K block (CUDA only). A programmatic dependent does this before it
-    waits, so the weight streams while the kernel before it runs; a prefetch only fills L2,
-    where that kernel's writes land, so no later load sees stale bytes."""
-    KB_PER: tl.constexpr = K // SB // SPLIT_K
-    rows = tl.minimum(pid_n * BLOCK_N + tl.arange(0, BLOCK_N), N - 1).to(tl.int64)
-    first = w_ptr + g * SWG + rows * SWN + pid_k * (KB_PER * SB)
-    for kb in tl.static_range(KB_PER):
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [first + kb * SB],
-                                  dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
