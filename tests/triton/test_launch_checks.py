@@ -527,7 +527,8 @@ def test_an_unknown_launch_layout_takes_tritons_public_launch_on_every_call(monk
 def test_chain_launches_its_wgmma_gemm_as_the_quants_dependent(monkeypatch, env, m, dependent):
     """The unfused chain makes its GEMM a programmatic dependent of its quant where the GEMM is
     the wgmma kernel (it streams weight before waiting) and the device takes one, unless
-    ``WOA_PDL=0``; the quant then launches as one too, and the GEMM's default shape says so."""
+    ``WOA_PDL=0``; the GEMM's default shape says so. The quant's shape asks for one at every
+    size."""
     from torch_bridge.backends.triton import configs
 
     if env is None:
@@ -539,15 +540,14 @@ def test_chain_launches_its_wgmma_gemm_as_the_quants_dependent(monkeypatch, env,
     cuda = torch.device("cuda", 0)
     g, n, k, block = 2, 1024, 4096, 128
     assert gemm.chain_dependent(m, g, n, k, block, cuda) is dependent
-    assert configs.quant_config(m, dependent=dependent).pdl is dependent
+    # The quant's shape asks for one everywhere; it gets one unless WOA_PDL=0.
+    assert configs.quant_config(m).pdl and _common.pdl(0, True) is (env != "0")
     assert gemm._default_config(m, g, n, k, block, cuda, dependent).pdl is dependent
     plain = gemm._default_config(m, g, n, k, block, cuda, False)
     # Asked for (the chain decides), the launch differs, never the shape: the chain's bits
     # are the GEMM's alone.
     assert gemm._default_config(m, g, n, k, block, cuda, True) == dataclasses.replace(
         plain, pdl=plain.wgmma)
-    assert configs.quant_config(m) == dataclasses.replace(
-        configs.quant_config(m, dependent=True), pdl=False)
     # Nowhere else: not on CPU, not where the device takes no programmatic launch.
     assert not gemm.chain_dependent(m, g, n, k, block, torch.device("cpu"))
     monkeypatch.setattr(_common, "_PDL", {("capable", 0): False})
@@ -556,13 +556,13 @@ def test_chain_launches_its_wgmma_gemm_as_the_quants_dependent(monkeypatch, env,
     # A shape that asks for it launches as a dependent on such a device only.
     assert not _common.pdl(0, True)
     monkeypatch.setattr(_common, "_PDL", {("capable", 0): True})
-    assert _common.pdl(0, True) and _common.pdl(0, False) == (env == "1")
+    assert _common.pdl(0, True) is (env != "0") and _common.pdl(0, False) == (env == "1")
 
 
 def test_woa_pdl_1_makes_every_quant_and_pointer_gemm_a_dependent(monkeypatch):
     """``WOA_PDL=1`` makes every quant and pointer GEMM launch a programmatic dependent (each
-    waits before its first load, so any kernel may precede it); unset or ``0``, none but the
-    chain's."""
+    waits before its first load, so any kernel may precede it); unset, those whose shape asks
+    (the quant's, the chain's wgmma GEMM); ``0``, none."""
     for env, every, chain in ((None, False, True), ("0", False, False), ("1", True, True)):
         monkeypatch.setattr(_common, "_PDL", {("capable", 0): True})  # WOA_PDL read anew
         if env is None:
@@ -570,6 +570,7 @@ def test_woa_pdl_1_makes_every_quant_and_pointer_gemm_a_dependent(monkeypatch):
         else:
             monkeypatch.setenv("WOA_PDL", env)
         assert (_common.pdl(0), _common.chain_pdl(0)) == (every, chain), env
+        assert _common.pdl(0, True) is chain, env
     monkeypatch.setattr(_common, "_PDL", {("capable", 0): True})
     monkeypatch.setenv("WOA_PDL", "yes")
     with pytest.raises(ValueError, match="WOA_PDL='yes' is not a valid switch"):

@@ -467,14 +467,15 @@ def pdl_capable(device_index: int | None) -> bool:
 
 def pdl(device_index: int | None, requested: bool = False) -> bool:
     """Whether a quant or pointer GEMM launches as a programmatic dependent launch, on a device
-    that takes them (``pdl_capable``): where its launch shape asks (``requested``), and every
-    one with ``WOA_PDL=1``."""
-    return (requested and pdl_capable(device_index)) or _pdl_switch("every", False, device_index)
+    that takes them (``pdl_capable``): where its launch shape asks (``requested``) unless
+    ``WOA_PDL=0``, and every one with ``WOA_PDL=1``."""
+    return _pdl_switch("every", False, device_index) or (requested and chain_pdl(device_index))
 
 
 def chain_pdl(device_index: int | None) -> bool:
-    """Whether the FP8 chain may launch its wgmma GEMM as the quant's programmatic dependent
-    (``chain``): by default on a device that takes them; ``WOA_PDL=0`` turns it off."""
+    """Whether launch shapes that ask for a programmatic dependent launch get one (the quant's,
+    the FP8 chain's wgmma GEMM, ``gemm.chain_dependent``): by default on a device that takes
+    them; ``WOA_PDL=0`` turns them off."""
     return _pdl_switch("chain", True, device_index)
 
 

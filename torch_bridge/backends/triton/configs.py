@@ -42,8 +42,8 @@ class QuantConfig:
     block_r: int = 32
     num_warps: int = 4
     block_h: int = 0
-    #: Launched as a programmatic dependent (CUDA, Hopper on): wait for the kernel before it,
-    #: and let the next one (the chain's GEMM) launch at once.
+    #: Launched as a programmatic dependent (CUDA, Hopper on, unless ``WOA_PDL=0``): wait for
+    #: the kernel before it, and let the next one (the chain's GEMM) launch at once.
     pdl: bool = False
 
     def __post_init__(self):
@@ -58,19 +58,19 @@ class QuantConfig:
                 + ("P" if self.pdl else ""))
 
 
-def quant_config(s: int, *, dependent: bool = False) -> QuantConfig:
-    """The quant launch shape for ``s`` tokens: the per-head kernel, one warp, 4 tokens x 1 head.
+def quant_config(s: int) -> QuantConfig:
+    """The quant launch shape for ``s`` tokens: the per-head kernel, one warp, 4 tokens x 1 head,
+    launched as a programmatic dependent where the device takes one (``_common.pdl``).
 
     One warp holds a whole 1 x 128 group per token row, so each thread keeps more loads in
-    flight and more programs fit on an SM than with 4 warps or the flat-rows kernel.
-    ``dependent``: the chain's quant before a GEMM launched as its programmatic dependent
-    (``gemm.chain_dependent``) launches as one too, so that the GEMM launches while it runs.
+    flight and more programs fit on an SM than with 4 warps or the flat-rows kernel. As a
+    dependent it launches while the kernel before it finishes and waits before its first
+    load; it lets the next kernel launch at once (the chain's GEMM, ``gemm.chain_dependent``).
     """
-    return _QUANT_DEPENDENT if dependent else _QUANT_CONFIG
+    return _QUANT_CONFIG
 
 
-_QUANT_CONFIG = QuantConfig(4, 1, block_h=1)
-_QUANT_DEPENDENT = dataclasses.replace(_QUANT_CONFIG, pdl=True)
+_QUANT_CONFIG = QuantConfig(4, 1, block_h=1, pdl=True)
 
 
 @dataclasses.dataclass(frozen=True)
