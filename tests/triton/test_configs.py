@@ -344,3 +344,19 @@ def test_programmatic_dependent_shapes_are_named_and_reach_the_wgmma_kernel():
         launch = configs.wgmma_launch(64, 2, N, K, 128, shape, out_bytes=2, sms=132,
                                       x_row=2 * K, y_row=2 * N, scale_strides=scales)
         assert launch.constexprs["PDL"] is shape.pdl
+
+
+@pytest.mark.parametrize("s,heads,dependent,pdl", [
+    (1, 16, False, True), (16, 64, False, True), (64, 16, False, True),  # <= 1024 rows
+    (128, 16, False, False), (64, 32, False, False), (8192, 128, False, False),
+    (128, 16, True, True), (8192, 128, True, True),  # before the chain's dependent GEMM
+    (16, 0, False, False),  # heads unknown (JAX's plain launches): the plain shape
+])
+def test_small_quants_and_the_chains_launch_as_programmatic_dependents(s, heads, dependent,
+                                                                       pdl):
+    """The quant's default shape asks for a programmatic dependent launch up to
+    ``DEPENDENT_QUANT_ROWS`` (token, head) rows and before the chain's dependent GEMM; the
+    shape is the same either way."""
+    cfg = configs.quant_config(s, heads=heads, dependent=dependent)
+    assert cfg.pdl is pdl
+    assert dataclasses.replace(cfg, pdl=False) == configs.quant_config(s)

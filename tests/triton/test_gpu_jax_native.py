@@ -69,7 +69,7 @@ def on_gpu(monkeypatch):
 def test_gpu_quant_bit_exact(on_gpu, monkeypatch, s, g, quant_config):
     """The tuned launch shape (per-head kernel) and the flat-rows kernel."""
     if quant_config is not None:
-        monkeypatch.setattr(configs, "quant_config", lambda s: quant_config)
+        monkeypatch.setattr(configs, "quant_config", lambda s, **_: quant_config)
     seed = new_seed()
     args, _, _ = _inputs(s, g, seed)
     quant = lambda *a: jax_ops.inverse_rope_group_quant(*a, g, 128)  # noqa: E731

@@ -232,7 +232,7 @@ def _quant_call(s, g, gs=128, dh=DH):
 
 
 def test_quant_spec_rows_kernel(monkeypatch):
-    monkeypatch.setattr(configs, "quant_config", lambda s: launch.QuantConfig(16, 2))
+    monkeypatch.setattr(configs, "quant_config", lambda s, **_: launch.QuantConfig(16, 2))
     call = _quant_call(7, 2)
     nq = 2 * HPG * DH // 128
     assert call.kernel is kernels.inverse_rope_group_quant_kernel
@@ -245,7 +245,7 @@ def test_quant_spec_rows_kernel(monkeypatch):
 
 
 def test_quant_spec_head_kernel(monkeypatch):
-    monkeypatch.setattr(configs, "quant_config", lambda s: launch.QuantConfig(4, block_h=6))
+    monkeypatch.setattr(configs, "quant_config", lambda s, **_: launch.QuantConfig(4, block_h=6))
     call = _quant_call(9, 2)  # H = 16: BLOCK_H = gcd(16, 6) = 2
     assert call.kernel is kernels.inverse_rope_group_quant_head_kernel
     assert call.grid == (3 * 8,)  # token blocks x head blocks
@@ -522,7 +522,7 @@ _COMPILE_SCRIPT = textwrap.dedent("""
 
     rope = ["bfloat16", "int32", "bfloat16", "bfloat16"]
     for cfg in (launch.QuantConfig(), launch.QuantConfig(block_r=4, block_h=8)):
-        configs.quant_config = lambda s, cfg=cfg: cfg
+        configs.quant_config = lambda s, cfg=cfg, **_: cfg
         call = jax_launch.quant_call(7, 16, 512, 64, 1024, 2, 128,
                                      fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8,
                                      o_dtype=jnp.bfloat16, rope_dtype=jnp.bfloat16)

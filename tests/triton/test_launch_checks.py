@@ -527,8 +527,7 @@ def test_an_unknown_launch_layout_takes_tritons_public_launch_on_every_call(monk
 def test_chain_launches_its_wgmma_gemm_as_the_quants_dependent(monkeypatch, env, m, dependent):
     """The unfused chain makes its GEMM a programmatic dependent of its quant where the GEMM is
     the wgmma kernel (it streams weight before waiting) and the device takes one, unless
-    ``WOA_PDL=0``; the GEMM's default shape says so. The quant's shape asks for one at every
-    size."""
+    ``WOA_PDL=0``; the quant then launches as one too, and the GEMM's default shape says so."""
     from torch_bridge.backends.triton import configs
 
     if env is None:
@@ -540,8 +539,8 @@ def test_chain_launches_its_wgmma_gemm_as_the_quants_dependent(monkeypatch, env,
     cuda = torch.device("cuda", 0)
     g, n, k, block = 2, 1024, 4096, 128
     assert gemm.chain_dependent(m, g, n, k, block, cuda) is dependent
-    # The quant's shape asks for one everywhere; it gets one unless WOA_PDL=0.
-    assert configs.quant_config(m).pdl and _common.pdl(0, True) is (env != "0")
+    # The chain's quant before a dependent GEMM is one at any size (alone, up to 1024 rows).
+    assert configs.quant_config(m, heads=16, dependent=dependent).pdl is (dependent or m <= 64)
     assert gemm._default_config(m, g, n, k, block, cuda, dependent).pdl is dependent
     plain = gemm._default_config(m, g, n, k, block, cuda, False)
     # Asked for (the chain decides), the launch differs, never the shape: the chain's bits
@@ -562,7 +561,7 @@ def test_chain_launches_its_wgmma_gemm_as_the_quants_dependent(monkeypatch, env,
 def test_woa_pdl_1_makes_every_quant_and_pointer_gemm_a_dependent(monkeypatch):
     """``WOA_PDL=1`` makes every quant and pointer GEMM launch a programmatic dependent (each
     waits before its first load, so any kernel may precede it); unset, those whose shape asks
-    (the quant's, the chain's wgmma GEMM); ``0``, none."""
+    (small quants, the chain's quant and wgmma GEMM); ``0``, none."""
     for env, every, chain in ((None, False, True), ("0", False, False), ("1", True, True)):
         monkeypatch.setattr(_common, "_PDL", {("capable", 0): True})  # WOA_PDL read anew
         if env is None:

@@ -108,12 +108,9 @@ def wo_a_fp8_candidates(m: int, g: int, n: int) -> list:
 
 
 def quant_candidates() -> list:
-    """Quant launch shapes worth timing, launched as the default is (programmatic dependents);
-    ``r1w1h1`` is one warp per (token, head), the most programs a decode batch can have."""
-    from torch_bridge.backends.triton.launch import QuantConfig
-
-    def Q(*shape):
-        return QuantConfig(*shape, pdl=True)
+    """Quant launch shapes worth timing; ``r1w1h1`` is one warp per (token, head), the most
+    programs a decode batch can have."""
+    from torch_bridge.backends.triton.launch import QuantConfig as Q
 
     return [Q(32, 4), Q(8, 4), Q(4, 1, 1), Q(8, 1, 1), Q(16, 1, 1), Q(8, 2, 1), Q(16, 2, 1),
             Q(4, 4, 1), Q(16, 4, 1), Q(8, 4, 4), Q(2, 4, 8), Q(4, 1, 2), Q(4, 2, 2), Q(2, 1, 1),
@@ -201,4 +198,6 @@ def use_tuned(rows: list[dict]) -> None:
         configs.wo_a_fp8_config = nearest(fused)
     if quant:
         chosen = configs.QuantConfig(**config(quant[-1][2]))
-        configs.quant_config = lambda s: chosen
+        rule = configs.quant_config
+        configs.quant_config = lambda s, *, heads=0, dependent=False: dataclasses.replace(
+            chosen, pdl=rule(s, heads=heads, dependent=dependent).pdl)

@@ -156,11 +156,12 @@ def _eager_unfused(o, positions, cos_cache, sin_cache, w, w_scale, amax_floor: f
     from .gemm import eager_gemm
     from .quant import eager_quant
 
-    s = o.shape[0]
+    s, h, _ = o.shape
     g, n, k = w.shape
     block = k // w_scale.shape[2]
     dependent = chain_dependent(s, g, n, k, block, o.device)
-    quant = eager_quant(o, positions, cos_cache, sin_cache, g, block, amax_floor, w.dtype)
+    quant = eager_quant(o, positions, cos_cache, sin_cache, g, block, amax_floor, w.dtype,
+                        config=configs.quant_config(s, heads=h, dependent=dependent))
     gemm = quant and eager_gemm(
         torch.empty((s, g, k), dtype=w.dtype, device=o.device), w,
         torch.empty((s, g, k // block), dtype=torch.float8_e8m0fnu, device=o.device), w_scale,
@@ -241,10 +242,12 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
     if not single_kernel:
         # An explicit GEMM shape is launched as given, never as a dependent.
         dependent = config is None and chain_dependent(s, g, n, k, block, o.device)
+        quant = configs.quant_config(s, heads=h, dependent=dependent)
         x_fp8, x_scale = inverse_rope_group_quant(o, positions, cos_cache, sin_cache, g, block,
                                                   amax_floor=amax_floor,
                                                   x_fp8=torch.empty((s, g, k), dtype=w.dtype,
-                                                                    device=o.device))
+                                                                    device=o.device),
+                                                  config=quant)
         return batched_gemm_a8w8_mxscale(x_fp8, w, x_scale, w_scale, dtype=dtype, out=out,
                                          config=config, dependent=dependent)
     cfg = config or configs.wo_a_fp8_config(s, g, n, k, block)

@@ -43,7 +43,7 @@ class QuantConfig:
     num_warps: int = 4
     block_h: int = 0
     #: Launched as a programmatic dependent (CUDA, Hopper on, unless ``WOA_PDL=0``): wait for
-    #: the kernel before it, and let the next one (the chain's GEMM) launch at once.
+    #: the kernel before it, and let the next one launch at once (``quant_config``).
     pdl: bool = False
 
     def __post_init__(self):
@@ -58,19 +58,28 @@ class QuantConfig:
                 + ("P" if self.pdl else ""))
 
 
-def quant_config(s: int) -> QuantConfig:
-    """The quant launch shape for ``s`` tokens: the per-head kernel, one warp, 4 tokens x 1 head,
-    launched as a programmatic dependent where the device takes one (``_common.pdl``).
+def quant_config(s: int, *, heads: int = 0, dependent: bool = False) -> QuantConfig:
+    """The quant launch shape for ``s`` tokens: the per-head kernel, one warp, 4 tokens x 1 head.
 
     One warp holds a whole 1 x 128 group per token row, so each thread keeps more loads in
-    flight and more programs fit on an SM than with 4 warps or the flat-rows kernel. As a
-    dependent it launches while the kernel before it finishes and waits before its first
-    load; it lets the next kernel launch at once (the chain's GEMM, ``gemm.chain_dependent``).
+    flight and more programs fit on an SM than with 4 warps or the flat-rows kernel.
+
+    A programmatic dependent (``pdl``, where the device takes one: ``_common.pdl``) launches
+    while the kernel before it finishes, waits before its first load, and lets the next one
+    launch at once: for ``heads`` heads up to ``DEPENDENT_QUANT_ROWS`` (token, head) rows,
+    where the launch it saves is a large part of the kernel (larger grids ran slower so: the
+    next launch's waiting programs hold slots its own later programs need), and at every size
+    before a GEMM launched as its dependent (``dependent``, ``gemm.chain_dependent``).
     """
-    return _QUANT_CONFIG
+    small = 0 < s * heads <= DEPENDENT_QUANT_ROWS
+    return _QUANT_DEPENDENT if dependent or small else _QUANT_CONFIG
 
 
-_QUANT_CONFIG = QuantConfig(4, 1, block_h=1, pdl=True)
+_QUANT_CONFIG = QuantConfig(4, 1, block_h=1)
+_QUANT_DEPENDENT = dataclasses.replace(_QUANT_CONFIG, pdl=True)
+
+#: (token, head) rows up to which the quant launches as a programmatic dependent on its own.
+DEPENDENT_QUANT_ROWS = 1024
 
 
 @dataclasses.dataclass(frozen=True)

@@ -70,7 +70,7 @@ def eager_quant(o, positions, cos_cache, sin_cache, num_groups: int, quant_group
     output not given is made new, the scales as float8_e8m0fnu, the public op's dtype (the
     kernel takes their address only). ``None`` when there is nothing to bind: no launch of
     this signature yet, or operands that the launcher would first repack. ``config``: the
-    launch shape (``None``: ``configs.quant_config``)."""
+    launch shape (``None``: ``configs.quant_config(S, heads=H)``)."""
     s, h, dh = o.shape
     if (not o.is_cuda or s == 0 or last_dims_contiguous(o) is not o
             or any(t.stride(-1) != 1 for t in (positions, cos_cache, sin_cache))):
@@ -83,7 +83,7 @@ def eager_quant(o, positions, cos_cache, sin_cache, num_groups: int, quant_group
     sc = (e8m0_bytes(x_scale) if x_scale is not None
           else torch.empty(shape_s, dtype=torch.uint8, device=device))
     run, args = _quant_launch(o, positions, cos_cache, sin_cache, q, sc, quant_group_size,
-                              float(amax_floor), config or configs.quant_config(s))
+                              float(amax_floor), config or configs.quant_config(s, heads=h))
     bound = run.bind(args, _QUANT_TENSORS, checked=6 if given else 4)
     if bound is None:
         return None
@@ -122,7 +122,7 @@ def inverse_rope_group_quant(o: torch.Tensor, positions: torch.Tensor, cos_cache
       amax_floor: 1e-8 (AITER) or 1e-10 (vLLM CUDA).
       x_fp8: optional contiguous ``[S, G, D]`` fp8 output (its dtype picks e4m3fn / e4m3fnuz).
       x_scale: optional contiguous ``[S, G, D / GS]`` uint8 or float8_e8m0fnu output.
-      config: launch shape; ``None`` uses ``configs.quant_config(S)``.
+      config: launch shape; ``None`` uses ``configs.quant_config(S, heads=H)``.
 
     Returns:
       ``(x_fp8 [S, G, D], x_scale [S, G, D / GS])``; the given buffers when passed.
@@ -141,7 +141,7 @@ def inverse_rope_group_quant(o: torch.Tensor, positions: torch.Tensor, cos_cache
         if tuple(t.shape) != shape or not t.is_contiguous():
             raise ValueError(f"{name} must be a contiguous {list(shape)} tensor, got shape "
                              f"{list(t.shape)} with strides {list(t.stride())}")
-    cfg = config or configs.quant_config(s)
+    cfg = config or configs.quant_config(s, heads=h)
     scale_bytes = e8m0_bytes(x_scale)
     run_mutating(_inverse_rope_group_quant_op, (x_fp8, scale_bytes),
                  last_dims_contiguous(o), rows_contiguous(positions),
