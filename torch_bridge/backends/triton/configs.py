@@ -67,9 +67,9 @@ def quant_config(s: int, *, heads: int = 0, dependent: bool = False) -> QuantCon
     A programmatic dependent (``pdl``, where the device takes one: ``_common.pdl``) launches
     while the kernel before it finishes, waits before its first load, and lets the next one
     launch at once: for ``heads`` heads up to ``DEPENDENT_QUANT_ROWS`` (token, head) rows,
-    where the launch it saves is a large part of the kernel (larger grids ran slower so: the
-    next launch's waiting programs hold slots its own later programs need), and at every size
-    before a GEMM launched as its dependent (``dependent``, ``gemm.chain_dependent``).
+    where the launch it saves is a large part of the kernel (larger grids are slower as
+    dependents, ``benchmarks/RESULTS.md``), and at every size before a GEMM launched as its
+    dependent (``dependent``, ``gemm.chain_dependent``).
     """
     small = 0 < s * heads <= DEPENDENT_QUANT_ROWS
     return _QUANT_DEPENDENT if dependent or small else _QUANT_CONFIG
@@ -175,8 +175,8 @@ class GemmConfig:
     wgmma: bool = False
     #: Launched as a programmatic dependent of the kernel before it on the stream (CUDA,
     #: Hopper on): the wgmma kernel requests its first weight tiles before waiting for that
-    #: kernel, so only where it does not write ``w`` (the FP8 chain's quant, ``chain``); the
-    #: pointer kernel waits before any load.
+    #: kernel, so only where it does not write ``w`` (the FP8 chain's quant,
+    #: ``gemm.chain_dependent``); the pointer kernel waits before any load.
     pdl: bool = False
 
     def __post_init__(self):

@@ -395,7 +395,7 @@ def batched_gemm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.T
         the memory, as XLA does on ``jax_ops``' callback route, passes its own. Ignored unsplit.
       dependent: the kernel before this call on the stream is the FP8 chain's quant, which
         does not write ``w``: the default shape launches as its programmatic dependent
-        (``GemmConfig.pdl``), streaming weight while the quant runs (``chain``).
+        (``GemmConfig.pdl``), streaming weight while the quant runs (``chain_dependent``).
 
     Returns:
       ``out`` (or a new tensor) ``[M, G, N]`` in ``dtype``.
