@@ -65,17 +65,20 @@ def test_candidates_have_distinct_labels():
 @pytest.mark.parametrize("m", (16, 64, 128, 256))
 def test_gemm_candidates_time_the_wgmma_kernel_split_1_to_8_ways(m):
     """Every GEMM tuning run compares the wgmma kernel unsplit and split 2, 4 and 8 ways on its
-    64 x 64 and 64 x 128 tiles (and the swapped token tile up to 32 tokens), each dividing
-    V4's 32 K blocks; "gemm-split" times those alone."""
+    64 x 64 and 64 x 128 tiles (and the swapped token tile up to 32 tokens), above 64 tokens
+    128-token tiles unsplit and split 2 and 4 ways, each dividing V4's 32 K blocks;
+    "gemm-split" times those alone."""
     split = tune.wgmma_split_candidates(m)
     labels = {c.label() for c in tune.gemm_candidates(m)}
     assert {c.label() for c in split} <= labels
     tiles = {(c.block_m, c.block_n, c.swap_ab) for c in split}
     assert {(64, 64, False), (64, 128, False)} <= tiles
     assert any(swap for *_, swap in tiles) == (m <= 32)
+    assert ({(128, 64, False), (128, 128, False)} <= tiles) == (m > 64)
     for tile in tiles:
         ks = sorted(c.split_k for c in split if (c.block_m, c.block_n, c.swap_ab) == tile)
-        assert ks == [1, 2, 4, 8], (tile, ks)
+        assert ks == ([1, 2, 4] if tile[0] == 128 else [1, 2, 4, 8]), (tile, ks)
+    assert all(c.num_warps == c.block_m // 16 for c in split if not c.swap_ab)
     assert all(c.wgmma and 32 % c.split_k == 0 for c in split)
     assert "gemm-split" in tune.KINDS and "gemm-split" not in tune.DEFAULT_KINDS
 

@@ -44,11 +44,15 @@ def narrow_candidates(m: int) -> list:
 
 def wgmma_split_candidates(m: int) -> list:
     """The wgmma kernel with K split 1, 2, 4 and 8 ways (few tiles, G = 2 to 4): 64 x 64 and
-    64 x 128 tiles, and up to 32 tokens the swapped token tile."""
+    64 x 128 tiles, above 64 tokens 128-token tiles (8 warps, up to 4 parts: each reads the
+    weight once per 128 tokens), and up to 32 tokens the swapped token tile."""
     from torch_bridge.backends.triton.launch import GemmConfig as C
 
     out = [C(64, bn, sk, num_warps=4, num_stages=8, wgmma=True) for bn in (64, 128)
            for sk in (1, 2, 4, 8)]
+    if m > 64:
+        out += [C(128, bn, sk, num_warps=8, num_stages=8, wgmma=True) for bn in (64, 128)
+                for sk in (1, 2, 4)]
     if m <= 32:
         tokens = max(8, 1 << (m - 1).bit_length())
         out += [C(tokens, 64, sk, swap_ab=True, num_warps=4, num_stages=8, wgmma=True)

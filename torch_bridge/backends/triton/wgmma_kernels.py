@@ -137,9 +137,18 @@ def _store_tile(acc, y_desc, y_smem, m0, n0, SWAP_AB: gl.constexpr):
 
 
 @gluon.jit
+def _part(acc, part_ptr, k_part, part, stride, off, ok):
+    """K part ``k_part`` of a tile: this program's own (``part``) from registers, another's
+    from memory."""
+    return gl.where(part == k_part, acc, gl.load(part_ptr + k_part * stride + off,
+                                                 mask=ok & (part != k_part), other=0.0,
+                                                 cache_modifier=".cg"))
+
+
+@gluon.jit
 def _reduce_parts(acc, part_ptr, count_ptr, tile, part, g, m0, n0, M, y_desc, y_smem,
                   G: gl.constexpr, N: gl.constexpr, SPLIT_K: gl.constexpr,
-                  SWAP_AB: gl.constexpr):
+                  SWAP_AB: gl.constexpr, NUM_WARPS: gl.constexpr):
     """Serial split-K, as ``kernels._gemm_tile`` does it: park this K part's fp32 tile in
     ``part [SPLIT_K, M, G, N]``, take a ticket from the tile's counter, and if it is the last
     one add the parts in K order (its own from registers: the same bits as reading it back, so
@@ -147,6 +156,9 @@ def _reduce_parts(acc, part_ptr, count_ptr, tile, part, g, m0, n0, M, y_desc, y_
     BLOCK_M: gl.constexpr = y_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = y_desc.block_type.shape[1]
     layout: gl.constexpr = acc.type.layout
+    # The other parts held at once take at most 96 fp32 registers a thread (a 64 x 64 tile in
+    # 4 parts); a 64 x 128 tile's 7 others would spill.
+    REDUCE_UNROLLED: gl.constexpr = (SPLIT_K - 1) * BLOCK_M * BLOCK_N <= 96 * 32 * NUM_WARPS
     toks = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0 if SWAP_AB else 1, layout))
     cols = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1 if SWAP_AB else 0, layout))
     rows = (toks.to(gl.int64) * G + g) * N
@@ -161,14 +173,15 @@ def _reduce_parts(acc, part_ptr, count_ptr, tile, part, g, m0, n0, M, y_desc, y_
     _cta_barrier()  # every thread's part is written before the ticket releases it
     ticket = gl.atomic_add(count_ptr + tile, 1, sem="acq_rel")
     if ticket == SPLIT_K - 1:
-        total = gl.where(part == 0, acc, gl.load(part_ptr + off, mask=ok & (part != 0),
-                                                  other=0.0, cache_modifier=".cg"))
-        # A runtime loop: unrolled, every part's load is hoisted ahead of the sums and the
-        # parts of a 64 x 128 tile spill at 8 parts.
-        for k_part in range(1, SPLIT_K):
-            total += gl.where(part == k_part, acc, gl.load(
-                part_ptr + k_part * stride + off, mask=ok & (part != k_part),
-                other=0.0, cache_modifier=".cg"))
+        total = _part(acc, part_ptr, 0, part, stride, off, ok)
+        # Unrolled, every part's load is issued before the sums: one L2 round trip, not one
+        # per part. A runtime loop where the parts would not fit in registers beside the tile.
+        if REDUCE_UNROLLED:
+            for k_part in gl.static_range(1, SPLIT_K):
+                total += _part(acc, part_ptr, k_part, part, stride, off, ok)
+        else:
+            for k_part in range(1, SPLIT_K):
+                total += _part(acc, part_ptr, k_part, part, stride, off, ok)
         gl.store(count_ptr + tile, 0)
         _store_tile(total, y_desc, y_smem, m0, g * N + n0, SWAP_AB)
 
@@ -314,7 +327,7 @@ def batched_gemm_a8w8_mxscale_wgmma_kernel(
             _store_tile(acc, y_desc, y_smem, m0, g * N + n0, SWAP_AB)
         else:
             _reduce_parts(acc, part_ptr, count_ptr, unit // SPLIT_K, unit % SPLIT_K, g, m0, n0,
-                          M, y_desc, y_smem, G, N, SPLIT_K, SWAP_AB)
+                          M, y_desc, y_smem, G, N, SPLIT_K, SWAP_AB, num_warps)
     tma.store_wait(pendings=0)
     for st in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(st))
