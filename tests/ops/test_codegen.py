@@ -179,10 +179,15 @@ _GLUON_SCRIPT = textwrap.dedent("""
     cases += [(split.block_m, split.block_n, split.num_warps, split.num_stages, "bf16", 4096,
                False, split.split_k), (64, 128, 4, 8, "bf16", 8 * sb, False, 8),
               (128, 128, 8, 4, "bf16", 62 * sb, False, 2), (16, 64, 4, 8, "fp32", 4096, True, 8)]
-    # As the chain quant's programmatic dependent: the split decode shape and a narrow tile.
+    # As the chain quant's programmatic dependent: the split decode shapes (G = 2, 64 and 16
+    # tokens) and a narrow tile.
+    few = launch.gemm_config(16, 2, n, 4096, sb, wgmma=True)
+    assert few.wgmma and few.swap_ab and few.split_k > 1, few
     cases = [(*c, False) for c in cases] + [
         (split.block_m, split.block_n, split.num_warps, split.num_stages, "bf16", 4096, False,
-         split.split_k, True), (64, 32, 4, 8, "bf16", 4096, False, 1, True)]
+         split.split_k, True),
+        (few.block_m, few.block_n, few.num_warps, few.num_stages, "bf16", 4096, True,
+         few.split_k, True), (64, 32, 4, 8, "bf16", 4096, False, 1, True)]
     for bm, bn, warps, stages, out, k, swap, split_k, pdl in cases:
         stages = launch.wgmma_stages(stages, k // sb // split_k, bm, bn, sb,
                                      4 if out == "fp32" else 2)
@@ -240,7 +245,7 @@ def test_wgmma_gemm_compiles_for_sm90_without_serialized_wgmma(tmp_path):
         "m64n128 bf16 k32/1 st6", "m8n64s bf16 k32/1 st8", "m16n64s bf16 k32/1 st6",
         "m16n128s fp32 k31/1 st12", "m32n128s bf16 k1/1 st1", "m64n64 bf16 k32/4 st8",
         "m64n128 bf16 k8/8 st1", "m128n128 bf16 k62/2 st4", "m16n64s fp32 k32/8 st4",
-        "m64n64P bf16 k32/4 st8", "m64n32P bf16 k32/1 st8")], lines
+        "m64n64P bf16 k32/4 st8", "m16n64sP bf16 k32/4 st8", "m64n32P bf16 k32/1 st8")], lines
 
 
 # ---------------------------------------------------------------------------------------------

@@ -62,7 +62,9 @@ GEMM_CHOICES = {
     (17, 8, 128, True): C(64, 64, num_stages=6),
     (128, 8, 128, True): C(64, 128, num_stages=6, wgmma=True),
     (8192, 16, 128, True): C(128, 128, num_warps=8, wgmma=True, programs_per_sm=1),
-    (1, 2, 128, True): C(16, 64, split_k=8, swap_ab=True),
+    (1, 2, 128, True): C(8, 64, split_k=4, swap_ab=True, num_stages=8, wgmma=True),
+    (16, 2, 128, True): C(16, 64, split_k=4, swap_ab=True, num_stages=8, wgmma=True),
+    (16, 4, 128, True): C(16, 64, split_k=4, swap_ab=True),
     (17, 2, 128, True): C(64, 64, split_k=4, num_stages=8, wgmma=True),
     (64, 2, 128, True): C(64, 64, split_k=4, num_stages=8, wgmma=True),
     (128, 2, 128, True): C(64, 64, split_k=2, num_stages=8, wgmma=True),
@@ -106,9 +108,9 @@ def test_gemm_config_rules(wgmma):
     kernels count N / block_n tiles); K is split, into a divisor of the K blocks and at most 256
     programs in all, where the Triton kernels' grids would have ``FEW_PROGRAMS`` or fewer; up to
     16 tokens are the MMA's N side, in one tile; the wgmma kernel takes only 128-blocks, its
-    swapped decode tile (no split-K) only from one wave of tiles, every grid of more than
-    ``FEW_PROGRAMS`` tiles above 64 tokens where it can run, and every split grid above 16
-    tokens where it can run."""
+    swapped decode tile unsplit from one wave of tiles and split up to ``FEW_SWAPPED_TILES``,
+    every grid of more than ``FEW_PROGRAMS`` tiles above 64 tokens where it can run, and every
+    split grid above 16 tokens where it can run."""
     for m, g, n, k, block in _problems():
         cfg = configs.gemm_config(m, g, n, k, block, wgmma=wgmma)
         dataclasses.replace(cfg)  # __post_init__ accepts it (raises otherwise)
@@ -117,7 +119,8 @@ def test_gemm_config_rules(wgmma):
         if cfg.split_k > 1:
             assert not cfg.tma and cfg.split_k <= 8, (m, g, cfg)
             assert tiles * cfg.split_k <= 256, (m, g, cfg)
-            assert cfg.wgmma == (wgmma and block == 128 and n % 128 == 0 and m > 16), (m, g, cfg)
+            assert cfg.wgmma == (wgmma and block == 128 and n % 128 == 0 and (
+                m > 16 or tiles <= configs.FEW_SWAPPED_TILES)), (m, g, cfg)
         elif not cfg.wgmma:
             assert tiles > configs.FEW_PROGRAMS or kb == 1, (m, g, cfg)
         if 0 < m <= 16:
@@ -125,13 +128,15 @@ def test_gemm_config_rules(wgmma):
         if cfg.wgmma:
             assert wgmma and block == 128 and n % 128 == 0 and block % cfg.block_n == 0
             if cfg.swap_ab:
-                assert tiles >= configs.ONE_WAVE_TILES, (m, g, cfg)
+                assert tiles >= configs.ONE_WAVE_TILES or (
+                    tiles <= configs.FEW_SWAPPED_TILES and cfg.split_k > 1), (m, g, cfg)
         elif wgmma and block == 128 and m > 64:
             assert cfg.split_k > 1, (m, g, cfg)
         if cfg.wgmma and cfg.split_k > 1:  # k_split's parts; G = 2 to 4 fill one wave
             assert _tiles(C(64, 128), m, g, n) < configs.FEW_PROGRAMS, (m, g, cfg)
             assert cfg.split_k == configs.k_split(cfg, m, g, n, kb, most=configs.ONE_WAVE_TILES)
-            assert g not in (2, 4) or tiles * cfg.split_k == configs.ONE_WAVE_TILES, (m, g, cfg)
+            assert g not in (2, 4) or m == 0 or tiles * cfg.split_k == configs.ONE_WAVE_TILES, (
+                m, g, cfg)  # zero tokens launch nothing
 
 
 def test_k_split_is_a_divisor_capped_by_programs():

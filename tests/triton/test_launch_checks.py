@@ -520,11 +520,13 @@ def test_an_unknown_launch_layout_takes_tritons_public_launch_on_every_call(monk
     assert run.compiled((1, 2)) is None and run.bind((1, 2), ()) is None
 
 
-@pytest.mark.parametrize("env,m,dependent", [
-    (None, 64, True), (None, 256, True), ("0", 64, False), ("1", 64, True),
-    (None, 16, False),  # the pointer GEMM waits before its first load: nothing to overlap
+@pytest.mark.parametrize("env,m,g,dependent", [
+    (None, 64, 2, True), (None, 256, 2, True), ("0", 64, 2, False), ("1", 64, 2, True),
+    (None, 16, 2, True),  # the swapped wgmma tile, split
+    (None, 16, 4, False),  # the pointer GEMM waits before its first load: nothing to overlap
 ])
-def test_chain_launches_its_wgmma_gemm_as_the_quants_dependent(monkeypatch, env, m, dependent):
+def test_chain_launches_its_wgmma_gemm_as_the_quants_dependent(monkeypatch, env, m, g,
+                                                               dependent):
     """The unfused chain makes its GEMM a programmatic dependent of its quant where the GEMM is
     the wgmma kernel (it streams weight before waiting) and the device takes one, unless
     ``WOA_PDL=0``; the quant then launches as one too, and the GEMM's default shape says so."""
@@ -537,10 +539,12 @@ def test_chain_launches_its_wgmma_gemm_as_the_quants_dependent(monkeypatch, env,
     monkeypatch.setattr(_common, "_PDL", {("capable", 0): True})  # a Hopper, as far as PDL goes
     monkeypatch.setattr(gemm, "wgmma_available", lambda index: (True, "wgmma"))
     cuda = torch.device("cuda", 0)
-    g, n, k, block = 2, 1024, 4096, 128
+    n, k, block = 1024, 4096, 128
     assert gemm.chain_dependent(m, g, n, k, block, cuda) is dependent
     # The chain's quant before a dependent GEMM is one at any size (alone, up to 1024 rows).
-    assert configs.quant_config(m, heads=16, dependent=dependent).pdl is (dependent or m <= 64)
+    heads = 8 * g
+    assert configs.quant_config(m, heads=heads, dependent=dependent).pdl is (
+        dependent or m * heads <= 1024)
     assert gemm._default_config(m, g, n, k, block, cuda, dependent).pdl is dependent
     plain = gemm._default_config(m, g, n, k, block, cuda, False)
     # Asked for (the chain decides), the launch differs, never the shape: the chain's bits

@@ -241,6 +241,10 @@ ONE_WAVE_TILES = 128
 #: Grids of at most this many programs starve the SMs; K is split for them (``k_split``).
 FEW_PROGRAMS = 64
 
+#: Up to 16 tokens, swapped wgmma grids of at most this many tiles (G = 2) split K into one
+#: wave rather than take the pointer kernel (``gemm_config``).
+FEW_SWAPPED_TILES = 32
+
 
 def programs(cfg: GemmConfig, m: int, g: int, n: int) -> int:
     """Output tiles of an ``[M, G, N]`` product at ``cfg``'s tile (one program each)."""
@@ -260,7 +264,10 @@ def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
 
     ``wgmma`` (the wgmma kernel can run, ``wgmma_available``), with 128-blocks and N a multiple
     of 128: up to 16 tokens the swapped 64-row x 8/16-token tile where it gives at least one
-    wave (``ONE_WAVE_TILES``), 8 stages at one program per SM, 6 above.
+    wave (``ONE_WAVE_TILES``), 8 stages at one program per SM, 6 above; where it gives at most
+    ``FEW_SWAPPED_TILES`` (G = 2), the same tile with K split into one wave, which the FP8
+    chain launches as its quant's dependent (between, G = 4, the pointer kernel's split is
+    faster alone).
     Above 16 tokens, 64 x 128 tiles with 6 stages where they make more than ``FEW_PROGRAMS``
     and at most one wave; where they make fewer (G = 2 to 4 up to 256 tokens; up to 64
     tokens, fewer than ``FEW_PROGRAMS``, as the pointer tiles win at G = 8), 64 x 64 tiles,
@@ -274,6 +281,9 @@ def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
             tiles = programs(cfg, m, g, n)
             if tiles >= ONE_WAVE_TILES:
                 return dataclasses.replace(cfg, num_stages=8 if tiles <= ONE_WAVE_TILES else 6)
+            if tiles <= FEW_SWAPPED_TILES:
+                return dataclasses.replace(cfg, num_stages=8, split_k=k_split(
+                    cfg, m, g, n, k // block, most=ONE_WAVE_TILES))
         if m > 16:
             cfg = GemmConfig(64, 128, num_warps=4, num_stages=6, wgmma=True)
             tiles = programs(cfg, m, g, n)
