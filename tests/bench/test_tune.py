@@ -56,10 +56,39 @@ def test_tune_run_writes_rows_that_tuned_reads(bench, tmp_path, monkeypatch):
     assert dataclasses.asdict(configs.quant_config(1)) == json.loads(best["config"])
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU rows of the harness")
+def test_a_tune_run_cut_short_keeps_the_shapes_it_finished(bench, tmp_path, monkeypatch):
+    """Each (G, M)'s rows reach the CSV as soon as they are timed: a run killed at its second
+    shape has written the first."""
+    monkeypatch.setattr(tune, "quant_candidates", lambda: [configs.QuantConfig(8, 4)])
+    make_sets = problem.make_sets
+
+    def cut_at_the_second_shape(sweep, g, m, *args):
+        if m == 2:
+            raise KeyboardInterrupt
+        return make_sets(sweep, g, m, *args)
+
+    monkeypatch.setattr(problem, "make_sets", cut_at_the_second_shape)
+    with pytest.raises(KeyboardInterrupt):
+        bench("--tune", "--tune-kinds", "quant", "--groups", "2", "--ms", "1,2", "--reps", "1")
+    rows = results.read(tmp_path / "res" / "cpu.csv")
+    assert [(r["mode"], r["G"], r["M"], r["provider"]) for r in rows] == [("tune", 2, 1, "r8w4")]
+
+
 def test_candidates_have_distinct_labels():
     for m in (1, 16, 33, 64, 128, 8192):
         labels = [c.label() for c in tune.gemm_candidates(m)]
         assert len(labels) == len(set(labels)), labels
+
+
+@pytest.mark.parametrize("g,m,split", ((2, 256, True), (4, 256, True), (8, 64, True),
+                                       (8, 256, False), (16, 256, False), (16, 8192, False)))
+def test_gemm_candidates_split_k_only_where_the_unsplit_grid_is_one_wave_or_less(g, m, split):
+    """Every unsplit candidate stays; the splits only where they could fill the GPU."""
+    pruned = tune.gemm_candidates(m, g, 1024)
+    assert any(c.split_k > 1 for c in pruned) == split
+    unsplit = {c.label() for c in tune.gemm_candidates(m) if c.split_k == 1}
+    assert unsplit <= {c.label() for c in pruned}
 
 
 @pytest.mark.parametrize("m", (16, 64, 128, 256))

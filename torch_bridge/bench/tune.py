@@ -20,12 +20,18 @@ KINDS = ("gemm", "quant", "chain", "gemm-split")
 DEFAULT_KINDS = KINDS[:3]
 
 
-def gemm_candidates(m: int) -> list:
+def gemm_candidates(m: int, g: int | None = None, n: int = 1024) -> list:
     """GEMM launch shapes worth timing at ``m`` tokens (``GemmConfig.label()`` names each),
-    each once."""
+    each once. Given ``g`` (and ``n``), K splits only where unsplit 64 x 128 tiles make at most
+    one wave: a grid that fills the GPU gains nothing from splitting, and its splits are the
+    slowest candidates to time."""
+    from torch_bridge.backends.triton import configs
+
     out = {c.label(): c for c in _gemm_candidates(m) + wgmma_split_candidates(m)
            + narrow_candidates(m)}
-    return list(out.values())
+    fills = g is not None and configs.programs(
+        configs.GemmConfig(64, 128), m, g, n) > configs.ONE_WAVE_TILES
+    return [c for c in out.values() if not (fills and c.split_k > 1)]
 
 
 def narrow_candidates(m: int) -> list:
@@ -122,19 +128,23 @@ def quant_candidates() -> list:
 
 
 def run_tune(sweep: problem.Sweep, *, on_gpu: bool, reps: int, progress, seed: int,
-             kinds: tuple[str, ...] = DEFAULT_KINDS, clock="burst") -> list[dict]:
+             kinds: tuple[str, ...] = DEFAULT_KINDS, clock="burst",
+             on_shape=lambda rows: None) -> list[dict]:
     """One row per candidate of ``kinds`` at every (G, M) (the fused chain up to M = 64); a
     candidate that fails to compile or to match the oracle is a row too. "gemm-split" rows are
-    GEMM rows (``--tuned`` reads them as such)."""
+    GEMM rows (``--tuned`` reads them as such). ``on_shape(rows)`` gets each (G, M)'s rows as
+    soon as they are timed, so a run cut short keeps the shapes it finished."""
     rows = []
     todo = [(g, m) for g in sweep.groups for m in sweep.ms]
     task = progress.add_task("tune", total=len(todo))
     for g, m in todo:
         progress.update(task, description=f"tune G={g} M={m}")
         sets = problem.make_sets(sweep, g, m, on_gpu, seed)
+        shape_rows = []
         jobs = []  # (kind, label, config, provider(sets, on_gpu, config=))
         if "gemm" in kinds:
-            jobs += [("gemm", c.label(), c, gemm_triton) for c in gemm_candidates(m)]
+            jobs += [("gemm", c.label(), c, gemm_triton)
+                     for c in gemm_candidates(m, g, sweep.n)]
         elif "gemm-split" in kinds:
             jobs += [("gemm", c.label(), c, gemm_triton) for c in split_candidates(m, g, sweep)]
         if "quant" in kinds:
@@ -153,10 +163,12 @@ def run_tune(sweep: problem.Sweep, *, on_gpu: bool, reps: int, progress, seed: i
                 row.update(time_calls(calls, on_gpu=on_gpu, reps=reps, clock=clock), check=msg)
             except Exception as e:  # a shape that fails to compile (shared memory) is data too
                 row.update(us=None, check=f"FAILED: {type(e).__name__}: {str(e)[:200]}")
-            rows.append(row)
+            shape_rows.append(row)
             us = "-" if row["us"] is None else f"{row['us']:.1f}"
             progress.console.print(f"tune {kind} G={g} M={m} {label}: {us} us  "
                                    f"{row['check'][:100]}")
+        rows += shape_rows
+        on_shape(shape_rows)
         progress.advance(task)
         del sets
     return rows
