@@ -179,13 +179,20 @@ def ready_everywhere(t: torch.Tensor, owner: str = "WoAProjection") -> torch.Ten
       RuntimeError: under CUDA-graph capture, where the work would only run at replay.
     """
     if t.is_cuda:
-        if torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(
-                f"{owner}: the layer's first call on this device and dtype is being captured in "
-                "a CUDA graph; call it once outside capture (it converts the weight and tables "
-                "there) and capture after")
+        refuse_capture(t.device, owner)
         torch.cuda.current_stream(t.device).synchronize()
     return t
+
+
+def refuse_capture(device: torch.device, owner: str = "WoAProjection") -> None:
+    """Raise ``RuntimeError`` if a layer's one-time conversion for ``device`` is about to run
+    under CUDA-graph capture: it would run only at replay, and a copy from host memory ends
+    the capture, so the check comes before any of that work."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            f"{owner}: the layer's first call on this device and dtype is being captured in "
+            "a CUDA graph; call it once outside capture (it converts the weight and tables "
+            "there) and capture after")
 
 
 def check_contiguous(t: torch.Tensor, what: str) -> None:

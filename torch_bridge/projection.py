@@ -257,6 +257,7 @@ class WoAProjection:
         ``dtype`` when given, contiguous; converted once and cached (no copy when it already is)."""
         key = (what, str(device), dtype)
         if key not in self._per_device:
+            ops.refuse_capture(torch.device(device))
             src = {"w": lambda: self.weight_fp8, "ws": lambda: self.weight_scale_e8m0,
                    "w_bf16": lambda: self.weight_bf16, "cos": lambda: self.cos_cache,
                    "sin": lambda: self.sin_cache}[what]()

@@ -199,3 +199,14 @@ def test_jax_ops_wo_a_fp8_takes_the_checkpoint_weight_like_the_oracle():
     w3, ws3 = woa_jax.wo_a_weight_e8m0(jw, jsc, G)
     assert_close(jax_ops.wo_a_fp8(*c.jax(), w3, ws3, G), ref, tolerance="gemm_bf16")
     assert_close(tb.wo_a_fp8(*c.jax(), jw, jsc, G, backend="torch"), ref, tolerance="gemm_bf16")
+
+
+def test_first_call_under_capture_raises_before_any_conversion(monkeypatch):
+    """A layer's one-time copy to a CUDA device is refused under CUDA-graph capture before it
+    starts: a host-to-device copy there would end the capture and hide the reason."""
+    c, w, sc = _layer()
+    proj = _proj(c, w, sc)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="call it once outside capture"):
+        proj._on("w_bf16", torch.device("cuda", 0))
+    assert not proj._per_device
