@@ -240,12 +240,93 @@ def test_wgmma_gemm_compiles_for_sm90_without_serialized_wgmma(tmp_path):
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     lines = run_compile_script(_GLUON_SCRIPT, tmp_path)
     assert lines == [f"{shape} True True True True True True" for shape in (
-        "m128n128 bf16 k32/1 st4", "m64n128 fp32 k32/1 st4", "m128n128 bf16 k31/1 st4",
+        "m128n128 bf16 k32/1 st5", "m64n128 fp32 k32/1 st4", "m128n128 bf16 k31/1 st4",
         "m128n128 bf16 k1/1 st1", "m128n128 fp32 k32/1 st5", "m64n128 bf16 k32/1 st8",
         "m64n128 bf16 k32/1 st6", "m8n64s bf16 k32/1 st8", "m16n64s bf16 k32/1 st6",
         "m16n128s fp32 k31/1 st12", "m32n128s bf16 k1/1 st1", "m64n64 bf16 k32/4 st8",
         "m64n128 bf16 k8/8 st1", "m128n128 bf16 k62/2 st4", "m16n64s fp32 k32/8 st4",
         "m64n64P bf16 k32/4 st8", "m16n64sP bf16 k32/4 st8", "m64n32P bf16 k32/1 st8")], lines
+
+
+_GLUON_WS_SCRIPT = textwrap.dedent("""
+    import dataclasses, inspect, re, subprocess, tempfile
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from torch_bridge.backends.triton import configs, wgmma_ws_kernels
+
+    kernel = wgmma_ws_kernels.batched_gemm_a8w8_mxscale_wgmma_ws_kernel
+    n, k, sb = 1024, 4096, 128
+    for g, pdl in ((16, False), (2, False), (16, True)):
+        # The launch the torch and JAX launchers make for the persistent large-M tile (PDL:
+        # the FP8 chain's, a dependent of its quant).
+        cfg = dataclasses.replace(configs.gemm_config(8192, g, n, k, sb, wgmma=True), pdl=pdl)
+        assert configs.warp_specialized(cfg), cfg
+        launch = configs.wgmma_launch(8192, g, n, k, sb, cfg, out_bytes=2, sms=132,
+                                      x_row=g * k, y_row=g * n,
+                                      scale_strides=(g * k // sb, k // sb, n // sb * k // sb,
+                                                     k // sb))
+        def desc(dtype, tile):
+            layout = gl.NVMMASharedLayout.get_default_for(tile, getattr(gl, dtype))
+            short = {"float8e4nv": "fp8e4nv", "bfloat16": "bf16"}[dtype]
+            return f"tensordesc<{short}{tile},{layout!r}>"
+        (_, _, x_tile), (_, _, w_tile), (_, _, y_tile) = launch.views
+        sig = {"x_desc": desc("float8e4nv", list(x_tile)),
+               "w_desc": desc("float8e4nv", list(w_tile)),
+               "y_desc": desc("bfloat16", list(y_tile)), "xs_ptr": "*u8", "ws_ptr": "*u8",
+               "M": "i32", "num_programs": "i32", "part_ptr": "*bf16", "count_ptr": "*bf16"}
+        cx = {p.name: p.default for p in kernel.params if p.name not in sig
+              and p.default is not inspect.Parameter.empty}
+        cx.update(launch.constexprs)
+        src = GluonASTSource(kernel, {**sig, **{c: "constexpr" for c in cx}}, cx,
+                             {(i,): [["tt.divisibility", 16]] for i in (3, 4, 5, 7, 8)})
+        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                                  options=dict(num_warps=cfg.num_warps))
+        ptx = compiled.asm["ptx"]
+        assert compiled.metadata.shared <= 227 * 1024, compiled.metadata.shared
+        with tempfile.TemporaryDirectory() as d:
+            open(f"{d}/k.ptx", "w").write(ptx)
+            info = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", f"{d}/k.ptx",
+                                   "-o", f"{d}/k.cubin"], capture_output=True, text=True,
+                                  check=True).stderr
+        # Warp specialization: the consumers' warps plus the producer's warpgroup, registers
+        # moved from the producer (setmaxnreg) to the consumers.
+        regs = {int(r) for r in re.findall(r"setmaxnreg[.]\\w+[.]sync[.]aligned[.]u32\\s+(\\d+)",
+                                           ptx)}
+        split = compiled.metadata.num_warps == cfg.num_warps + 4 and \\
+            cx["PRODUCER_NUM_REGS"] in regs and 240 in regs
+        # Each stage release (one thread's arrive) follows a barrier of both consumer
+        # warpgroups, so neither still reads the stage.
+        lines = [" ".join(line.split()) for line in ptx.splitlines()]
+
+        def last(i, *starts):  # the line of the last of these instructions before line i
+            return max((j for j in range(i) if lines[j].startswith(starts)), default=-1)
+
+        arrives = [i for i, line in enumerate(lines) if "mbarrier.arrive.shared" in line]
+        fenced = bool(arrives) and all(
+            last(i, "wgmma.wait_group") < last(i, f"bar.sync 0, {32 * cfg.num_warps};")
+            for i in arrives)
+        print(f"G{g} st{cx['STAGES']} pdl {pdl}", split, "griddepcontrol.wait" in ptx, fenced,
+              "wgmma.mma_async" in ptx, "cp.async.bulk.tensor" in ptx,
+              "mbarrier.arrive.expect_tx" in ptx, not re.search(r"C75\\d\\d", info),
+              " 0 bytes spill stores" in info)
+""")
+
+
+def test_wgmma_ws_gemm_compiles_for_sm90(tmp_path):
+    """The warp-specialized wgmma GEMM (``wgmma_ws_kernels``) at the launchers' persistent
+    large-M launch, G = 16 and 2 (and 16 as the chain's dependent), compiles to sm_90a within
+    Hopper's shared memory:
+    a producer warpgroup beside the consumers with registers moved to the consumers by
+    setmaxnreg, each stage released after a barrier of both consumer warpgroups, async wgmma,
+    TMA copies with expect-tx barriers, no ptxas performance warning (C75xx: serialized
+    wgmma) and no spills."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    lines = run_compile_script(_GLUON_WS_SCRIPT, tmp_path)
+    assert lines == [f"G{g} st5 pdl {pdl} True {pdl} True True True True True True"
+                     for g, pdl in ((16, False), (2, False), (16, True))], lines
 
 
 # ---------------------------------------------------------------------------------------------

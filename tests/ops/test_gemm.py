@@ -391,6 +391,35 @@ def test_gpu_gemm_wgmma_kernel(m, g, dtype, k, cfg):
         programs_per_sm=cfg[2]))
 
 
+@gpu
+@pytest.mark.parametrize("m,g,dtype,k", ((1024, 16, torch.bfloat16, HPG * DH),
+                                         (300, 4, torch.bfloat16, 31 * 128),
+                                         (200, 4, torch.float32, 128),
+                                         (8192, 2, torch.bfloat16, HPG * DH)))
+def test_gpu_gemm_warp_specialized_gives_the_wgmma_kernels_bits(m, g, dtype, k):
+    """The persistent default tile runs the warp-specialized kernel (``wgmma_ws_kernels``); the
+    plain wgmma kernel at the same launch gives the same bits (ragged tiles, an odd K-block
+    count, one K block with its two-stage ring, fp32 output)."""
+    from torch_bridge.backends.triton import configs, wgmma_kernels, wgmma_ws_kernels
+
+    cfg = launch.gemm_config(m, g, N, k, 128, wgmma=True)
+    if k != HPG * DH:  # the rule's tile at a K it does not see in V4
+        cfg = launch.GemmConfig(128, 128, num_warps=8, num_stages=5, wgmma=True,
+                                programs_per_sm=1)
+    assert configs.warp_specialized(cfg), cfg
+    (x, w, xs, ws), y, seed = _check_wgmma(m, g, dtype, k, cfg)
+    run, _ = gemm._gemm_launch(x, w, xs, ws, y, gemm._fields(cfg))
+    assert run.plan.kernel is wgmma_ws_kernels.batched_gemm_a8w8_mxscale_wgmma_ws_kernel
+    plain = _common.Launch(dataclasses.replace(
+        run.plan, kernel=wgmma_kernels.batched_gemm_a8w8_mxscale_wgmma_kernel), run.extra)
+    y_plain = torch.full_like(y, float("nan"))
+    plain(gemm._gemm_launch(x, w, xs, ws, y_plain, gemm._fields(cfg))[1])
+    torch.cuda.synchronize()
+    bits = torch.int16 if dtype == torch.bfloat16 else torch.int32
+    bad = int((y.view(bits) != y_plain.view(bits)).sum())
+    assert bad == 0, f"seed {seed}: {bad} of {y.numel()} outputs differ"
+
+
 def _check_wgmma(m, g, dtype, k, config):
     """Run the wgmma kernel at ``config`` on fresh inputs, check it against the oracle and
     return ``(inputs, output, seed)``."""

@@ -61,7 +61,8 @@ GEMM_CHOICES = {
     (64, 16, 128, True): C(64, 128, num_stages=6, wgmma=True),
     (17, 8, 128, True): C(64, 64, num_stages=6),
     (128, 8, 128, True): C(64, 128, num_stages=6, wgmma=True),
-    (8192, 16, 128, True): C(128, 128, num_warps=8, wgmma=True, programs_per_sm=1),
+    (8192, 16, 128, True): C(128, 128, num_warps=8, num_stages=5, wgmma=True, programs_per_sm=1),
+    (256, 16, 128, True): C(128, 128, num_warps=8, num_stages=5, wgmma=True, programs_per_sm=1),
     (1, 2, 128, True): C(8, 64, split_k=4, swap_ab=True, num_stages=8, wgmma=True),
     (16, 2, 128, True): C(16, 64, split_k=4, swap_ab=True, num_stages=8, wgmma=True),
     (16, 4, 128, True): C(16, 64, split_k=4, swap_ab=True),
@@ -100,6 +101,25 @@ def _tiles(cfg, m, g, n) -> int:
 def test_gemm_config_choices(key):
     m, g, block, wgmma = key
     assert configs.gemm_config(m, g, N, K, block, wgmma=wgmma) == GEMM_CHOICES[key]
+
+
+def test_warp_specialized_takes_the_persistent_wgmma_tiles_only():
+    """The warp-specialized kernel runs exactly the default persistent wgmma tiles (G 16 from
+    65 tokens, G 2-8 at 1024 and 8192): never a swapped, split or one-program-per-tile launch,
+    and the chain's dependent launch of those tiles too."""
+    for key, cfg in GEMM_CHOICES.items():
+        assert configs.warp_specialized(cfg) == bool(cfg.wgmma and cfg.programs_per_sm), key
+    for m, g in ((65, 16), (1024, 8), (1024, 4), (8192, 2)):
+        cfg = configs.gemm_config(m, g, N, K, 128, wgmma=True)
+        assert configs.warp_specialized(cfg) and configs.warp_specialized(
+            dataclasses.replace(cfg, pdl=True)), (m, g, cfg)
+    assert not configs.warp_specialized(C(16, 128, swap_ab=True, num_stages=6, wgmma=True,
+                                          programs_per_sm=1))
+    # The ring spans tiles: one K block still gets two stages.
+    one = configs.wgmma_launch(200, 4, N, 128, 128, GEMM_CHOICES[(8192, 16, 128, True)],
+                               out_bytes=4, sms=132, x_row=4 * 128, y_row=4 * N,
+                               scale_strides=(4, 1, 8, 1))
+    assert one.constexprs["STAGES"] == 2
 
 
 @pytest.mark.parametrize("wgmma", [False, True])

@@ -42,6 +42,8 @@ class QuantConfig:
     block_r: int = 32
     num_warps: int = 4
     block_h: int = 0
+    #: (The wgmma kernel's persistent unswapped, unsplit tiles run its warp-specialized
+    #: variant, ``warp_specialized``.)
     #: Launched as a programmatic dependent (CUDA, Hopper on, unless ``WOA_PDL=0``): wait for
     #: the kernel before it, and let the next one launch at once (``quant_config``).
     pdl: bool = False
@@ -273,7 +275,8 @@ def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
     tokens, fewer than ``FEW_PROGRAMS``, as the pointer tiles win at G = 8), 64 x 64 tiles,
     8 stages, K split until they make one wave (each part streams its weight slice with all
     its loads in flight); above 64 tokens and beyond one wave, persistent 128 x 128 tiles,
-    8 warps, 4 stages, where more than 64 tiles fill the GPU.
+    8 warps, 5 stages, where more than 64 tiles fill the GPU, their loads in a producer warp of
+    their own (``warp_specialized``).
     """
     if wgmma and block == 128 and n % 128 == 0:
         if m <= 16:
@@ -295,7 +298,7 @@ def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
                 split = k_split(cfg, m, g, n, k // block, most=ONE_WAVE_TILES)
                 return dataclasses.replace(cfg, split_k=split)
         if m > 64:
-            cfg = GemmConfig(128, 128, num_warps=8, num_stages=4, wgmma=True, programs_per_sm=1)
+            cfg = GemmConfig(128, 128, num_warps=8, num_stages=5, wgmma=True, programs_per_sm=1)
             if programs(cfg, m, g, n) > FEW_PROGRAMS:
                 return cfg
     if m <= 16:
@@ -328,6 +331,13 @@ def k_split(cfg: GemmConfig, m: int, g: int, n: int, k_blocks: int, *, most: int
     while k_blocks % split:
         split //= 2
     return split
+
+
+def warp_specialized(cfg: GemmConfig) -> bool:
+    """Whether a wgmma launch runs ``wgmma_ws_kernels``' kernel (a producer warp of its own
+    streams the tiles): its persistent, unswapped, unsplit tiles, where each program has many
+    tiles to keep the loads running across."""
+    return cfg.wgmma and cfg.programs_per_sm > 0 and not cfg.swap_ab and cfg.split_k == 1
 
 
 def check_split(cfg: GemmConfig, k_blocks: int) -> None:
@@ -372,6 +382,8 @@ def wgmma_launch(m: int, g: int, n: int, k: int, block: int, cfg: GemmConfig, *,
     check_split(cfg, k // block)
     programs = tile_programs(m, g, n, bm, bn, cfg.programs_per_sm, sms, cfg.split_k)
     stages = wgmma_stages(cfg.num_stages, k // block // cfg.split_k, bm, bn, block, out_bytes)
+    if warp_specialized(cfg):  # its ring spans tiles; a lone stage would wait for itself
+        stages = max(2, stages)
     sxsm, sxsg, swsg, swsn = scale_strides
     views = (((m, g * k), (x_row, 1), (bm, block)), ((g * n, k), (k, 1), (bn, block)),
              ((m, g * n), (y_row, 1), (bm, bn)))

@@ -103,14 +103,18 @@ def gemm_wgmma(m: int, g: int, n: int, k: int, block: int, cfg: GemmConfig, sms:
                x_row: int, y_row: int, x_scale: tuple, w_scale: tuple,
                out_bytes: int) -> tuple[Plan, tuple]:
     """The Hopper wgmma GEMM: its plan, and the ``(shape, strides, tile)`` views of the x, w and
-    y descriptors (``configs.wgmma_launch``); K split ``cfg.split_k`` ways."""
-    from . import wgmma_kernels
+    y descriptors (``configs.wgmma_launch``); K split ``cfg.split_k`` ways. The warp-specialized
+    kernel where ``configs.warp_specialized`` says (same parameters, same bits)."""
+    from . import wgmma_kernels, wgmma_ws_kernels
 
     launch = configs.wgmma_launch(m, g, n, k, block, cfg, out_bytes=out_bytes, sms=sms,
                                   x_row=x_row, y_row=y_row,
                                   scale_strides=(*x_scale[:2], *w_scale[:2]))
-    # num_warps stays among the constexprs too: the Gluon kernel takes it as one.
-    return (Plan(wgmma_kernels.batched_gemm_a8w8_mxscale_wgmma_kernel, (launch.programs,),
+    kernel = (wgmma_ws_kernels.batched_gemm_a8w8_mxscale_wgmma_ws_kernel
+              if configs.warp_specialized(cfg)
+              else wgmma_kernels.batched_gemm_a8w8_mxscale_wgmma_kernel)
+    # num_warps stays among the constexprs too: the Gluon kernels take it as one.
+    return (Plan(kernel, (launch.programs,),
                  launch.constexprs, launch.constexprs["num_warps"], split_k=cfg.split_k),
             launch.views)
 
