@@ -85,3 +85,27 @@ def test_chain_plans_are_reused(rng, made):
     launch.inverse_rope(x, pos, cos, sin, overwrite_o=True)  # in place: a plan of its own
     assert torch.equal(x, y)
     assert made == ["wo_a_fp8", "inverse_rope", "inverse_rope"]
+
+
+@pytest.mark.parametrize("m,g", ((16, 2), (64, 2), (1024, 16), (8192, 2)))
+def test_wgmma_plans_name_every_constexpr_of_their_kernel(m, g):
+    """A wgmma GEMM plan (the plain kernel or the warp-specialized one, plain or as a dependent
+    launch) names every constexpr its kernel takes: the bound eager launch and JAX's custom call
+    read them from the plan, never from the kernel's defaults."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    import dataclasses
+
+    from torch_bridge.backends.triton import configs
+
+    n, k, sb = 1024, 4096, 128
+    cfg = configs.gemm_config(m, g, n, k, sb, wgmma=True)
+    assert cfg.wgmma
+    for pdl in (False, True):
+        c = dataclasses.replace(cfg, pdl=pdl)
+        plan, _ = plans.gemm_wgmma(m, g, n, k, sb, c, 132, x_row=g * k, y_row=g * n,
+                                   x_scale=(g * k // sb, k // sb, 1),
+                                   w_scale=(n // sb * k // sb, k // sb, 1), out_bytes=2)
+        wanted = {p.name for p in plan.kernel.params if p.is_constexpr}
+        assert wanted <= set(plan.compile_options()), wanted - set(plan.compile_options())
+        assert plan.kernel.__name__.endswith("_ws_kernel") == configs.warp_specialized(c)
+        assert configs.warp_specialized(c) == (m >= 1024)

@@ -333,6 +333,11 @@ def k_split(cfg: GemmConfig, m: int, g: int, n: int, k_blocks: int, *, most: int
     return split
 
 
+#: Registers a thread of the warp-specialized kernel's producer warpgroup keeps (its
+#: ``setmaxnreg``; the consumers get the rest, 240): it only issues TMA copies.
+WS_PRODUCER_REGS = 24
+
+
 def warp_specialized(cfg: GemmConfig) -> bool:
     """Whether a wgmma launch runs ``wgmma_ws_kernels``' kernel (a producer warp of its own
     streams the tiles): its persistent, unswapped, unsplit tiles, where each program has many
@@ -387,9 +392,12 @@ def wgmma_launch(m: int, g: int, n: int, k: int, block: int, cfg: GemmConfig, *,
     sxsm, sxsg, swsg, swsn = scale_strides
     views = (((m, g * k), (x_row, 1), (bm, block)), ((g * n, k), (k, 1), (bn, block)),
              ((m, g * n), (y_row, 1), (bm, bn)))
-    return WgmmaLaunch(programs, views, dict(
-        SXSM=sxsm, SXSG=sxsg, SWSG=swsg, SWSN=swsn, G=g, N=n, K=k, STAGES=stages,
-        num_warps=cfg.num_warps, SWAP_AB=cfg.swap_ab, SPLIT_K=cfg.split_k, PDL=cfg.pdl))
+    constexprs = dict(SXSM=sxsm, SXSG=sxsg, SWSG=swsg, SWSN=swsn, G=g, N=n, K=k, STAGES=stages,
+                      num_warps=cfg.num_warps, SWAP_AB=cfg.swap_ab, SPLIT_K=cfg.split_k,
+                      PDL=cfg.pdl)
+    if warp_specialized(cfg):
+        constexprs["PRODUCER_NUM_REGS"] = WS_PRODUCER_REGS
+    return WgmmaLaunch(programs, views, constexprs)
 
 
 def wgmma_stages(requested: int, k_blocks: int, block_m: int, block_n: int, block: int,

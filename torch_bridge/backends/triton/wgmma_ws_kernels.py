@@ -42,10 +42,6 @@ from .wgmma_kernels import (
     _wait_prior_grid,
 )
 
-#: Registers per thread of the producer warp's warpgroup (``setmaxnreg``); the consumers get
-#: what is left (240 at 24, 232 at 40).
-PRODUCER_REGS = 24
-
 
 @gluon.jit
 def _ws_producer(x_desc, w_desc, a_bufs, b_bufs, ready, empty, M, num_programs,
@@ -182,9 +178,8 @@ def batched_gemm_a8w8_mxscale_wgmma_ws_kernel(
     SXSM: gl.constexpr, SXSG: gl.constexpr,  # x_scale [M, G, K/SB] strides (last contiguous)
     SWSG: gl.constexpr, SWSN: gl.constexpr,  # w_scale [G, N/SB, K/SB] strides
     G: gl.constexpr, N: gl.constexpr, K: gl.constexpr,
-    STAGES: gl.constexpr, num_warps: gl.constexpr, SWAP_AB: gl.constexpr = False,
-    SPLIT_K: gl.constexpr = 1, PDL: gl.constexpr = False,
-    PRODUCER_NUM_REGS: gl.constexpr = PRODUCER_REGS,
+    STAGES: gl.constexpr, num_warps: gl.constexpr, PRODUCER_NUM_REGS: gl.constexpr,
+    SWAP_AB: gl.constexpr = False, SPLIT_K: gl.constexpr = 1, PDL: gl.constexpr = False,
 ):
     """``y [M, G, N] = dq(x) @ dq(w)^T`` per group, persistent ``BLOCK_M x BLOCK_N`` tiles, the
     loads in a producer warp of their own.
@@ -193,7 +188,9 @@ def batched_gemm_a8w8_mxscale_wgmma_ws_kernel(
     ``batched_gemm_a8w8_mxscale_wgmma_kernel``'s (``SWAP_AB`` and ``SPLIT_K`` must stay off), so
     a launch of that kernel runs this one unchanged; ``PDL`` as there. ``num_programs``
     programs take every ``num_programs``-th tile, group by group; ``num_warps`` (the
-    consumers: ``BLOCK_M == 16 * num_warps``) does not count the producer warp.
+    consumers: ``BLOCK_M == 16 * num_warps``) does not count the producer warp;
+    ``PRODUCER_NUM_REGS``: the producer warpgroup's registers a thread
+    (``configs.WS_PRODUCER_REGS``).
     """
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
