@@ -1,7 +1,8 @@
 """The Triton backend (``WOA_BACKEND=triton``): NVIDIA sm_89+ (Hopper tuned) and AMD gfx942/gfx950.
 
 Kernel bodies live in ``kernels.py``, ``bf16_kernels.py`` (the BF16 chain's GEMM) and
-``wgmma_kernels.py`` (the Hopper GEMM, written in Triton's Gluon dialect), with no torch import
+``wgmma_kernels.py`` (the Hopper GEMM, written in Triton's Gluon dialect; its warp-specialized
+large-M variant in ``wgmma_ws_kernels.py``), with no torch import
 so that ``torch_bridge.jax_ops`` launches the same kernels (``jax_launch.py``). ``configs.py``
 holds the launch rules both launchers share; ``launch.py`` is the torch face, one function per
 op, each a ``torch.library`` custom op.

@@ -1,7 +1,8 @@
 """torch launcher of the block-scaled FP8 batched GEMM (``woa_triton::batched_gemm_a8w8_mxscale``).
 
 Three kernels: pointer loads with optional split-K, tensor-descriptor (TMA) tiles, and on Hopper
-the wgmma kernel (``wgmma_kernels``, written in Triton's Gluon dialect).
+the wgmma kernel (``wgmma_kernels``, written in Triton's Gluon dialect; its persistent tiles
+run the warp-specialized ``wgmma_ws_kernels``, ``configs.warp_specialized``).
 """
 
 from __future__ import annotations

@@ -6,9 +6,10 @@ Each launch is compiled at trace time and lowered to the ``woa_triton_launch`` c
 through ``buffer_callback``.
 
 The kernels, launch rules and specialization are the torch launchers' (``kernels``,
-``wgmma_kernels``, ``configs.quant_config``, ``configs.gemm_config``, ``configs.wo_a_fp8_config``,
-read at trace time), split-K included: the GEMM runs the Hopper wgmma kernel where the torch
-launcher does, else the pointer kernel, and the fused chain where the torch launcher fuses it.
+``wgmma_kernels``, ``wgmma_ws_kernels``, ``configs.quant_config``, ``configs.gemm_config``,
+``configs.wo_a_fp8_config``, read at trace time), split-K included: the GEMM runs the Hopper
+wgmma kernel where the torch launcher does, else the pointer kernel, and the fused chain where
+the torch launcher fuses it.
 A split launch's scratch is XLA's (``KernelCall.counters``): the tile counters are an operand
 of zeros made inside the jit and aliased to an output, and the fp32 parts one more output, so
 XLA owns every byte the kernel writes (command buffers replay it safely). Nothing here touches
