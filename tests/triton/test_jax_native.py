@@ -296,14 +296,17 @@ def test_wgmma_spec_follows_the_torch_launcher(m, g):
     descriptors over x [M, G * K], w [G * N, K] and y [M, G * N]; K split as the torch launcher
     splits it (G = 2 at M = 64), into XLA's parts and counters."""
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
-    from torch_bridge.backends.triton import wgmma_kernels
+    from torch_bridge.backends.triton import wgmma_kernels, wgmma_ws_kernels
 
     n, k = 1024, 4096
     cfg = launch.gemm_config(m, g, n, k, 128, wgmma=True)
     assert cfg.wgmma and (cfg.split_k > 1) == (g == 2 and m == 64)
     call = jax_launch.gemm_call(m, g, n, k, 128, n // 128, dtype=jnp.bfloat16, wgmma=True,
                                 sms=132)
-    assert call.kernel is wgmma_kernels.batched_gemm_a8w8_mxscale_wgmma_kernel
+    assert call.kernel is (wgmma_ws_kernels.batched_gemm_a8w8_mxscale_wgmma_ws_kernel
+                           if configs.warp_specialized(cfg)
+                           else wgmma_kernels.batched_gemm_a8w8_mxscale_wgmma_kernel)
+    assert ("PRODUCER_NUM_REGS" in dict(call.constexprs)) == configs.warp_specialized(cfg)
     programs = configs.tile_programs(m, g, n, cfg.block_m, cfg.block_n, cfg.programs_per_sm,
                                      132, cfg.split_k)
     assert call.grid == (programs,) and call.num_warps == cfg.num_warps

@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from torch_bridge.backends.triton import _common, gemm, launch  # noqa: E402
+from torch_bridge.backends.triton import _common, configs, gemm, launch  # noqa: E402
 
 
 def _stand_in_compiled(runs: list):
@@ -55,18 +55,21 @@ def test_inplace_rope_rejects_rd_that_is_no_tile(half):
         launch.inverse_rope(o, pos, cos, cos)
 
 
-def test_wgmma_relaunch_passes_every_argument_in_kernel_order(monkeypatch):
-    """The direct relaunch of a compiled wgmma GEMM (no GPU here: the kernel and the stream are
-    stand-ins) assembles the launcher's arguments by the kernel's own parameter names, passes
-    Triton's launch metadata and profiler hooks as Triton's own path does, reuses the compiled
-    kernel only for the same specialization, and leaves Triton's path to the first launch of
-    each."""
+@pytest.mark.parametrize("persistent", [False, True], ids=["plain", "warp_specialized"])
+def test_wgmma_relaunch_passes_every_argument_in_kernel_order(monkeypatch, persistent):
+    """The direct relaunch of a compiled wgmma GEMM, the plain kernel or (persistent tiles) the
+    warp-specialized one (no GPU here: the kernel and the stream are stand-ins), assembles the
+    launcher's arguments by the kernel's own parameter names, passes Triton's launch metadata
+    and profiler hooks as Triton's own path does, reuses the compiled kernel only for the same
+    specialization, and leaves Triton's path to the first launch of each."""
     pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from torch_bridge.backends.triton import wgmma_kernels
+    from torch_bridge.backends.triton import wgmma_kernels, wgmma_ws_kernels
 
-    real = wgmma_kernels.batched_gemm_a8w8_mxscale_wgmma_kernel
+    module, name = ((wgmma_ws_kernels, "batched_gemm_a8w8_mxscale_wgmma_ws_kernel") if persistent
+                    else (wgmma_kernels, "batched_gemm_a8w8_mxscale_wgmma_kernel"))
+    real = getattr(module, name)
     first_launches, relaunches = [], []
 
     Compiled = _stand_in_compiled(relaunches)
@@ -83,7 +86,7 @@ def test_wgmma_relaunch_passes_every_argument_in_kernel_order(monkeypatch):
 
     from triton import knobs
 
-    monkeypatch.setattr(wgmma_kernels, "batched_gemm_a8w8_mxscale_wgmma_kernel", Kernel())
+    monkeypatch.setattr(module, name, Kernel())
     monkeypatch.setattr(_common, "interpreter_on", lambda: False)
     monkeypatch.setattr(_common, "current_stream", lambda *device: 1234)
     # A profiler's hook: the launch metadata is built for it, as on Triton's own path.
@@ -95,14 +98,16 @@ def test_wgmma_relaunch_passes_every_argument_in_kernel_order(monkeypatch):
     for m in (64, 64, 80, 80):
         x, xs = _fp8(m, g, k), torch.full((m, g, k // 128), 127, dtype=torch.uint8)
         out = torch.empty((m, g, n), dtype=torch.bfloat16)
-        gemm._batched_gemm_a8w8_mxscale_op.launch_fn(x, w, xs, ws, out, *_WGMMA_FIELDS)
+        gemm._batched_gemm_a8w8_mxscale_op.launch_fn(x, w, xs, ws, out, *_WGMMA_FIELDS[:7],
+                                                     int(persistent), *_WGMMA_FIELDS[8:])
     # Each signature's first launch goes through Triton, its repeat straight to the kernel.
     assert [kw["M"] for _, kw in first_launches] == [64, 80] and len(relaunches) == 2
     grid, kwargs = first_launches[0]
     assert grid == (4,) and sorted(kwargs) == sorted(real.arg_names)
     args = relaunches[-1]
-    assert args[:9] == (4, 1, 1, 1234, "function", "metadata",
-                        ("launch metadata", (4, 1, 1), 1234, len(real.arg_names)),
+    gx = 4 if persistent else 8  # M 80: 8 tiles, or one program per SM (4 here)
+    assert args[:9] == (gx, 1, 1, 1234, "function", "metadata",
+                        ("launch metadata", (gx, 1, 1), 1234, len(real.arg_names)),
                         knobs.runtime.launch_enter_hook, None)
     values = dict(zip(real.arg_names, args[9:], strict=True))
     assert isinstance(values["x_desc"], TensorDescriptor)
@@ -111,10 +116,12 @@ def test_wgmma_relaunch_passes_every_argument_in_kernel_order(monkeypatch):
     assert values["xs_ptr"].data_ptr() == xs.data_ptr() and values["M"] == 80
     assert values["STAGES"] == 4 and values["num_warps"] == 4 and values["G"] == g
     assert values["SWAP_AB"] is False
+    if persistent:
+        assert values["PRODUCER_NUM_REGS"] == configs.WS_PRODUCER_REGS
 
 
 #: ``GemmConfig``'s fields of a wgmma launch: 64 x 128 tiles, 4 warps, 4 stages, one program
-#: per SM.
+#: per SM (the warp-specialized kernel).
 _WGMMA_FIELDS = (64, 128, 1, False, 4, 4, False, 1, True, False)
 
 
