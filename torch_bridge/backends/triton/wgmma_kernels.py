@@ -116,6 +116,24 @@ def _issue_load(x_desc, w_desc, a_bufs, b_bufs, ready, j, first_unit, num_progra
 
 
 @gluon.jit
+def _tile_scales(xs_ptr, ws_ptr, g, m0, n0, kb0, M, SXSM: gl.constexpr, SXSG: gl.constexpr,
+                 SWSG: gl.constexpr, SWSN: gl.constexpr, BLOCK_M: gl.constexpr,
+                 BLOCK_K: gl.constexpr, KB_PER: gl.constexpr, token_layout: gl.constexpr):
+    """A tile's scale addresses from K block ``kb0`` (its tokens' ``x_scale`` rows, masked past
+    M, and its weight block's ``w_scale`` row) and the scale bytes of its first two K blocks,
+    for register sets A and B."""
+    rows = m0 + gl.arange(0, BLOCK_M, layout=token_layout)
+    xs_rows = xs_ptr + g * SXSG + rows.to(gl.int64) * SXSM + kb0
+    rows_ok = rows < M
+    ws_row = ws_ptr + g * SWSG + (n0 // BLOCK_K) * SWSN + kb0
+    xs_a = gl.load(xs_rows, mask=rows_ok, other=127)
+    ws_a = gl.load(ws_row)
+    xs_b = gl.load(xs_rows + 1, mask=rows_ok & (KB_PER > 1), other=127)
+    ws_b = gl.load(ws_row + 1, mask=KB_PER > 1, other=127)
+    return xs_rows, rows_ok, ws_row, xs_a, ws_a, xs_b, ws_b
+
+
+@gluon.jit
 def _wait_prior_grid():
     """Under programmatic dependent launch, wait until the kernel before this one on the stream
     has finished and its writes are visible (a no-op in a plain launch)."""
@@ -259,10 +277,6 @@ def batched_gemm_a8w8_mxscale_wgmma_kernel(
         unit = pid + t * num_programs
         g, m0, n0, kb0 = _unit_origin(unit, tiles_per_group, NUM_N, BLOCK_M, BLOCK_N, SPLIT_K,
                                       KB_PER)
-        rows = m0 + gl.arange(0, BLOCK_M, layout=token_layout)
-        xs_rows = xs_ptr + g * SXSG + rows.to(gl.int64) * SXSM + kb0
-        rows_ok = rows < M
-        ws_row = ws_ptr + g * SWSG + (n0 // BLOCK_K) * SWSN + kb0
         base = t * KB_PER
         acc = gl.zeros([MMA_M, MMA_N], gl.float32, mma_layout)
         # Two register sets, A and B, take the K blocks' products in turn. A step issues the
@@ -272,10 +286,9 @@ def batched_gemm_a8w8_mxscale_wgmma_kernel(
         # unrolled at compile time: in a runtime loop ptxas cannot tell which wgmma group a
         # wait retires and serializes every wgmma of the kernel (its warning C7514).
         spent = gl.zeros([MMA_M, MMA_N], gl.float32, mma_layout)
-        xs_a = gl.load(xs_rows, mask=rows_ok, other=127)
-        ws_a = gl.load(ws_row)
-        xs_b = gl.load(xs_rows + 1, mask=rows_ok & (KB_PER > 1), other=127)
-        ws_b = gl.load(ws_row + 1, mask=KB_PER > 1, other=127)
+        xs_rows, rows_ok, ws_row, xs_a, ws_a, xs_b, ws_b = _tile_scales(
+            xs_ptr, ws_ptr, g, m0, n0, kb0, M, SXSM, SXSG, SWSG, SWSN, BLOCK_M, BLOCK_K, KB_PER,
+            token_layout)
         mbarrier.wait(ready.index(base % STAGES), (base // STAGES) & 1)
         pending = _mma(a_bufs, b_bufs, base % STAGES, acc, SWAP_AB)
         for kb in gl.static_range(1, KB_PER - 1, 2):

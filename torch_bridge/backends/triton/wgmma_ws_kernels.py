@@ -39,6 +39,7 @@ from .wgmma_kernels import (
     _promote,
     _store_tile,
     _tile_origin,
+    _tile_scales,
     _wait_prior_grid,
 )
 
@@ -121,19 +122,14 @@ def _ws_consumer(y_desc, a_bufs, b_bufs, y_smem, ready, empty, xs_ptr, ws_ptr, M
     for t in range(my_tiles):
         g, m0, n0 = _tile_origin(pid + t * num_programs, tiles_per_group, NUM_N, BLOCK_M,
                                  BLOCK_N)
-        rows = m0 + gl.arange(0, BLOCK_M, layout=token_layout)
-        xs_rows = xs_ptr + g * SXSG + rows.to(gl.int64) * SXSM
-        rows_ok = rows < M
-        ws_row = ws_ptr + g * SWSG + (n0 // BLOCK_K) * SWSN
         base = t * KB
         acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
         # As in the wgmma kernel: register sets A and B take the blocks' products in turn, the
         # K loop unrolled (a runtime loop serializes the wgmmas, ptxas C7514).
         spent = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
-        xs_a = gl.load(xs_rows, mask=rows_ok, other=127)
-        ws_a = gl.load(ws_row)
-        xs_b = gl.load(xs_rows + 1, mask=rows_ok & (KB > 1), other=127)
-        ws_b = gl.load(ws_row + 1, mask=KB > 1, other=127)
+        xs_rows, rows_ok, ws_row, xs_a, ws_a, xs_b, ws_b = _tile_scales(
+            xs_ptr, ws_ptr, g, m0, n0, 0, M, SXSM, SXSG, SWSG, SWSN, BLOCK_M, BLOCK_K, KB,
+            token_layout)
         pending = _take(a_bufs, b_bufs, ready, base, acc, STAGES)
         for kb in gl.static_range(1, KB - 1, 2):
             i = base + kb
