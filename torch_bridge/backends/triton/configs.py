@@ -42,8 +42,6 @@ class QuantConfig:
     block_r: int = 32
     num_warps: int = 4
     block_h: int = 0
-    #: (The wgmma kernel's persistent unswapped, unsplit tiles run its warp-specialized
-    #: variant, ``warp_specialized``.)
     #: Launched as a programmatic dependent (CUDA, Hopper on, unless ``WOA_PDL=0``): wait for
     #: the kernel before it, and let the next one launch at once (``quant_config``).
     pdl: bool = False
@@ -173,7 +171,8 @@ class GemmConfig:
     #: block, and ``block_m == 16 * num_warps`` (64 or 128); or swapped (``swap_ab``, the
     #: decode tile: tokens on the MMA's N side), 8 to 64 tokens and ``block_n`` (64 or 128) a
     #: multiple of ``16 * num_warps``. It splits K too (``split_k``), with the pointer kernel's
-    #: scratch.
+    #: scratch. Its persistent unswapped, unsplit tiles run its warp-specialized variant
+    #: (``warp_specialized``).
     wgmma: bool = False
     #: Launched as a programmatic dependent of the kernel before it on the stream (CUDA,
     #: Hopper on): the wgmma kernel requests its first weight tiles before waiting for that
@@ -340,8 +339,8 @@ WS_PRODUCER_REGS = 24
 
 def warp_specialized(cfg: GemmConfig) -> bool:
     """Whether a wgmma launch runs ``wgmma_ws_kernels``' kernel (a producer warp of its own
-    streams the tiles): its persistent, unswapped, unsplit tiles, where each program has many
-    tiles to keep the loads running across."""
+    streams the tiles): its persistent, unswapped, unsplit tiles, whose producer keeps loading
+    across a program's tiles while the consumers finish one."""
     return cfg.wgmma and cfg.programs_per_sm > 0 and not cfg.swap_ab and cfg.split_k == 1
 
 
