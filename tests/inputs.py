@@ -329,6 +329,6 @@ def run_compile_script(script: str, cache_dir) -> list[str]:
     env.update(TRITON_CACHE_DIR=str(cache_dir), TRITON_DEFAULT_FP_FUSION="1",
                JAX_PLATFORMS="cpu")
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout.strip().split("\n")

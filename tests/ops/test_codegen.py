@@ -259,7 +259,7 @@ _GLUON_WS_SCRIPT = textwrap.dedent("""
 
     kernel = wgmma_ws_kernels.batched_gemm_a8w8_mxscale_wgmma_ws_kernel
     n, k, sb = 1024, 4096, 128
-    for g, pdl in ((16, False), (2, False), (16, True)):
+    for g, pdl in ((16, False), (16, True)):
         # The launch the torch and JAX launchers make for the persistent large-M tile (PDL:
         # the FP8 chain's, a dependent of its quant).
         cfg = dataclasses.replace(configs.gemm_config(8192, g, n, k, sb, wgmma=True), pdl=pdl)
@@ -317,7 +317,7 @@ _GLUON_WS_SCRIPT = textwrap.dedent("""
 
 def test_wgmma_ws_gemm_compiles_for_sm90(tmp_path):
     """The warp-specialized wgmma GEMM (``wgmma_ws_kernels``) at the launchers' persistent
-    large-M launch, G = 16 and 2 (and 16 as the chain's dependent), compiles to sm_90a within
+    large-M launch, G = 16, plain and as the chain's dependent, compiles to sm_90a within
     Hopper's shared memory:
     a producer warpgroup beside the consumers with registers moved to the consumers by
     setmaxnreg, each stage released after a barrier of both consumer warpgroups, async wgmma,
@@ -326,7 +326,7 @@ def test_wgmma_ws_gemm_compiles_for_sm90(tmp_path):
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     lines = run_compile_script(_GLUON_WS_SCRIPT, tmp_path)
     assert lines == [f"G{g} st5 pdl {pdl} True {pdl} True True True True True True"
-                     for g, pdl in ((16, False), (2, False), (16, True))], lines
+                     for g, pdl in ((16, False), (16, True))], lines
 
 
 # ---------------------------------------------------------------------------------------------
