@@ -517,16 +517,18 @@ def test_gpu_gemm_default_wgmma_split_bits_never_depend_on_timing(m):
 
 
 @gpu
-def test_gpu_gemm_wgmma_relaunch_goes_straight_to_the_compiled_kernel():
-    """After its first launch, a specialization of the wgmma kernel launches without Triton's
-    dispatch: M 1024, 2048 and 1040 share one compiled kernel (M % 16 == 0, same grid), M 1000
-    gets its own, and every launch is right with fresh inputs."""
+@pytest.mark.parametrize("programs_per_sm", [0, 1], ids=["plain", "warp_specialized"])
+def test_gpu_gemm_wgmma_relaunch_goes_straight_to_the_compiled_kernel(programs_per_sm):
+    """After its first launch, a specialization of the wgmma kernel (the plain one, and the
+    warp-specialized one its persistent tiles run) launches without Triton's dispatch: M 1024,
+    2048 and 1040 share one compiled kernel (M % 16 == 0), M 1000 gets its own, and every
+    launch is right with fresh inputs."""
     ok, why = launch.wgmma_available(torch.cuda.current_device())
     if not ok:
         pytest.skip(why)
     config = launch.GemmConfig(128, 128, num_warps=8, num_stages=4, wgmma=True,
-                               programs_per_sm=1)
-    from torch_bridge.backends.triton import wgmma_kernels
+                               programs_per_sm=programs_per_sm)
+    from torch_bridge.backends.triton import configs, wgmma_kernels, wgmma_ws_kernels
 
     _common.LAUNCHES.clear()
     for m in (1024, 2048, 1040, 1000, 1000):
@@ -538,7 +540,10 @@ def test_gpu_gemm_wgmma_relaunch_goes_straight_to_the_compiled_kernel():
         err = relerr(y, ref)
         assert err <= TOLERANCES["gemm_bf16"].rel, f"M {m}, seed {seed}: relerr {err:.3g}"
     # One launch per M; Triton compiled two specializations (M % 16 == 0 or not).
-    kernel = wgmma_kernels.batched_gemm_a8w8_mxscale_wgmma_kernel
+    kernel = (wgmma_ws_kernels.batched_gemm_a8w8_mxscale_wgmma_ws_kernel
+              if configs.warp_specialized(config)
+              else wgmma_kernels.batched_gemm_a8w8_mxscale_wgmma_kernel)
+    assert configs.warp_specialized(config) == bool(programs_per_sm)
     compiled = {id(c) for run in _common.LAUNCHES.values() if run.kernel is kernel
                 for c, _ in run._compiled.values()}
     assert len(compiled) == 2
