@@ -500,9 +500,9 @@ _BF16_SCRIPT = textwrap.dedent("""
         sig, kernel, cx = ptr_cx(cfg)
         ttgir = build(sm90, kernel, sig, cx, tuple(sig), cfg).asm["ttgir"]
         settled = True
-        for body in re.findall(r"scf\.for.*?scf\.yield", ttgir, re.S):
-            if re.search(r"warp_group_dot %\S+, .*dot_op<\{opIdx = 0", body):
-                waits = re.findall(r"warp_group_dot_wait.*?pendings = (\d+)", body)
+        for body in re.findall(r"scf\\.for.*?scf\\.yield", ttgir, re.S):
+            if re.search(r"warp_group_dot %\\S+, .*dot_op<\\{opIdx = 0", body):
+                waits = re.findall(r"warp_group_dot_wait.*?pendings = (\\d+)", body)
                 settled &= bool(waits) and waits[-1] == "0"
         print("sm90 rotating", s, settled)
     cfg = configs.Bf16GemmConfig(128, 256, 64, 8, 3, tma=True)
