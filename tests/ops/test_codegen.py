@@ -459,7 +459,7 @@ _BF16_SCRIPT = textwrap.dedent("""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from torch_bridge.backends.triton import bf16_kernels, configs
+    from torch_bridge.backends.triton import bf16_configs, bf16_kernels, configs
 
     def build(target, kernel, sig, cx, aligned, cfg):
         names = list(sig)
@@ -488,7 +488,7 @@ _BF16_SCRIPT = textwrap.dedent("""
 
     sm90 = GPUTarget("cuda", 90, 32)
     for s in (8192, 1):
-        cfg = configs.bf16_gemm_config(s, g, n, k)
+        cfg = bf16_configs.bf16_gemm_config(s, g, n, k)
         sig, kernel, cx = ptr_cx(cfg)
         ptx = build(sm90, kernel, sig, cx, tuple(sig), cfg).asm["ptx"]
         print("sm90 pointer", s, cfg.rotate, "wgmma.mma_async" in ptx or "mma.sync" in ptx,
@@ -496,7 +496,7 @@ _BF16_SCRIPT = textwrap.dedent("""
     # A rotated tile is wgmma's register operand: each loop that feeds one must end with its
     # MMAs complete (a wait with no MMA pending before the loop's yield).
     for s in (64, 16, 1):
-        cfg = configs.bf16_gemm_config(s, g, n, k)
+        cfg = bf16_configs.bf16_gemm_config(s, g, n, k)
         sig, kernel, cx = ptr_cx(cfg)
         ttgir = build(sm90, kernel, sig, cx, tuple(sig), cfg).asm["ttgir"]
         settled = True
@@ -505,7 +505,7 @@ _BF16_SCRIPT = textwrap.dedent("""
                 waits = re.findall(r"warp_group_dot_wait.*?pendings = (\\d+)", body)
                 settled &= bool(waits) and waits[-1] == "0"
         print("sm90 rotating", s, settled)
-    cfg = configs.Bf16GemmConfig(128, 256, 64, 8, 3, tma=True)
+    cfg = bf16_configs.Bf16GemmConfig(128, 256, 64, 8, 3, tma=True)
     sig = {"o_desc": "tensordesc<bf16[128, 64]>", "r_desc": "tensordesc<bf16[128, 64]>",
            "w_desc": "tensordesc<bf16[256, 64]>", "M": "i32", "y_ptr": "*bf16"}
     cx = dict(SYM=g * n, SYG=n, HPG=8, DH=dh, RD=rd, N=n, BLOCK_M=128, BLOCK_N=256,
@@ -515,7 +515,7 @@ _BF16_SCRIPT = textwrap.dedent("""
     print("sm90 tma", "wgmma.mma_async" in ptx, "cp.async.bulk.tensor" in ptx)
     for arch in ("gfx942", "gfx950"):
         for s in (8192, 64, 1):
-            cfg = configs.bf16_gemm_config(s, g, n, k, 64, "hip")
+            cfg = bf16_configs.bf16_gemm_config(s, g, n, k, 64, "hip")
             sig, kernel, cx = ptr_cx(cfg, "hip")
             c = build(GPUTarget("hip", arch, 64), kernel, sig, cx, tuple(sig), cfg)
             mfma = re.findall(r"v_mfma\\w*bf16\\w*", c.asm["amdgcn"])

@@ -54,13 +54,13 @@ from torch_bridge import _dispatch  # noqa: E402
 from torch_bridge.backends.torch_ref import inverse_rope  # noqa: E402
 from torch_bridge.backends.triton import (  # noqa: E402
     _common,
+    bf16_configs,
     bf16_kernels,
     chain,
-    configs,
     launch,
     plans,
 )
-from torch_bridge.backends.triton.configs import Bf16GemmConfig  # noqa: E402
+from torch_bridge.backends.triton.bf16_configs import Bf16GemmConfig  # noqa: E402
 
 gpu = pytest.mark.gpu
 pytestmark = pytest.mark.usefixtures("clean_dispatch")  # the tests through the dispatcher
@@ -230,7 +230,7 @@ def test_strided_o_is_read_in_place(rng):
 
 
 def test_the_rule_picks_the_path_and_both_agree(rng, monkeypatch):
-    """``configs.bf16_gemm_chosen`` alone decides between the GEMM from ``o`` (the one-launch
+    """``bf16_configs.bf16_gemm_chosen`` alone decides between the GEMM from ``o`` (the one-launch
     chain at these 3 tokens) and the rotated copy with cuBLAS (torch's GEMM here); in place is
     always the rotation of ``o`` itself."""
     h, dh, g, n = _SMALL
@@ -242,10 +242,10 @@ def test_the_rule_picks_the_path_and_both_agree(rng, monkeypatch):
         monkeypatch.setattr(plans, name,
                             lambda *a, name=name, real=real, **k:
                             runs.append(name) or real(*a, **k))
-    monkeypatch.setattr(configs, "bf16_gemm_chosen", lambda *a, **k: True)
+    monkeypatch.setattr(bf16_configs, "bf16_gemm_chosen", lambda *a, **k: True)
     y = launch.wo_a_bf16(o, pos, cos, sin, w, g)
     assert runs == ["wo_a_bf16_rotating"]
-    monkeypatch.setattr(configs, "bf16_gemm_chosen", lambda *a, **k: False)
+    monkeypatch.setattr(bf16_configs, "bf16_gemm_chosen", lambda *a, **k: False)
     y_copy = launch.wo_a_bf16(o, pos, cos, sin, w, g)
     assert len(runs) == 1
     assert_close(y, y_copy, tolerance="gemm_bf16")
@@ -283,7 +283,7 @@ def test_zero_tokens_and_heads_the_gemm_cannot_tile(rng):
     # Head dim 24, rope dim 8: no K tile of 16 lanes lies on one side of the rope boundary.
     o, pos, cos, sin = rope_tensors(rng, s=3, h=4, dh=24, rd=8)
     w = torch.ones((2, 16, 48), dtype=torch.bfloat16, device=DEVICE)
-    assert configs.bf16_gemm_blocker(24, 8, 48) is not None
+    assert bf16_configs.bf16_gemm_blocker(24, 8, 48) is not None
     before = o.clone()
     y = launch.wo_a_bf16(o, pos, cos, sin, w, 2)  # the default takes the rotated copy
     _unchanged(o, before)
@@ -452,8 +452,8 @@ def test_gpu_matches_cublas_and_keeps_o(s, g, rope_dtype):
     w = (torch.randn((g, N, HPG * DH), generator=gen, device="cuda") / 30).to(torch.bfloat16)
     before = o.clone()
     ref = launch.wo_a_bf16(o, pos, cos, sin, w, g, from_o=False)
-    for cfg in (configs.bf16_gemm_config(s, g, N, HPG * DH),
-                configs.bf16_gemm_config(s, g, N, HPG * DH, tma=True),
+    for cfg in (bf16_configs.bf16_gemm_config(s, g, N, HPG * DH),
+                bf16_configs.bf16_gemm_config(s, g, N, HPG * DH, tma=True),
                 Bf16GemmConfig(128, 256, 64, 8, 3, tma=True),
                 Bf16GemmConfig(64, 128, 64, 4, 4)):
         y, tails = _run(o, pos, cos, sin, w, cfg)
@@ -489,7 +489,7 @@ def test_gpu_fallback_runs_the_triton_rotation_with_the_torch_bits(rope_dtype, s
     assert_bitwise_equal(rotated.reshape(o.shape), want, name="Triton vs torch rotation")
 
     in_place = proj(o.clone(), pos, overwrite_o=True)
-    if configs.bf16_gemm_chosen(s, g, 1024, h * dh // g, tma=chain._tma_loads(o), dh=dh):
+    if bf16_configs.bf16_gemm_chosen(s, g, 1024, h * dh // g, tma=chain._tma_loads(o), dh=dh):
         # The default ran the BF16 GEMM from o: the same products, summed in another order.
         assert_close(in_place, y, tolerance="gemm_bf16", name="overwrite_o (cuBLAS)")
     else:  # both rotate, then call the same cuBLAS GEMM

@@ -1,6 +1,6 @@
 """The launch rules of ``configs`` (torch-free): the choice pinned at representative DeepSeek V4
 shapes, the properties every choice must satisfy over a sweep of problems, the fields a config
-refuses, and the rules of the BF16 chain's GEMM from ``o``.
+refuses, and the rules of the BF16 chain's GEMM from ``o`` (``bf16_configs``).
 
 The pinned tables hold the tuned choice (tiles, stages); a new tuning updates them. The
 properties are what the kernels need to run and give the right bits: valid tiles that cover the
@@ -16,8 +16,8 @@ import sys
 
 import pytest
 
-from torch_bridge.backends.triton import configs
-from torch_bridge.backends.triton.configs import Bf16GemmConfig
+from torch_bridge.backends.triton import bf16_configs, configs
+from torch_bridge.backends.triton.bf16_configs import Bf16GemmConfig
 
 MS = (0, 1, 2, 7, 8, 9, 16, 17, 33, 64, 65, 128, 129, 512, 1024, 4096, 8192)
 GS = (1, 2, 4, 8, 16)
@@ -29,16 +29,15 @@ def _problems():
         yield m, g, N, K, block
 
 
-def test_configs_imports_neither_torch_nor_triton():
+@pytest.mark.parametrize("rules", [configs, bf16_configs], ids=lambda m: m.__name__)
+def test_configs_imports_neither_torch_nor_triton(rules):
     """The JAX launcher and the torch launchers share these rules; they must not drag in torch."""
     import subprocess
 
-    code = ("import importlib.util, sys\n"
-            "spec = importlib.util.spec_from_file_location('c', sys.argv[1])\n"
-            "module = sys.modules['c'] = importlib.util.module_from_spec(spec)\n"
-            "spec.loader.exec_module(module)\n"
+    code = ("import importlib, sys\n"
+            "importlib.import_module(sys.argv[1])\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'triton')))")
-    out = subprocess.run([sys.executable, "-c", code, configs.__file__], capture_output=True,
+    out = subprocess.run([sys.executable, "-c", code, rules.__name__], capture_output=True,
                          text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
 
@@ -296,7 +295,7 @@ SS = (1, 2, 15, 16, 17, 33, 64, 65, 128, 256, 1000, 1024, 4096, 8192)
 @pytest.mark.parametrize("target", ["cuda", "hip", "interpreter"])
 def test_every_chosen_shape_is_a_valid_tile(target):
     for s, g, block_k in itertools.product(SS, (1, 2, 8, 16), (16, 32, 64)):
-        cfg = configs.bf16_gemm_config(s, g, 1024, 4096, block_k, target)
+        cfg = bf16_configs.bf16_gemm_config(s, g, 1024, 4096, block_k, target)
         assert cfg.block_k <= block_k and block_k % cfg.block_k == 0, (s, g, cfg)
         assert cfg.block_m <= max(16, 1 << (s - 1).bit_length()), (s, g, cfg)
         if target == "hip":
@@ -313,15 +312,15 @@ def test_the_gemm_from_o_runs_at_decode_and_from_128_tokens_with_tma_loads():
                          (64, 2): False, (65, 16): False, (127, 16): False, (128, 16): True,
                          (128, 8): False, (256, 8): True, (255, 8): False, (512, 2): False,
                          (1024, 2): True, (8192, 2): True}.items():
-        assert configs.bf16_gemm_chosen(s, g, 1024, 4096, tma=True, dh=512) == want, (s, g)
-        assert not configs.bf16_gemm_chosen(s, g, 1024, 4096, tma=False, dh=512)
+        assert bf16_configs.bf16_gemm_chosen(s, g, 1024, 4096, tma=True, dh=512) == want, (s, g)
+        assert not bf16_configs.bf16_gemm_chosen(s, g, 1024, 4096, tma=False, dh=512)
         if want and s <= 64:  # groups inside heads, or no head dim: no one-launch chain
-            assert not configs.bf16_gemm_chosen(s, g, 1024, 256, tma=True, dh=512)
-            assert not configs.bf16_gemm_chosen(s, g, 1024, 4096, tma=True)
+            assert not bf16_configs.bf16_gemm_chosen(s, g, 1024, 256, tma=True, dh=512)
+            assert not bf16_configs.bf16_gemm_chosen(s, g, 1024, 4096, tma=True)
         for target in ("cuda", "hip"):
-            cfg = configs.bf16_gemm_config(s, g, 1024, 4096, 64, target, target == "cuda")
+            cfg = bf16_configs.bf16_gemm_config(s, g, 1024, 4096, 64, target, target == "cuda")
             assert cfg.rotate == (s <= 64), (s, g, target)
-    stages = {g: configs.bf16_gemm_config(1, g, 1024, 4096, 64, "cuda", True)
+    stages = {g: bf16_configs.bf16_gemm_config(1, g, 1024, 4096, 64, "cuda", True)
               for g in (16, 8, 2)}
     assert [(c.block_n, c.num_stages) for c in stages.values()] == [(64, 5), (64, 8), (16, 12)]
 
@@ -333,27 +332,27 @@ def test_hopper_tma_tiles():
                        Bf16GemmConfig(64, 128, 64, 4, 4, True))
     for (s, g), want in {(8192, 16): big, (1024, 16): big, (4096, 2): big, (1024, 2): mid,
                          (256, 16): big, (256, 8): mid, (128, 16): mid, (256, 2): small}.items():
-        assert configs.bf16_gemm_config(s, g, 1024, 4096, tma=True) == want, (s, g)
+        assert bf16_configs.bf16_gemm_config(s, g, 1024, 4096, tma=True) == want, (s, g)
 
 
 def test_hopper_shapes_fill_the_gpu():
     """Large problems take the 128 x 256 x 64 wgmma tile; the others keep a wave of programs."""
-    assert configs.bf16_gemm_config(8192, 16, 1024, 4096) == Bf16GemmConfig(128, 256, 64, 8, 3)
+    assert bf16_configs.bf16_gemm_config(8192, 16, 1024, 4096) == Bf16GemmConfig(128, 256, 64, 8, 3)
     for s, g in itertools.product(SS, (2, 8, 16)):
-        cfg = configs.bf16_gemm_config(s, g, 1024, 4096)
+        cfg = bf16_configs.bf16_gemm_config(s, g, 1024, 4096)
         progs = configs.cdiv(s, cfg.block_m) * configs.cdiv(1024, cfg.block_n) * g
         assert progs >= configs.ONE_WAVE_TILES or cfg.block_n == 16 or cfg.block_m == 64, cfg
 
 
 def test_blocker_and_block_k_limit():
-    assert configs.bf16_block_k_limit(512, 64, 4096) == 64
-    assert configs.bf16_block_k_limit(192, 128, 384) == 64
-    assert configs.bf16_block_k_limit(64, 32, 128) == 32
-    assert configs.bf16_gemm_blocker(512, 64, 4096) is None
-    assert configs.bf16_gemm_blocker(512, 64, 4096, Bf16GemmConfig(128, 256, 64)) is None
-    assert "block_k 64" in configs.bf16_gemm_blocker(64, 32, 128, Bf16GemmConfig(16, 16, 64))
-    assert "no K tile" in configs.bf16_gemm_blocker(24, 8, 48)
-    assert "rope dim" in configs.bf16_gemm_blocker(64, 128, 128)
+    assert bf16_configs.bf16_block_k_limit(512, 64, 4096) == 64
+    assert bf16_configs.bf16_block_k_limit(192, 128, 384) == 64
+    assert bf16_configs.bf16_block_k_limit(64, 32, 128) == 32
+    assert bf16_configs.bf16_gemm_blocker(512, 64, 4096) is None
+    assert bf16_configs.bf16_gemm_blocker(512, 64, 4096, Bf16GemmConfig(128, 256, 64)) is None
+    assert "block_k 64" in bf16_configs.bf16_gemm_blocker(64, 32, 128, Bf16GemmConfig(16, 16, 64))
+    assert "no K tile" in bf16_configs.bf16_gemm_blocker(24, 8, 48)
+    assert "rope dim" in bf16_configs.bf16_gemm_blocker(64, 128, 128)
     cfg = Bf16GemmConfig(128, 256, 64, 8, 3, tma=True)
     assert cfg.label() == "m128n256k64w8st3T" and dataclasses.replace(cfg, tma=False) != cfg
 

@@ -7,8 +7,8 @@ section 7).
 * Where the triton backend runs (CUDA, or its CPU interpreter) and ``o`` is bf16 with packed
   ``[H, Dh]`` dims and a power-of-two rope width, the chain is the Triton backend's
   ``launch.wo_a_bf16``. Its Triton rotation has the bits of the torch rotation. Where
-  ``configs.bf16_gemm_chosen`` says so, its BF16 GEMM (fp32 accumulation) reads A from ``o``:
-  at decode sizes in one launch that rotates the rope tiles itself, at prefill sizes after
+  ``bf16_configs.bf16_gemm_chosen`` says so, its BF16 GEMM (fp32 accumulation) reads A from
+  ``o``: at decode sizes in one launch that rotates the rope tiles itself, at prefill sizes after
   the rope tails are rotated into a small buffer. Elsewhere, and with ``overwrite_o``, the
   rotation writes a copy of ``o`` (or ``o`` itself) and torch's bf16 batched GEMM multiplies
   it, accumulating in fp32 except where torch allows reduced-precision split-K reductions

@@ -4,8 +4,8 @@ Kernel bodies live in ``kernels.py``, ``bf16_kernels.py`` (the BF16 chain's GEMM
 ``wgmma_kernels.py`` (the Hopper GEMM, written in Triton's Gluon dialect; its warp-specialized
 large-M variant in ``wgmma_ws_kernels.py``), with no torch import
 so that ``torch_bridge.jax_ops`` launches the same kernels (``jax_launch.py``). ``configs.py``
-holds the launch rules both launchers share; ``launch.py`` is the torch face, one function per
-op, each a ``torch.library`` custom op.
+holds the launch rules both launchers share (the BF16 chain's in ``bf16_configs.py``);
+``launch.py`` is the torch face, one function per op, each a ``torch.library`` custom op.
 With ``TRITON_INTERPRET=1`` the kernels run on CPU tensors through Triton's interpreter (CI).
 Importing this package touches no GPU and does not import Triton.
 """

@@ -20,7 +20,7 @@ import torch
 from woa_jax import AITER_AMAX_FLOOR
 
 from ...interop import e8m0_bytes
-from . import configs, plans
+from . import bf16_configs, configs, plans
 from ._common import (
     Launch,
     current_stream,
@@ -37,7 +37,8 @@ from ._common import (
     signature,
     target,
 )
-from .configs import Bf16GemmConfig, GemmConfig
+from .bf16_configs import Bf16GemmConfig
+from .configs import GemmConfig
 from .gemm import batched_gemm_a8w8_mxscale, chain_dependent
 from .quant import inverse_rope_group_quant
 from .split_k import split_scratch
@@ -407,12 +408,12 @@ def eager_wo_a_bf16(o, positions, cos_cache, sin_cache, w_bf16, num_groups: int)
             or not w_bf16.is_contiguous()):
         return None
     device = o.device
-    if configs.bf16_gemm_chosen(s, g, n, k, tma=_tma_loads(o), dh=dh):
+    if bf16_configs.bf16_gemm_chosen(s, g, n, k, tma=_tma_loads(o), dh=dh):
         rd = 2 * cos_cache.shape[1]
-        if configs.bf16_gemm_blocker(dh, rd, k):
+        if bf16_configs.bf16_gemm_blocker(dh, rd, k):
             return None
-        cfg = configs.bf16_gemm_config(s, g, n, k, configs.bf16_block_k_limit(dh, rd, k),
-                                       target(), True)
+        cfg = bf16_configs.bf16_gemm_config(
+            s, g, n, k, bf16_configs.bf16_block_k_limit(dh, rd, k), target(), True)
         if not cfg.rotate:
             return None
         shape = (s, g, n)
@@ -525,10 +526,10 @@ def wo_a_bf16(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
               config: Bf16GemmConfig | None = None) -> torch.Tensor:
     """The BF16 chain ``y = inv_rope(o) @ w^T`` per group, fp32 accumulation, bf16 out.
 
-    Not in place, ``o`` is never written. Where ``configs.bf16_gemm_chosen`` says so, the BF16
-    GEMM (``bf16_kernels``) reads A's NoPE tiles straight from ``o``; its rope tiles it rotates
-    itself at decode sizes (one launch: ``Bf16GemmConfig.rotate``), else reads them from a
-    ``[S, H, rd]`` buffer of the rotated tails. Elsewhere ``inverse_rope`` writes a rotated copy
+    Not in place, ``o`` is never written. Where ``bf16_configs.bf16_gemm_chosen`` says so, the
+    BF16 GEMM (``bf16_kernels``) reads A's NoPE tiles straight from ``o``; its rope tiles it
+    rotates itself at decode sizes (one launch: ``Bf16GemmConfig.rotate``), else reads them from
+    a ``[S, H, rd]`` buffer of the rotated tails. Elsewhere ``inverse_rope`` writes a rotated copy
     of ``o`` and cuBLAS multiplies it. In place, ``inverse_rope`` rotates ``o``'s tails and
     cuBLAS multiplies ``o``. Every route rotates with the same bits.
 
@@ -538,11 +539,11 @@ def wo_a_bf16(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
       w_bf16: ``[G, N, K]`` exact bf16 dequantized weight, ``H * Dh = G * K``.
       num_groups: G.
       overwrite_o: rotate ``o`` in place, then cuBLAS (``o`` needs packed (H, Dh) dims).
-      from_o: ``None`` runs the BF16 GEMM from ``o`` where ``configs.bf16_gemm_chosen`` says
-        so; ``True`` requires it, ``False`` runs the rotated copy and cuBLAS.
+      from_o: ``None`` runs the BF16 GEMM from ``o`` where ``bf16_configs.bf16_gemm_chosen``
+        says so; ``True`` requires it, ``False`` runs the rotated copy and cuBLAS.
       config: the BF16 GEMM's launch shape (implies ``from_o``); ``None`` picks
-        ``configs.bf16_gemm_config`` by S and G (its tiles up to 64 tokens rotate in the GEMM
-        where groups are whole heads).
+        ``bf16_configs.bf16_gemm_config`` by S and G (its tiles up to 64 tokens rotate in the
+        GEMM where groups are whole heads).
 
     Returns:
       ``[S, G, N]`` bf16.
@@ -568,9 +569,9 @@ def wo_a_bf16(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
     rd = 2 * cos_cache.shape[1]
     tma = _tma_loads(o)
     if from_o is None:
-        from_o = config is not None or (not overwrite_o
-                                       and configs.bf16_gemm_chosen(s, g, n, k, tma=tma, dh=dh)
-                                       and configs.bf16_gemm_blocker(dh, rd, k) is None)
+        from_o = config is not None or (
+            not overwrite_o and bf16_configs.bf16_gemm_chosen(s, g, n, k, tma=tma, dh=dh)
+            and bf16_configs.bf16_gemm_blocker(dh, rd, k) is None)
     elif not from_o and config is not None:
         raise ValueError("wo_a_bf16: config is the BF16 GEMM's; it needs from_o=True or None")
     if not from_o:
@@ -578,11 +579,11 @@ def wo_a_bf16(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
         # bmm rather than einsum: the same cuBLAS call without einsum's host-side parsing.
         x = x.view(s, g, k).transpose(0, 1)  # [G, S, K]
         return torch.bmm(x, w_bf16.transpose(1, 2)).transpose(0, 1)
-    blocker = configs.bf16_gemm_blocker(dh, rd, k, config)
+    blocker = bf16_configs.bf16_gemm_blocker(dh, rd, k, config)
     if blocker:
         raise ValueError(f"wo_a_bf16 cannot run the BF16 GEMM from o here: {blocker}")
-    cfg = config or configs.bf16_gemm_config(s, g, n, k, configs.bf16_block_k_limit(dh, rd, k),
-                                             target(), tma)
+    cfg = config or bf16_configs.bf16_gemm_config(
+        s, g, n, k, bf16_configs.bf16_block_k_limit(dh, rd, k), target(), tma)
     if cfg.rotate and k % dh:  # a default decode tile, groups inside heads: the tails buffer
         cfg = dataclasses.replace(cfg, rotate=False)
     out = torch.empty((s, g, n), dtype=torch.bfloat16, device=o.device)

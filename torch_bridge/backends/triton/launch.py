@@ -1,19 +1,17 @@
 """The Triton backend's torch entry points, one per op (each a ``woa_triton::`` custom op).
 
 The launchers live in ``quant``, ``gemm`` (split-K scratch in ``split_k``) and ``chain`` (both
-chains); the launch rules they share with the JAX launcher in ``configs``. Importing this module
-imports torch and Triton but touches no GPU.
+chains); the launch rules they share with the JAX launcher in ``configs`` (the BF16 chain's in
+``bf16_configs``). Importing this module imports torch and Triton but touches no GPU.
 """
 
 from __future__ import annotations
 
+from .bf16_configs import Bf16GemmConfig, bf16_gemm_chosen, bf16_gemm_config
 from .chain import inverse_rope, wo_a_bf16, wo_a_fp8
 from .configs import (
-    Bf16GemmConfig,
     GemmConfig,
     QuantConfig,
-    bf16_gemm_chosen,
-    bf16_gemm_config,
     gemm_config,
     quant_config,
     quant_launch,

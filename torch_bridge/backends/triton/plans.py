@@ -2,8 +2,9 @@
 
 The torch launchers (``quant``, ``gemm``, ``chain``) and the JAX launcher (``jax_launch``) build
 their launches here, from integers, strides and dtype names, so a kernel's constexprs are
-written once. The launch shapes come from ``configs``. Importing this module imports Triton (the
-kernel bodies) but no torch and no JAX, and touches no GPU.
+written once. The launch shapes come from ``configs`` (the BF16 chain's from ``bf16_configs``).
+Importing this module imports Triton (the kernel bodies) but no torch and no JAX, and touches no
+GPU.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from . import configs, kernels
+from . import bf16_configs, configs, kernels
 from .configs import GemmConfig, QuantConfig
 
 
@@ -153,7 +154,7 @@ def inverse_rope(s: int, h: int, dh: int, rd: int, mode: str, *, o_dtype: str, r
 
 
 def wo_a_bf16_rotating(s: int, dh: int, rd: int, g: int, n: int, k: int,
-                       cfg: configs.Bf16GemmConfig, *, o: tuple, cos_row: int, sin_row: int,
+                       cfg: bf16_configs.Bf16GemmConfig, *, o: tuple, cos_row: int, sin_row: int,
                        w: tuple, y: tuple, o_dtype: str, rope_dtype: str, target: str) -> Plan:
     """The BF16 chain in one launch (``wo_a_bf16_rotating_kernel``): A read from ``o``, its rope
     tiles rotated in the kernel."""
@@ -170,7 +171,7 @@ def wo_a_bf16_rotating(s: int, dh: int, rd: int, g: int, n: int, k: int,
 
 
 def wo_a_bf16(s: int, h: int, dh: int, rd: int, g: int, n: int, k: int,
-              cfg: configs.Bf16GemmConfig, tma: bool, *, o: tuple, w: tuple, y: tuple,
+              cfg: bf16_configs.Bf16GemmConfig, tma: bool, *, o: tuple, w: tuple, y: tuple,
               target: str) -> Plan:
     """The BF16 GEMM that reads A's NoPE tiles from ``o`` and its rope tiles from the rotated
     tails: ``wo_a_bf16_tma_kernel`` where ``tma``, else ``wo_a_bf16_kernel``."""
