@@ -392,18 +392,26 @@ def test_gpu_gemm_wgmma_kernel(m, g, dtype, k, cfg):
 
 
 @gpu
-@pytest.mark.parametrize("m,g,dtype,k", ((1024, 16, torch.bfloat16, HPG * DH),
-                                         (300, 4, torch.bfloat16, 31 * 128),
-                                         (200, 4, torch.float32, 128),
-                                         (8192, 2, torch.bfloat16, HPG * DH)))
-def test_gpu_gemm_warp_specialized_gives_the_wgmma_kernels_bits(m, g, dtype, k):
-    """The persistent default tile runs the warp-specialized kernel (``wgmma_ws_kernels``); the
-    plain wgmma kernel at the same launch gives the same bits (ragged tiles, an odd K-block
-    count, one K block with its two-stage ring, fp32 output)."""
+@pytest.mark.parametrize("m,g,dtype,k,tile", ((1024, 16, torch.bfloat16, HPG * DH, None),
+                                              (300, 4, torch.bfloat16, 31 * 128, None),
+                                              (200, 4, torch.float32, 128, None),
+                                              (8192, 2, torch.bfloat16, HPG * DH, None),
+                                              (128, 2, torch.bfloat16, HPG * DH, None),
+                                              (256, 2, torch.float32, HPG * DH, None),
+                                              (64, 16, torch.bfloat16, HPG * DH, None),
+                                              (100, 4, torch.bfloat16, 31 * 128, (64, 64, 10))))
+def test_gpu_gemm_warp_specialized_gives_the_wgmma_kernels_bits(m, g, dtype, k, tile):
+    """Persistent tiles run the warp-specialized kernel (``wgmma_ws_kernels``); the plain wgmma
+    kernel at the same launch gives the same bits: the rule's 128 x 128 tile (ragged tiles, an
+    odd K-block count, one K block with its two-stage ring, fp32 output), its 64-token tiles 32,
+    64 and 128 weight rows wide, and ``tile`` (``(block_m, block_n, stages)``, ragged M)."""
     from torch_bridge.backends.triton import configs, wgmma_kernels, wgmma_ws_kernels
 
     cfg = launch.gemm_config(m, g, N, k, 128, wgmma=True)
-    if k != HPG * DH:  # the rule's tile at a K it does not see in V4
+    if tile is not None:
+        cfg = launch.GemmConfig(tile[0], tile[1], num_warps=tile[0] // 16, num_stages=tile[2],
+                                wgmma=True, programs_per_sm=1)
+    elif k != HPG * DH:  # the rule's tile at a K it does not see in V4
         cfg = launch.GemmConfig(128, 128, num_warps=8, num_stages=5, wgmma=True,
                                 programs_per_sm=1)
     assert configs.warp_specialized(cfg), cfg
@@ -489,7 +497,7 @@ def test_gpu_gemm_wgmma_split_k(m, g, split):
 
 
 @gpu
-@pytest.mark.parametrize("m", (17, 64, 128))
+@pytest.mark.parametrize("m", (17, 40, 64))
 def test_gpu_gemm_default_wgmma_split_bits_never_depend_on_timing(m):
     """The default G = 2 decode shape is the wgmma kernel split K ways: eager launches, the
     bound direct launch, a launch on another stream and a CUDA-graph replay give one set of

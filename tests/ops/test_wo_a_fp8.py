@@ -282,8 +282,8 @@ def test_gpu_fused_decode_chain(s, g):
 
 
 @gpu
-@pytest.mark.parametrize("s,g", ((12, 2), (16, 2), (16, 4), (17, 2), (64, 2), (256, 2), (128, 4),
-                                 (16, 16), (64, 16), (256, 16), (1024, 4)))
+@pytest.mark.parametrize("s,g", ((12, 2), (16, 2), (16, 4), (17, 2), (64, 2), (256, 2), (64, 4),
+                                 (128, 4), (64, 8), (16, 16), (64, 16), (256, 16), (1024, 4)))
 def test_gpu_chain_with_a_dependent_gemm_gives_the_plain_launches_bits(s, g):
     """Where the unfused chain launches its wgmma GEMM as the quant's programmatic dependent
     (weight tiles requested before the quant has finished), its bits are those of the quant

@@ -2,7 +2,7 @@
 
 Kernel bodies live in ``kernels.py``, ``bf16_kernels.py`` (the BF16 chain's GEMM) and
 ``wgmma_kernels.py`` (the Hopper GEMM, written in Triton's Gluon dialect; its warp-specialized
-large-M variant in ``wgmma_ws_kernels.py``), with no torch import
+variant, which runs its persistent tiles, in ``wgmma_ws_kernels.py``), with no torch import
 so that ``torch_bridge.jax_ops`` launches the same kernels (``jax_launch.py``). ``configs.py``
 holds the launch rules both launchers share (the BF16 chain's in ``bf16_configs.py``);
 ``launch.py`` is the torch face, one function per op, each a ``torch.library`` custom op.

@@ -270,13 +270,13 @@ def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
     ``FEW_SWAPPED_TILES`` (G = 2), the same tile with K split into one wave, which the FP8
     chain launches as its quant's dependent (between, G = 4, the pointer kernel's split is
     faster alone).
-    Above 16 tokens, 64 x 128 tiles with 6 stages where they make more than ``FEW_PROGRAMS``
-    and at most one wave; where they make fewer (G = 2 to 4 up to 256 tokens; up to 64
-    tokens, fewer than ``FEW_PROGRAMS``, as the pointer tiles win at G = 8), 64 x 64 tiles,
-    8 stages, K split until they make one wave (each part streams its weight slice with all
-    its loads in flight); above 64 tokens and beyond one wave, persistent 128 x 128 tiles,
-    8 warps, 5 stages, where more than 64 tiles fill the GPU, their loads in a producer warp of
-    their own (``warp_specialized``).
+    Above 16 tokens, persistent 64-token tiles, warp-specialized (``warp_specialized``), the
+    narrowest of 32, 64 or 128 weight rows whose tiles fit one wave (``wave_tile``): their
+    producer warp keeps a program's whole weight slice streaming. Where even the narrowest
+    make at most ``FEW_PROGRAMS`` (G = 2 up to 64 tokens), 64 x 64 tiles, 8 stages, K split
+    until they make one wave (each part streams its weight slice with all its loads in
+    flight). Where none fits one wave, above 64 tokens, persistent 128 x 128 tiles, 8 warps,
+    5 stages, warp-specialized too, where more than 64 tiles fill the GPU.
     """
     if wgmma and block == 128 and n % 128 == 0:
         if m <= 16:
@@ -287,16 +287,12 @@ def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
             if tiles <= FEW_SWAPPED_TILES:
                 return dataclasses.replace(cfg, num_stages=8, split_k=k_split(
                     cfg, m, g, n, k // block, most=ONE_WAVE_TILES))
-        if m > 16:
-            cfg = GemmConfig(64, 128, num_warps=4, num_stages=6, wgmma=True)
-            tiles = programs(cfg, m, g, n)
-            if FEW_PROGRAMS < tiles <= ONE_WAVE_TILES:
+        if m > 16 and (cfg := wave_tile(m, g, n)) is not None:
+            if programs(cfg, m, g, n) > FEW_PROGRAMS:
                 return cfg
-            # Up to 64 tokens, a grid of exactly FEW_PROGRAMS (G = 8) takes the pointer tiles.
-            if tiles < FEW_PROGRAMS or (tiles == FEW_PROGRAMS and m > 64):
-                cfg = GemmConfig(64, 64, num_warps=4, num_stages=8, wgmma=True)
-                split = k_split(cfg, m, g, n, k // block, most=ONE_WAVE_TILES)
-                return dataclasses.replace(cfg, split_k=split)
+            cfg = GemmConfig(64, 64, num_warps=4, num_stages=8, wgmma=True)
+            split = k_split(cfg, m, g, n, k // block, most=ONE_WAVE_TILES)
+            return dataclasses.replace(cfg, split_k=split)
         if m > 64:
             cfg = GemmConfig(128, 128, num_warps=8, num_stages=5, wgmma=True, programs_per_sm=1)
             if programs(cfg, m, g, n) > FEW_PROGRAMS:
@@ -317,6 +313,22 @@ def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
         cfg = GemmConfig(64, 64, num_warps=4, num_stages=4)
     return dataclasses.replace(cfg, split_k=k_split(cfg, m, g, n, k // block), tma=False,
                                num_stages=4)
+
+
+#: Weight rows and stages of the persistent 64-token tiles ``wave_tile`` picks from, narrowest
+#: first; each width takes the stages measured best for it on the H200.
+WAVE_TILES = ((32, 12), (64, 10), (128, 6))
+
+
+def wave_tile(m: int, g: int, n: int) -> GemmConfig | None:
+    """The narrowest persistent 64-token wgmma tile of ``WAVE_TILES`` whose tiles fit one wave
+    (``ONE_WAVE_TILES``), so the most programs share the weight; ``None`` where none fits."""
+    for block_n, stages in WAVE_TILES:
+        cfg = GemmConfig(64, block_n, num_warps=4, num_stages=stages, wgmma=True,
+                         programs_per_sm=1)
+        if programs(cfg, m, g, n) <= ONE_WAVE_TILES:
+            return cfg
+    return None
 
 
 def k_split(cfg: GemmConfig, m: int, g: int, n: int, k_blocks: int, *, most: int = 256) -> int:

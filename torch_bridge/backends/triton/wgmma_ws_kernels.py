@@ -1,4 +1,4 @@
-"""Warp-specialized Gluon variant of the Hopper wgmma GEMM, for persistent 128-row tiles.
+"""Warp-specialized Gluon variant of the Hopper wgmma GEMM, for its persistent tiles.
 
 ``wgmma_kernels.batched_gemm_a8w8_mxscale_wgmma_kernel`` has one set of warps both request the
 TMA loads and run the MMAs, so each refill waits behind the MMA wait that frees its stage. Here a
