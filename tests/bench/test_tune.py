@@ -115,12 +115,13 @@ def test_gemm_candidates_time_the_wgmma_kernel_split_1_to_8_ways(m):
 @pytest.mark.parametrize("g,m", ((2, 16), (2, 64), (4, 64), (2, 128)))
 def test_split_candidates_rank_the_pointer_split_beside_the_wgmma_splits(g, m):
     """"gemm-split" times the pointer kernel's own K split for the shape first, then every
-    wgmma split and the narrow unsplit tiles, each once."""
+    wgmma split, the narrow unsplit tiles and the persistent 64-token tiles, each once."""
     got = tune.split_candidates(m, g, problem.GPU)
     assert got[0] == configs.gemm_config(m, g, 1024, 4096, 128) and not got[0].wgmma
     assert got[0].split_k > 1
-    rest = tune.wgmma_split_candidates(m) + tune.narrow_candidates(m)
+    rest = tune.wgmma_split_candidates(m) + tune.narrow_candidates(m) + tune.wave_candidates()
     assert [c.label() for c in got[1:]] == [c.label() for c in rest]
+    assert configs.gemm_config(m, g, 1024, 4096, 128, wgmma=True) in got
     assert all(c.split_k == 1 and c.block_n <= 32 for c in tune.narrow_candidates(m))
 
 

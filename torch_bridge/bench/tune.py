@@ -28,7 +28,7 @@ def gemm_candidates(m: int, g: int | None = None, n: int = 1024) -> list:
     from torch_bridge.backends.triton import configs
 
     out = {c.label(): c for c in _gemm_candidates(m) + wgmma_split_candidates(m)
-           + narrow_candidates(m)}
+           + narrow_candidates(m) + wave_candidates()}
     fills = g is not None and configs.programs(
         configs.GemmConfig(64, 128), m, g, n) > configs.ONE_WAVE_TILES
     return [c for c in out.values() if not (fills and c.split_k > 1)]
@@ -46,6 +46,14 @@ def narrow_candidates(m: int) -> list:
     if m <= 16:
         out += [C(16, bn, 1, True, 4, st) for bn in (16, 32) for st in (4, 6)]
     return out
+
+
+def wave_candidates() -> list:
+    """The persistent warp-specialized 64-token tiles ``configs.wave_tile`` picks from."""
+    from torch_bridge.backends.triton import configs
+
+    return [configs.GemmConfig(64, bn, num_warps=4, num_stages=st, wgmma=True,
+                               programs_per_sm=1) for bn, st in configs.WAVE_TILES]
 
 
 def wgmma_split_candidates(m: int) -> list:
@@ -67,13 +75,14 @@ def wgmma_split_candidates(m: int) -> list:
 
 
 def split_candidates(m: int, g: int, sweep: problem.Sweep) -> list:
-    """The wgmma kernel's K splits beside the pointer kernel's own rule for the shape (what
-    ``gemm_config`` gives where the wgmma kernel cannot run), so one run ranks the two."""
+    """The wgmma kernel's K splits, its narrow and its persistent 64-token tiles beside the
+    pointer kernel's own rule for the shape (what ``gemm_config`` gives where the wgmma kernel
+    cannot run), so one run ranks them."""
     from torch_bridge.backends.triton import configs
 
     pointer = configs.gemm_config(m, g, sweep.n, sweep.k, 128)  # V4 scale block
     return [pointer] + [c for c in wgmma_split_candidates(m) + narrow_candidates(m)
-                        if c.label() != pointer.label()]
+                        + wave_candidates() if c.label() != pointer.label()]
 
 
 def _gemm_candidates(m: int) -> list:
