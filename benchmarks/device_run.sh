@@ -9,7 +9,8 @@
 #   bash benchmarks/device_run.sh jax_step # jitted 8- and 61-layer steps, G = $WOA_STEP_GROUPS (16)
 #                                          # (WOA_STEP_LAYERS, WOA_STEP_MS: fewer per call)
 #   bash benchmarks/device_run.sh decode   # G 2/4 decode batches beside DeepGEMM and vLLM (after
-#                                          # source out/peers/device_peers.sh), wgmma K splits
+#                                          # source out/peers/device_peers.sh), the wgmma tiles
+#                                          # (WOA_DECODE_GROUPS, WOA_DECODE_MS: other shapes)
 #   bash benchmarks/device_run.sh capture  # which launches XLA records in command buffers, and
 #                                          # the native step with and without them
 #   WOA_BEFORE=dir WOA_BEFORE_COMMIT=sha bash benchmarks/device_run.sh compare
@@ -82,10 +83,11 @@ jax_step)
   ;;
 decode)
   export CUDA_VISIBLE_DEVICES=0
-  timeout 240 $BENCH --groups 2,4 --ms 16,64,128,256 --reps 10 --providers \
+  groups=${WOA_DECODE_GROUPS:-2,4} ms=${WOA_DECODE_MS:-16,64,128,256}
+  timeout 240 $BENCH --groups "$groups" --ms "$ms" --reps 10 --providers \
     quant_triton,quant_vllm,gemm_triton,gemm_deepgemm,chain_fp8,chain_peer > "$OUT/decode.log" 2>&1
-  grep -E "│ +(2|4) │" "$OUT/decode.log" | cut -c1-160
-  timeout 150 $BENCH --tune --tune-kinds gemm-split --groups 2,4 --ms 16,64,128,256 --reps 10 \
+  grep -E "│ +[0-9]+ │" "$OUT/decode.log" | cut -c1-160
+  timeout 150 $BENCH --tune --tune-kinds gemm-split --groups "$groups" --ms "$ms" --reps 10 \
     > "$OUT/decode_tune.log" 2>&1
   grep -E "^tune" "$OUT/decode_tune.log" | cut -c1-100
   ;;
