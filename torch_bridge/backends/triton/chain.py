@@ -37,7 +37,6 @@ from ._common import (
     signature,
     target,
 )
-from .bf16_configs import Bf16GemmConfig
 from .configs import GemmConfig
 from .gemm import batched_gemm_a8w8_mxscale, chain_dependent
 from .quant import inverse_rope_group_quant
@@ -467,7 +466,7 @@ def _wo_a_bf16_op(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Ten
     if o.shape[0] == 0:
         return
     _launch_inverse_rope(o, positions, cos_cache, sin_cache, tails)
-    cfg = Bf16GemmConfig(block_m, block_n, block_k, num_warps, num_stages, tma)
+    cfg = bf16_configs.Bf16GemmConfig(block_m, block_n, block_k, num_warps, num_stages, tma)
     tma = tma and bf16_tma_ok(o, w, block_n)
     key = ("wo_a_bf16", *signature(o), *signature(tails), *signature(w), *signature(out), cfg,
            tma)
@@ -509,7 +508,7 @@ def _rotating_launch(o, positions, cos_cache, sin_cache, w, out, shape: tuple):
     s, _, dh = o.shape
     g, n, k = w.shape
     run = launch_for(key, lambda: Launch(plans.wo_a_bf16_rotating(
-        s, dh, 2 * cos_cache.shape[1], g, n, k, Bf16GemmConfig(*shape), o=o.stride(),
+        s, dh, 2 * cos_cache.shape[1], g, n, k, bf16_configs.Bf16GemmConfig(*shape), o=o.stride(),
         cos_row=cos_cache.stride(0), sin_row=sin_cache.stride(0), w=w.stride(),
         y=out.stride(), o_dtype=dtype_name(o.dtype), rope_dtype=dtype_name(cos_cache.dtype),
         target=target())))
@@ -523,7 +522,7 @@ _ROTATING_TENSORS = (0, 1, 2, 3, 4, 7)
 def wo_a_bf16(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
               sin_cache: torch.Tensor, w_bf16: torch.Tensor, num_groups: int, *,
               overwrite_o: bool = False, from_o: bool | None = None,
-              config: Bf16GemmConfig | None = None) -> torch.Tensor:
+              config: bf16_configs.Bf16GemmConfig | None = None) -> torch.Tensor:
     """The BF16 chain ``y = inv_rope(o) @ w^T`` per group, fp32 accumulation, bf16 out.
 
     Not in place, ``o`` is never written. Where ``bf16_configs.bf16_gemm_chosen`` says so, the
