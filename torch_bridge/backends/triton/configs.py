@@ -316,7 +316,7 @@ def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
 
 
 #: Weight rows and stages of the persistent 64-token tiles ``wave_tile`` picks from, narrowest
-#: first; each width takes the stages measured best for it on the H200.
+#: first; each width with the stages it was measured at on the H200.
 WAVE_TILES = ((32, 12), (64, 10), (128, 6))
 
 
