@@ -135,8 +135,9 @@ def take_references(cases: list[Case]) -> None:
     torch.cuda.synchronize()
 
 
-def _eager_worker(cases, calls: int, rng: random.Random, out: Outcome, lock) -> None:
-    stream = torch.cuda.Stream()
+def _eager_worker(cases, calls: int, rng: random.Random, out: Outcome, lock,
+                  stream: torch.cuda.Stream | None = None) -> None:
+    stream = stream or torch.cuda.Stream()
     for _ in range(calls):
         case = rng.choice(cases)
         i = rng.randrange(INPUT_SETS)
@@ -225,15 +226,19 @@ def graph_cases(seed: int) -> list[GraphCase]:
 
 
 def stress(cases: list[Case] | list[list[Case]], *, threads: int, calls: int, seed: int,
-           graphs: list[GraphCase] | None = None, replays: int = 0) -> Outcome:
+           graphs: list[GraphCase] | None = None, replays: int = 0,
+           one_stream: bool = False) -> Outcome:
     """``threads`` eager threads making ``calls`` calls in all, plus one capturing thread
     replaying ``replays`` graphs of ``graphs``; returns what went wrong. ``cases`` is one list
-    for every thread, or a list of lists that the threads take in turn."""
+    for every thread, or a list of lists that the threads take in turn. ``one_stream``: the
+    eager threads share the caller's stream (where ``take_references`` bound the direct
+    launches) instead of one each."""
     out, lock = Outcome(), threading.Lock()
+    shared = torch.cuda.current_stream() if one_stream else None
     shares = cases if isinstance(cases[0], list) else [cases]
     workers = [threading.Thread(target=_eager_worker,
                                 args=(shares[t % len(shares)], calls // threads,
-                                      random.Random(seed + t), out, lock))
+                                      random.Random(seed + t), out, lock, shared))
                for t in range(threads)]
     if graphs:
         workers.append(threading.Thread(target=_graph_worker,

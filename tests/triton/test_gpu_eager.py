@@ -313,3 +313,44 @@ def test_tritons_public_launch_gives_the_direct_launches_bits(monkeypatch, g, s)
     for a, b in zip(public, direct, strict=True):
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), f"seed {seed}"
     assert not bound
+
+
+@pytest.mark.parametrize("g,s", [(2, 64), (16, 64), (2, 1024)])
+def test_unfused_layer_keeps_its_activations_for_the_stream_it_was_bound_on(g, s):
+    """Unfused decode sizes: the bound quant writes activations kept for its stream (one set
+    per stream, shared by every layer); another stream or a capture takes the op's path. From
+    ``SCRATCH_BYTES`` each call makes its own. Every route gives the chain's bits."""
+    import torch_bridge as tb
+    from torch_bridge.backends.triton import chain_eager, launch
+
+    seed = new_seed()
+    w, ws = checkpoint(g, seed)
+    o, pos, cos, sin = rope_inputs(s, g, seed, rope_dtype=torch.float32)
+    want = launch.wo_a_fp8(o, pos, cos, sin, w.view(g, -1, w.shape[1]),
+                           ws.view(g, -1, ws.shape[1]), g)
+    layers = [tb.WoAProjection(w, ws, g, cos, sin) for _ in range(2)]
+    kept = s * g * w.shape[1] <= chain_eager.SCRATCH_BYTES
+    chain_eager._KEPT.clear()  # bound launches hold their own; new binds make new sets
+    stream = torch.cuda.current_stream().cuda_stream
+    for layer in layers:
+        assert torch.equal(layer(o, pos), want), f"seed {seed}"
+        (bound,) = [p.eager for p in layer._plans.values() if p.eager]
+        assert torch.equal(bound(o, pos), want), f"seed {seed}"
+    mine = [v for key, v in chain_eager._KEPT.items() if key[1] == stream and key[3] == g]
+    assert len(chain_eager._KEPT) == len(mine) == kept, "one set per stream and G, or none"
+    if kept:
+        assert mine[0].x.numel() == chain_eager.SCRATCH_BYTES
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        assert (bound(o, pos) is None) == kept  # kept activations stay on their stream
+        y = layers[0](o, pos)
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(y, want), f"seed {seed}"
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        captured = layers[1](o, pos)
+    captured.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, want), f"seed {seed}"

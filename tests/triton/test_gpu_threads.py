@@ -50,6 +50,19 @@ def test_decode_calls_beside_prefill_calls(cases):
     _clean(got, seed, 6_000)
 
 
+def test_threads_sharing_one_stream_get_the_single_threaded_bits(cases):
+    """Six threads call random cases on the stream the cases were bound on: the FP8 layers'
+    direct launches write the activations kept for it (``chain_eager.stream_activations``), so
+    each chain's two launches must reach the stream before another thread's quant."""
+    from torch_bridge.backends.triton import chain_eager
+
+    seed, found = cases
+    stream = torch.cuda.current_stream().cuda_stream
+    assert any(key[1] == stream for key in chain_eager._KEPT), "no activations kept"
+    got = stress(found, threads=6, calls=3_000, seed=seed + 2, one_stream=True)
+    _clean(got, seed, 3_000)
+
+
 def test_capturing_a_layers_first_call_raises_and_leaves_it_usable():
     """The first call converts the weight on the calling stream; under capture that work
     would run only at replay, so it raises, and the layer works once called eagerly."""

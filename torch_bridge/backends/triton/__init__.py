@@ -116,7 +116,8 @@ class _TritonBackend:
 
     def eager_launcher(self, op: str, *args):
         """A direct launcher of the compiled kernel for eager calls that repeat this signature
-        (``quant.eager_quant``, ``gemm.eager_gemm``, ``chain.eager_wo_a_fp8``), or ``None``."""
+        (``quant.eager_quant``, ``gemm.eager_gemm``, ``chain_eager.eager_wo_a_fp8``), or
+        ``None``."""
         if op == "inverse_rope_group_quant":
             from .quant import eager_quant
 
@@ -125,7 +126,7 @@ class _TritonBackend:
             from .gemm import eager_gemm
 
             return eager_gemm(*args)
-        from .chain import eager_wo_a_fp8
+        from .chain_eager import eager_wo_a_fp8
 
         return eager_wo_a_fp8(*args)
 

@@ -23,7 +23,6 @@ from ...interop import e8m0_bytes
 from . import bf16_configs, configs, plans
 from ._common import (
     Launch,
-    current_stream,
     dtype_name,
     last_dims_contiguous,
     launch_for,
@@ -97,88 +96,6 @@ def _wo_a_fp8_launch(o, positions, cos_cache, sin_cache, w, w_scale, x_fp8, x_sc
         run = launch_for((key, split), lambda: make(split))
     return run, (o, positions, cos_cache, sin_cache, w, w_scale, o.shape[0], cos_cache.shape[0],
                  x_fp8, x_scale, out, parts, counters)
-
-
-#: Where ``_wo_a_fp8_launch``'s runtime arguments hold the call's tensors.
-_WO_A_FP8_TENSORS = (0, 1, 2, 3, 4, 5, 8, 9, 10, 11, 12)
-
-
-def eager_wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: int,
-                   amax_floor: float):
-    """For plain eager calls of ``wo_a_fp8`` (bf16 out, default launch shape) that repeat this
-    signature with new outputs: ``run(o, positions) -> out | None`` with this call's tables and
-    weight (``None``: this call needs the op's path), or ``None`` before the chain's first
-    launch of this signature or for operands the launcher would first repack.
-
-    Where the chain fuses, the fused kernel is launched directly; the prologue's activations and
-    split-K's scratch are kept for the launches on the current stream (``_common.Bound``): each
-    launch writes and reads them back itself, and launches on one stream never overlap. Else the
-    quant's and the GEMM's direct launchers run one after the other (``eager_quant``,
-    ``eager_gemm``), as ``wo_a_fp8`` launches them."""
-    s, h, dh = o.shape
-    g, n, k = w.shape
-    block = k // w_scale.shape[2]
-    if (not o.is_cuda or s == 0 or last_dims_contiguous(o) is not o
-            or any(t.stride(-1) != 1 for t in (positions, cos_cache, sin_cache))
-            or not w.is_contiguous() or not w_scale.is_contiguous()):
-        return None
-    if (configs.wo_a_fp8_blocker(dh, 2 * cos_cache.shape[1], block, None)
-            or not configs.wo_a_fp8_chosen(s, g, n, k, block)):
-        return _eager_unfused(o, positions, cos_cache, sin_cache, w, w_scale, amax_floor)
-    cfg = configs.wo_a_fp8_config(s, g, n, k, block)
-    ws = e8m0_bytes(w_scale)
-    device = o.device
-    x_fp8 = torch.empty((s, g, k), dtype=w.dtype, device=device)
-    x_scale = torch.empty((s, g, k // block), dtype=torch.uint8, device=device)
-    out = torch.empty((s, g, n), dtype=torch.bfloat16, device=device)
-    run, args = _wo_a_fp8_launch(o, positions, cos_cache, sin_cache, w, ws, x_fp8, x_scale,
-                                 out, float(amax_floor), cfg.block_m, cfg.block_n, cfg.split_k,
-                                 cfg.num_warps, cfg.num_stages)
-    bound = run.bind(args, _WO_A_FP8_TENSORS, current_stream(), checked=2)
-    if bound is None:
-        return None
-    scratch = args[11:] if run.plan.split_k > 1 else None
-    shape = tuple(out.shape)
-    strides = row_major(shape)
-
-    def run(o, positions):
-        out = torch.empty_strided(shape, strides, dtype=torch.bfloat16, device=device)
-        if bound((o, positions, cos_cache, sin_cache, w, ws, x_fp8, x_scale, out,
-                  *(scratch or (out, out)))):
-            return out
-        return None
-    return run
-
-
-def _eager_unfused(o, positions, cos_cache, sin_cache, w, w_scale, amax_floor: float):
-    """``eager_wo_a_fp8`` where the chain does not fuse: the quant's direct launcher, then the
-    GEMM's (``None`` where either has none), as ``wo_a_fp8`` launches them."""
-    from .gemm import eager_gemm
-    from .quant import eager_quant
-
-    s, h, _ = o.shape
-    g, n, k = w.shape
-    block = k // w_scale.shape[2]
-    dependent = chain_dependent(s, g, n, k, block, o.device)
-    quant = eager_quant(o, positions, cos_cache, sin_cache, g, block, amax_floor, w.dtype,
-                        config=configs.quant_config(s, heads=h, dependent=dependent))
-    gemm = quant and eager_gemm(
-        torch.empty((s, g, k), dtype=w.dtype, device=o.device), w,
-        torch.empty((s, g, k // block), dtype=torch.float8_e8m0fnu, device=o.device), w_scale,
-        torch.bfloat16, dependent=dependent)
-    if not gemm:
-        return None
-
-    def run(o, positions):
-        got = quant(o, positions, cos_cache, sin_cache)
-        if got is None:
-            return None
-        x, xs = got
-        y = gemm(x, w, xs, w_scale)
-        # The quant launched: the GEMM's own path finishes a call its launcher refuses.
-        return y if y is not None else batched_gemm_a8w8_mxscale(x, w, xs, w_scale,
-                                                                  dependent=dependent)
-    return run
 
 
 def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,

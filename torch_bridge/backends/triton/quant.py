@@ -61,7 +61,8 @@ _QUANT_TENSORS = (0, 1, 2, 3, 9, 10)
 
 def eager_quant(o, positions, cos_cache, sin_cache, num_groups: int, quant_group_size: int,
                 amax_floor: float, fp8_dtype: torch.dtype, x_fp8: torch.Tensor | None = None,
-                x_scale: torch.Tensor | None = None, config: QuantConfig | None = None):
+                x_scale: torch.Tensor | None = None, config: QuantConfig | None = None,
+                stream: int | None = None):
     """For plain eager calls that repeat this call's signature (the ops layer checks that):
     ``run(o, positions, cos_cache, sin_cache, x_fp8=None, x_scale=None) -> (x_fp8, x_scale) |
     None``, the compiled kernel launched directly (``None``: this call needs Triton's path).
@@ -70,7 +71,9 @@ def eager_quant(o, positions, cos_cache, sin_cache, num_groups: int, quant_group
     output not given is made new, the scales as float8_e8m0fnu, the public op's dtype (the
     kernel takes their address only). ``None`` when there is nothing to bind: no launch of
     this signature yet, or operands that the launcher would first repack. ``config``: the
-    launch shape (``None``: ``configs.quant_config(S, heads=H)``)."""
+    launch shape (``None``: ``configs.quant_config(S, heads=H)``). ``stream``: the given
+    buffers belong to that stream's launches (``_common.Bound``): another stream or a capture
+    takes the op's path."""
     s, h, dh = o.shape
     if (not o.is_cuda or s == 0 or last_dims_contiguous(o) is not o
             or any(t.stride(-1) != 1 for t in (positions, cos_cache, sin_cache))):
@@ -84,7 +87,7 @@ def eager_quant(o, positions, cos_cache, sin_cache, num_groups: int, quant_group
           else torch.empty(shape_s, dtype=torch.uint8, device=device))
     run, args = _quant_launch(o, positions, cos_cache, sin_cache, q, sc, quant_group_size,
                               float(amax_floor), config or configs.quant_config(s, heads=h))
-    bound = run.bind(args, _QUANT_TENSORS, checked=6 if given else 4)
+    bound = run.bind(args, _QUANT_TENSORS, stream, checked=6 if given else 4)
     if bound is None:
         return None
     e8m0 = torch.float8_e8m0fnu

@@ -1,0 +1,63 @@
+"""The FP8 chain's eager repeats keep one set of quantized activations per stream
+(``chain_eager.stream_activations``): the registry's rules, on CPU tensors."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch_bridge.backends.triton import chain_eager  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _empty_registry():
+    saved = dict(chain_eager._KEPT)
+    chain_eager._KEPT.clear()
+    yield
+    chain_eager._KEPT.clear()
+    chain_eager._KEPT.update(saved)
+
+
+def test_one_set_per_stream_and_problem_sized_to_the_scratch_bound():
+    cpu = torch.device("cpu")
+    fp8 = torch.float8_e4m3fn
+    a = chain_eager.stream_activations(cpu, 7, fp8, 2, 4096, 128)
+    assert chain_eager.stream_activations(cpu, 7, fp8, 2, 4096, 128) is a
+    assert a.x.shape == (chain_eager.SCRATCH_BYTES // (2 * 4096), 2, 4096) and a.x.dtype == fp8
+    assert a.scale.shape == (a.x.shape[0], 2, 32) and a.scale.dtype == torch.uint8
+    others = {chain_eager.stream_activations(cpu, 8, fp8, 2, 4096, 128),
+              chain_eager.stream_activations(cpu, 7, fp8, 16, 4096, 128),
+              chain_eager.stream_activations(cpu, 7, fp8, 2, 4096, 32)}
+    assert len(others) == 3 and a not in others
+    assert len(chain_eager._KEPT) == 4
+    assert chain_eager.stream_activations(cpu, 7, fp8, 16, 4096, 128).x.shape[0] == 64
+
+
+def test_threads_asking_at_once_get_one_set():
+    cpu = torch.device("cpu")
+    got, start = [], threading.Barrier(8)
+
+    def ask():
+        start.wait()
+        got.append(chain_eager.stream_activations(cpu, 3, torch.float8_e4m3fn, 4, 4096, 128))
+
+    workers = [threading.Thread(target=ask) for _ in range(8)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    assert len(got) == 8 and all(a is got[0] for a in got)
+
+
+def test_cpu_calls_bind_no_direct_launch():
+    """Direct launches are CUDA's: a CPU call signature binds none (the op's path runs)."""
+    o = torch.zeros((16, 8, 512), dtype=torch.bfloat16)
+    pos = torch.zeros(16, dtype=torch.int32)
+    cos = sin = torch.ones((64, 32))
+    w = torch.zeros((2, 1024, 4096), dtype=torch.float8_e4m3fn)
+    ws = torch.zeros((2, 8, 32), dtype=torch.uint8)
+    assert chain_eager.eager_wo_a_fp8(o, pos, cos, sin, w, ws, 2, 1e-8) is None
+    assert not chain_eager._KEPT

@@ -1,0 +1,149 @@
+"""Direct launches of the FP8 chain for plain eager calls that repeat a signature.
+
+Where the chain fuses, the fused kernel is launched directly. Elsewhere the quant's and the
+GEMM's direct launchers run one after the other, as ``chain.wo_a_fp8`` launches them; at
+decode sizes (``SCRATCH_BYTES``) the quant writes into activations kept for the stream,
+because two allocations cost an eager call more host time than the launches save.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import torch
+
+from ...interop import e8m0_bytes
+from . import configs
+from ._common import current_stream, last_dims_contiguous, row_major
+from .chain import _wo_a_fp8_launch
+from .gemm import batched_gemm_a8w8_mxscale, chain_dependent, eager_gemm
+from .quant import eager_quant
+
+#: Where ``_wo_a_fp8_launch``'s runtime arguments hold the call's tensors.
+_WO_A_FP8_TENSORS = (0, 1, 2, 3, 4, 5, 8, 9, 10, 11, 12)
+
+#: Quantized activations up to this size (``[S, G, K]`` fp8: 512 tokens at G = 2, 64 at
+#: G = 16) go to the stream's kept buffers; larger calls allocate their own, as their GPU
+#: time hides the allocation.
+SCRATCH_BYTES = 4 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamActivations:
+    """The quant's outputs kept for one stream, device and (G, K, B, fp8 dtype): ``x``
+    ``[SCRATCH_BYTES / (G K), G, K]`` and ``scale`` ``[.., G, K / B]`` uint8. ``lock`` is held
+    from the quant's launch to the GEMM's, so that two threads on one stream cannot launch a
+    second quant into the buffers before the first GEMM is queued behind the first quant."""
+
+    x: torch.Tensor
+    scale: torch.Tensor
+    lock: threading.Lock
+
+
+_KEPT: dict[tuple, StreamActivations] = {}
+_KEPT_LOCK = threading.Lock()
+
+
+def stream_activations(device: torch.device, stream: int, fp8: torch.dtype, g: int, k: int,
+                       block: int) -> StreamActivations:
+    """The kept activations of ``stream`` (made on first use, on that stream)."""
+    key = (device, stream, fp8, g, k, block)
+    with _KEPT_LOCK:
+        found = _KEPT.get(key)
+        if found is None:
+            rows = max(1, SCRATCH_BYTES // (g * k))
+            found = _KEPT[key] = StreamActivations(
+                torch.empty((rows, g, k), dtype=fp8, device=device),
+                torch.empty((rows, g, k // block), dtype=torch.uint8, device=device),
+                threading.Lock())
+    return found
+
+
+def eager_wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: int,
+                   amax_floor: float):
+    """For plain eager calls of ``wo_a_fp8`` (bf16 out, default launch shape) that repeat this
+    signature with new outputs: ``run(o, positions) -> out | None`` with this call's tables and
+    weight (``None``: this call needs the op's path), or ``None`` before the chain's first
+    launch of this signature or for operands the launcher would first repack.
+
+    The fused kernel's prologue activations and split-K's scratch are kept for the launches on
+    the current stream (``_common.Bound``): each launch writes and reads them back itself, and
+    launches on one stream never overlap. Unfused: ``_eager_unfused``."""
+    s, h, dh = o.shape
+    g, n, k = w.shape
+    block = k // w_scale.shape[2]
+    if (not o.is_cuda or s == 0 or last_dims_contiguous(o) is not o
+            or any(t.stride(-1) != 1 for t in (positions, cos_cache, sin_cache))
+            or not w.is_contiguous() or not w_scale.is_contiguous()):
+        return None
+    if (configs.wo_a_fp8_blocker(dh, 2 * cos_cache.shape[1], block, None)
+            or not configs.wo_a_fp8_chosen(s, g, n, k, block)):
+        return _eager_unfused(o, positions, cos_cache, sin_cache, w, w_scale, amax_floor)
+    cfg = configs.wo_a_fp8_config(s, g, n, k, block)
+    ws = e8m0_bytes(w_scale)
+    device = o.device
+    x_fp8 = torch.empty((s, g, k), dtype=w.dtype, device=device)
+    x_scale = torch.empty((s, g, k // block), dtype=torch.uint8, device=device)
+    out = torch.empty((s, g, n), dtype=torch.bfloat16, device=device)
+    run, args = _wo_a_fp8_launch(o, positions, cos_cache, sin_cache, w, ws, x_fp8, x_scale,
+                                 out, float(amax_floor), cfg.block_m, cfg.block_n, cfg.split_k,
+                                 cfg.num_warps, cfg.num_stages)
+    bound = run.bind(args, _WO_A_FP8_TENSORS, current_stream(), checked=2)
+    if bound is None:
+        return None
+    scratch = args[11:] if run.plan.split_k > 1 else None
+    shape = tuple(out.shape)
+    strides = row_major(shape)
+
+    def run(o, positions):
+        out = torch.empty_strided(shape, strides, dtype=torch.bfloat16, device=device)
+        if bound((o, positions, cos_cache, sin_cache, w, ws, x_fp8, x_scale, out,
+                  *(scratch or (out, out)))):
+            return out
+        return None
+    return run
+
+
+def _eager_unfused(o, positions, cos_cache, sin_cache, w, w_scale, amax_floor: float):
+    """``eager_wo_a_fp8`` where the chain does not fuse: the quant's direct launcher, then the
+    GEMM's (``None`` where either has none), as ``wo_a_fp8`` launches them. Up to
+    ``SCRATCH_BYTES`` of activations the quant writes the current stream's kept activations
+    (``stream_activations``); another stream or a capture then takes the op's path."""
+    s, h, _ = o.shape
+    g, n, k = w.shape
+    block = k // w_scale.shape[2]
+    device = o.device
+    dependent = chain_dependent(s, g, n, k, block, device)
+    quant_config = configs.quant_config(s, heads=h, dependent=dependent)
+    kept = None
+    if s * g * k <= SCRATCH_BYTES:
+        stream = current_stream(device.index)
+        kept = stream_activations(device, stream, w.dtype, g, k, block)
+        x, x_scale = kept.x[:s], kept.scale[:s]
+        quant = eager_quant(o, positions, cos_cache, sin_cache, g, block, amax_floor, w.dtype,
+                            x_fp8=x, x_scale=x_scale, config=quant_config, stream=stream)
+    else:
+        x = torch.empty((s, g, k), dtype=w.dtype, device=device)
+        x_scale = torch.empty((s, g, k // block), dtype=torch.float8_e8m0fnu, device=device)
+        quant = eager_quant(o, positions, cos_cache, sin_cache, g, block, amax_floor, w.dtype,
+                            config=quant_config)
+    gemm = quant and eager_gemm(x, w, x_scale, w_scale, torch.bfloat16, dependent=dependent)
+    if not gemm:
+        return None
+
+    def launch(o, positions):
+        got = quant(o, positions, cos_cache, sin_cache, *((x, x_scale) if kept else ()))
+        if got is None:
+            return None
+        y = gemm(*got[:1], w, got[1], w_scale)
+        # The quant launched: the GEMM's own path finishes a call its launcher refuses.
+        return y if y is not None else batched_gemm_a8w8_mxscale(got[0], w, got[1], w_scale,
+                                                                  dependent=dependent)
+    if kept is None:
+        return launch
+
+    def run(o, positions):
+        with kept.lock:
+            return launch(o, positions)
+    return run
