@@ -109,7 +109,7 @@ def test_host_cost_mode_times_each_public_op_beside_torch(bench):
 def test_prefill_rows_total_each_chain(bench):
     rc, rows = bench("--prefill")
     assert rc == 0
-    assert [r["provider"] for r in rows] == ["chain_bf16", "chain_bf16_ref", "chain_fp8_triton"]
+    assert [r["provider"] for r in rows] == ["chain_bf16", "chain_bf16_ref", "chain_fp8"]
     for r in rows:
         assert r["mode"] == "prefill" and r["M"] == 40 and r["chunk"] == 16
         assert len(r["runs_ms"].split()) == 3 and r["us"] > 0

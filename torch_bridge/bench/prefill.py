@@ -11,13 +11,14 @@ import time
 from . import problem, timing
 from .providers import projection
 
-CHAINS = ("chain_bf16", "chain_bf16_ref", "chain_fp8_triton")
+#: The shipped layers as users call them (``WoAProjection``, BF16 fallback and FP8), and the
+#: reference BF16 chain.
+CHAINS = ("chain_bf16", "chain_bf16_ref", "chain_fp8")
 
 
 def run_prefill(sweep: problem.Sweep, cfg: problem.Prefill, *, on_gpu: bool, progress,
                 seed: int) -> list[dict]:
     """Rows of ``cfg.runs`` runs per chain and G: ``total_ms`` (median) and ``runs_ms``."""
-    import torch
 
     from torch_bridge.backends.triton import launch
 
@@ -31,14 +32,10 @@ def run_prefill(sweep: problem.Sweep, cfg: problem.Prefill, *, on_gpu: bool, pro
         totals: dict[str, list[float]] = {name: [] for name in CHAINS}
         for run in range(cfg.runs):
             p = problem.make_problem(sweep, g, cfg.chunk, device, seed + 100 * run)
-            xq, xs = torch.empty_like(p.x), torch.empty_like(p.xs)
-            y = torch.empty((cfg.chunk, g, sweep.n), dtype=torch.bfloat16, device=device)
-            layer = projection(p, "bf16")
+            layer, fp8_layer = projection(p, "bf16"), projection(p, "auto")
 
-            def fp8(s, p=p, xq=xq, xs=xs, y=y, g=g):
-                launch.inverse_rope_group_quant(p.o[:s], p.pos[:s], p.cos_bf16, p.sin_bf16, g,
-                                                128, x_fp8=xq[:s], x_scale=xs[:s])
-                launch.batched_gemm_a8w8_mxscale(xq[:s], p.w, xs[:s], p.ws, out=y[:s])
+            def fp8(s, p=p, fp8_layer=fp8_layer):
+                fp8_layer(p.o[:s], p.pos[:s])
 
             def ref(s, p=p, g=g):
                 launch.wo_a_bf16(p.o_work[:s], p.pos[:s], p.cos32, p.sin32, p.w_bf16, g,
@@ -53,7 +50,7 @@ def run_prefill(sweep: problem.Sweep, cfg: problem.Prefill, *, on_gpu: bool, pro
                     fn(s)
                 totals[name].append(_total_ms(fn, chunks, on_gpu))
                 progress.advance(task)
-            del p, layer
+            del p, layer, fp8_layer
         for name, ms in totals.items():
             rows.append({"mode": "prefill", "kind": "chain", "provider": name, "G": g,
                          "M": cfg.tokens, "N": sweep.n, "K": sweep.k, "chunk": cfg.chunk,

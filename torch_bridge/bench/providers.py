@@ -38,29 +38,37 @@ def _out(p: Problem):
 
 
 def quant_triton(sets, on_gpu, *, config=None):
-    """``config``: a ``QuantConfig`` instead of the built-in choice (``--tune``)."""
+    """The public op on the Triton backend, into the set's buffers; ``config``: the launcher
+    with a ``QuantConfig`` instead of the built-in choice (``--tune``)."""
+    import torch_bridge as tb
     from torch_bridge.backends.triton import launch
 
-    p0 = sets[0]
-    q, s = launch.inverse_rope_group_quant(p0.o, p0.pos, p0.cos_bf16, p0.sin_bf16, p0.g, 128,
-                                           config=config)
-    msg = check_quant_bytes(q, s, p0)
-    return [(lambda p=p: launch.inverse_rope_group_quant(
-        p.o, p.pos, p.cos_bf16, p.sin_bf16, p.g, 128, x_fp8=p.x, x_scale=p.xs, config=config))
-        for p in sets], msg
+    def quant(p, **buffers):
+        if config is not None:
+            return launch.inverse_rope_group_quant(p.o, p.pos, p.cos_bf16, p.sin_bf16, p.g,
+                                                   128, config=config, **buffers)
+        return tb.inverse_rope_group_quant(p.o, p.pos, p.cos_bf16, p.sin_bf16, p.g, 128,
+                                           backend="triton", **buffers)
+
+    msg = check_quant_bytes(*quant(sets[0]), sets[0])
+    return [(lambda p=p: quant(p, x_fp8=p.x, x_scale=p.xs)) for p in sets], msg
 
 
 def gemm_triton(sets, on_gpu, *, config=None):
-    """``config``: a ``GemmConfig`` instead of the built-in choice (``--tune``)."""
+    """The public op on the Triton backend, into an output of its own; ``config``: the launcher
+    with a ``GemmConfig`` instead of the built-in choice (``--tune``)."""
+    import torch_bridge as tb
     from torch_bridge.backends.triton import launch
 
-    p0 = sets[0]
-    msg = check_close(launch.batched_gemm_a8w8_mxscale(p0.x, p0.w, p0.xs, p0.ws, config=config),
-                      p0, "gemm")
+    def gemm(p, out=None):
+        if config is not None:
+            return launch.batched_gemm_a8w8_mxscale(p.x, p.w, p.xs, p.ws, out=out,
+                                                    config=config)
+        return tb.batched_gemm_a8w8_mxscale(p.x, p.w, p.xs, p.ws, backend="triton", out=out)
+
+    msg = check_close(gemm(sets[0]), sets[0], "gemm")
     outs = [_out(p) for p in sets]
-    return [(lambda p=p, y=y: launch.batched_gemm_a8w8_mxscale(p.x, p.w, p.xs, p.ws, out=y,
-                                                               config=config))
-            for p, y in zip(sets, outs, strict=True)], msg
+    return [(lambda p=p, y=y: gemm(p, y)) for p, y in zip(sets, outs, strict=True)], msg
 
 
 #: DeepGEMM's sm_90 recipe: per-token 1 x 128 activation and 128 x 128 weight scale blocks.
@@ -220,11 +228,19 @@ def chain_fp8(sets, on_gpu):
 
 
 def chain_fp8_triton(sets, on_gpu, *, single_kernel=None, config=None):
+    """The public ``wo_a_fp8`` on the Triton backend (checkpoint-layout weight, an output per
+    call); ``single_kernel`` or ``config``: the launcher with that route or launch shape."""
+    import torch_bridge as tb
     from torch_bridge.backends.triton import launch
 
+    launcher = single_kernel is not None or config is not None
+
     def chain(p, y):
-        return launch.wo_a_fp8(p.o, p.pos, p.cos_bf16, p.sin_bf16, p.w, p.ws, p.g, out=y,
-                               single_kernel=single_kernel, config=config)
+        if launcher:
+            return launch.wo_a_fp8(p.o, p.pos, p.cos_bf16, p.sin_bf16, p.w, p.ws, p.g, out=y,
+                                   single_kernel=single_kernel, config=config)
+        return tb.wo_a_fp8(p.o, p.pos, p.cos_bf16, p.sin_bf16, p.w.flatten(0, 1),
+                           p.ws.flatten(0, 1), p.g, backend="triton")
 
     outs = [_out(p) for p in sets]
     msg = check_close(chain(sets[0], outs[0]), sets[0], "chain_fp8")
