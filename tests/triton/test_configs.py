@@ -370,6 +370,15 @@ def test_programmatic_dependent_shapes_are_named_and_reach_the_wgmma_kernel():
         assert launch.constexprs["PDL"] is shape.pdl
 
 
+@pytest.mark.parametrize("s,tokens", [(1, 1), (8, 1), (9, 2), (16, 2), (17, 4), (8192, 4)])
+def test_quant_programs_take_fewer_tokens_in_decode_batches(s, tokens):
+    """One warp per program and head; 1 token a program up to 8, 2 up to 16, then 4, whatever
+    the heads and the launch (torch and JAX launch the same shape)."""
+    for heads, dependent in ((16, False), (128, True), (0, False)):
+        cfg = configs.quant_config(s, heads=heads, dependent=dependent)
+        assert (cfg.block_r, cfg.num_warps, cfg.block_h) == (tokens, 1, 1)
+
+
 @pytest.mark.parametrize("s,heads,dependent,pdl", [
     (1, 16, False, True), (16, 64, False, True), (64, 16, False, True),  # <= 1024 rows
     (128, 16, False, False), (64, 32, False, False), (8192, 128, False, False),

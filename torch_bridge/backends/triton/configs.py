@@ -60,7 +60,8 @@ class QuantConfig:
 
 
 def quant_config(s: int, *, heads: int = 0, dependent: bool = False) -> QuantConfig:
-    """The quant launch shape for ``s`` tokens: the per-head kernel, one warp, 4 tokens x 1 head.
+    """The quant launch shape for ``s`` tokens: the per-head kernel, one warp a program, one
+    head and ``quant_tokens(s)`` tokens.
 
     One warp holds a whole 1 x 128 group per token row, so each thread keeps more loads in
     flight and more programs fit on an SM than with 4 warps or the flat-rows kernel.
@@ -73,11 +74,19 @@ def quant_config(s: int, *, heads: int = 0, dependent: bool = False) -> QuantCon
     dependent (``dependent``, ``gemm.chain_dependent``).
     """
     small = 0 < s * heads <= DEPENDENT_QUANT_ROWS
-    return _QUANT_DEPENDENT if dependent or small else _QUANT_CONFIG
+    return QuantConfig(quant_tokens(s), 1, block_h=1, pdl=dependent or small)
 
 
-_QUANT_CONFIG = QuantConfig(4, 1, block_h=1)
-_QUANT_DEPENDENT = dataclasses.replace(_QUANT_CONFIG, pdl=True)
+def quant_tokens(s: int) -> int:
+    """Tokens a quant program takes: 1 up to 8 tokens, 2 up to 16, else 4.
+
+    A program's masked rows cost as much as its live ones, and a decode batch's programs all
+    fit on the GPU at once, so there its time is one program's: the fewer rows a program
+    holds, the sooner the grid is done. Larger batches take 4 rows a program, which keeps
+    more loads in flight per warp.
+    """
+    return 1 if s <= 8 else 2 if s <= 16 else 4
+
 
 #: (token, head) rows up to which the quant launches as a programmatic dependent on its own.
 DEPENDENT_QUANT_ROWS = 1024
