@@ -151,7 +151,7 @@ def test_quant_rejects_bad_output_buffer(rng):
 
 @gpu
 @pytest.mark.parametrize("g", GROUPS)
-@pytest.mark.parametrize("s", TOKENS)
+@pytest.mark.parametrize("s", (*TOKENS, 13))  # 13: two-token programs, one row masked
 def test_gpu_quant_bytes_exact(s, g):
     seed = new_seed()
     pos_dtype = torch.int32 if (s + g) % 2 else torch.int64
