@@ -2,8 +2,8 @@
 
 Where the chain fuses, the fused kernel is launched directly. Elsewhere the quant's and the
 GEMM's direct launchers run one after the other, as ``chain.wo_a_fp8`` launches them; at
-decode sizes (``SCRATCH_BYTES``) the quant writes into activations kept for the stream,
-because two allocations cost an eager call more host time than the launches save.
+decode sizes (``SCRATCH_BYTES``) the quant writes into activations kept for the stream, which
+spares each host-bound call two allocations.
 """
 
 from __future__ import annotations
