@@ -180,8 +180,9 @@ def test_relaunch_goes_straight_to_the_compiled_kernel_per_specialization(monkey
 
 def test_bound_launch_fills_its_tensor_slots_and_refuses_other_specializations(monkeypatch):
     """``Launch.bind`` (stand-in compiled kernel, no GPU): the bound launch passes the new
-    tensors in their slots and the bound ints and constexprs; a misaligned tensor, another
-    current device or a dispatch mode make it refuse (the caller then takes the op's path)."""
+    tensors' addresses in their slots and the bound ints and constexprs; a misaligned tensor,
+    another current device or a dispatch mode make it refuse (the caller then takes the op's
+    path)."""
     from triton import knobs
 
     runs = []
@@ -198,7 +199,7 @@ def test_bound_launch_fills_its_tensor_slots_and_refuses_other_specializations(m
     x2, y2 = torch.ones(64), torch.ones(64)
     assert bound((x2, y2)) is True
     assert runs == [(4, 2, 1, 7, "function", "metadata", None, None,
-                     None, x2, 5, y2, 16, True)]
+                     None, x2.data_ptr(), 5, y2.data_ptr(), 16, True)]
     import gc
     import weakref
 
@@ -347,8 +348,8 @@ def test_bound_wgmma_gemm_keeps_descriptor_expansions_per_base_address(monkeypat
                          None)
     assert args[11:16] == ("map0", m, g * k, k * g, 1)
     assert args[16:21] == ("map1", g * n, k, k, 1) and args[21:26] == ("map2", m, g * n, g * n, 1)
-    assert args[26] is xs and args[27] is ws and args[28:30] == (m, 8)  # M, programs
-    assert args[30] is args[31] is y  # unsplit: the output stands in for the split scratch
+    assert args[26:30] == (xs.data_ptr(), ws.data_ptr(), m, 8)  # scale addresses, M, programs
+    assert args[30] == args[31] == y.data_ptr()  # unsplit: the output stands in for the scratch
     assert len(args) == 30 + len(Kernel.arg_names) - 7
     again = bound(x, w, xs, ws)  # y is alive: a new output address, x and w the same
     assert len(raw) == 2 and again.data_ptr() != y.data_ptr()

@@ -272,14 +272,19 @@ class Bound:
         self._stream = stream
 
     def __call__(self, tensors: tuple) -> bool:
-        inputs = tensors[:self._checked]
-        stream = eager_stream(inputs, self._device, self._stream)
-        if stream is None or tuple(p % 16 == 0 for p in map(_DATA_PTR, inputs)) != self._aligned:
+        stream = eager_stream(tensors[:self._checked], self._device, self._stream)
+        if stream is None:
             return False
-        ordered = self._template.copy()
-        for i, t in zip(self._slots, tensors, strict=True):
-            ordered[i] = t
+        addresses = tuple(map(_DATA_PTR, tensors))
+        if tuple(p % 16 == 0 for p in addresses[:self._checked]) != self._aligned:
+            return False
         enter, leave, wanted = launch_hooks()
+        ordered = self._template.copy()
+        # Addresses, not tensors, unless a hook reads the launch's arguments: Triton's C
+        # launch takes an integer as the address itself, where a tensor costs it a method
+        # call and a driver query (cuPointerGetAttribute) per argument.
+        for i, a in zip(self._slots, tensors if wanted else addresses, strict=True):
+            ordered[i] = a
         self._go(*self._grid, stream, ordered, enter, leave, wanted)
         return True
 

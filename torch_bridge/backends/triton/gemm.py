@@ -338,6 +338,11 @@ class WgmmaBound:
             found = kept[t.data_ptr()] = self._expand(i, _descriptor(t, self._views[i]))
         return found
 
+    def _scratch_addresses(self, y: torch.Tensor) -> tuple[int, int]:
+        """Split-K's parts and counters, or (unsplit) the output standing in for both."""
+        scratch = self._scratch or (y, y)
+        return scratch[0].data_ptr(), scratch[1].data_ptr()
+
     def __call__(self, x, w, x_scale, w_scale, out=None) -> torch.Tensor | None:
         stream = eager_stream((x, w, x_scale, w_scale) if out is None
                               else (x, w, x_scale, w_scale, out), self._device.index,
@@ -350,10 +355,11 @@ class WgmmaBound:
         y = out if out is not None else torch.empty_strided(self._shape, self._strides,
                                                             dtype=self._dtype,
                                                             device=self._device)
+        # Addresses for the pointer arguments, as ``_common.Bound`` passes them.
         self._go(self._programs, 1, 1, stream,
-                 (*self._expanded(0, x), *self._expanded(1, w), *self._expanded(2, y), x_scale,
-                  w_scale, self._shape[0], self._programs, *(self._scratch or (y, y)),
-                  *self._tail), enter, leave, False)
+                 (*self._expanded(0, x), *self._expanded(1, w), *self._expanded(2, y),
+                  x_scale.data_ptr(), w_scale.data_ptr(), self._shape[0], self._programs,
+                  *self._scratch_addresses(y), *self._tail), enter, leave, False)
         if out is not None:
             increment_version(out)
         return y
