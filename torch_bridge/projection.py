@@ -445,6 +445,13 @@ def _prepared(weight, weight_scale, num_groups: int, cos_cache, sin_cache, **opt
         except KeyError:  # another thread pushed it out meanwhile: it is still valid
             pass
         return hit
+    if _capturing():
+        raise RuntimeError(
+            "wo_a_fp8 / wo_a_bf16 got a weight they have not prepared while a CUDA graph is "
+            f"being captured: the functions keep the last {_PREPARED_LAYERS} weights, and "
+            "preparing one checks and copies it with host work a capture cannot hold. Hold a "
+            "WoAProjection per layer (a model with many layers should), or call the function "
+            "on each weight before capturing")
     proj = WoAProjection(weight, weight_scale, num_groups, cos_cache, sin_cache, rope_dim=None,
                          **options)
     with _PREPARED_LOCK:
@@ -452,6 +459,10 @@ def _prepared(weight, weight_scale, num_groups: int, cos_cache, sin_cache, **opt
         while len(_PREPARED) > _PREPARED_LAYERS:
             _PREPARED.popitem(last=False)
     return proj
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def _is_tensor(t) -> bool:

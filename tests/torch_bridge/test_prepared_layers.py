@@ -41,6 +41,19 @@ def test_a_modified_or_other_weight_is_prepared_again(inputs, monkeypatch):
     assert len(projection._PREPARED) == projection._PREPARED_LAYERS
 
 
+def test_a_weight_met_first_under_graph_capture_is_a_clear_error(inputs, monkeypatch):
+    """Preparing a weight checks and copies it on the host, which a CUDA-graph capture cannot
+    hold: under capture an unprepared weight names the fix instead of failing deep in torch;
+    a prepared one still runs."""
+    monkeypatch.setattr(projection, "_PREPARED", type(projection._PREPARED)())
+    o, pos, cos, sin, w, ws, g = inputs
+    y = tb.wo_a_bf16(o, pos, cos, sin, w, ws, g)
+    monkeypatch.setattr(projection, "_capturing", lambda: True)
+    assert torch.equal(tb.wo_a_bf16(o, pos, cos, sin, w, ws, g), y)
+    with pytest.raises(RuntimeError, match="not prepared while a CUDA graph.*WoAProjection per"):
+        tb.wo_a_fp8(o, pos, cos, sin, w.clone(), ws, g, backend="torch")
+
+
 def test_wo_a_fp8_function_gives_fp32_outputs_when_asked(inputs):
     """``dtype`` as in ``woa_jax.wo_a_fp8`` and ``jax_ops.wo_a_fp8``: float32 outputs agree
     with the oracle's; bf16 stays the default; any other dtype is a TypeError."""

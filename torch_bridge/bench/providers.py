@@ -228,19 +228,20 @@ def chain_fp8(sets, on_gpu):
 
 
 def chain_fp8_triton(sets, on_gpu, *, single_kernel=None, config=None):
-    """The public ``wo_a_fp8`` on the Triton backend (checkpoint-layout weight, an output per
-    call); ``single_kernel`` or ``config``: the launcher with that route or launch shape."""
-    import torch_bridge as tb
+    """The layer on the Triton backend (``WoAProjection(..., backend="triton")``, a layer per
+    set, as a model holds one per layer); ``single_kernel`` or ``config``: the launcher with
+    that route or launch shape, into the set's output."""
     from torch_bridge.backends.triton import launch
 
-    launcher = single_kernel is not None or config is not None
+    if single_kernel is None and config is None:
+        layers = [projection(p, "triton") for p in sets]
+        p0 = sets[0]
+        msg = check_close(layers[0](p0.o, p0.pos), p0, "chain_fp8")
+        return [(lambda f=f, p=p: f(p.o, p.pos)) for f, p in zip(layers, sets, strict=True)], msg
 
     def chain(p, y):
-        if launcher:
-            return launch.wo_a_fp8(p.o, p.pos, p.cos_bf16, p.sin_bf16, p.w, p.ws, p.g, out=y,
-                                   single_kernel=single_kernel, config=config)
-        return tb.wo_a_fp8(p.o, p.pos, p.cos_bf16, p.sin_bf16, p.w.flatten(0, 1),
-                           p.ws.flatten(0, 1), p.g, backend="triton")
+        return launch.wo_a_fp8(p.o, p.pos, p.cos_bf16, p.sin_bf16, p.w, p.ws, p.g, out=y,
+                               single_kernel=single_kernel, config=config)
 
     outs = [_out(p) for p in sets]
     msg = check_close(chain(sets[0], outs[0]), sets[0], "chain_fp8")
@@ -279,7 +280,7 @@ PROVIDERS: dict[str, Provider] = {p.name: p for p in [
              chain_bf16_ref),
     Provider("chain_fp8", "WoAProjection(backend='auto'): the shipped layer as users call it",
              chain_fp8),
-    Provider("chain_fp8_triton", "Triton wo_a_fp8 (fused at decode, else quant + GEMM)",
+    Provider("chain_fp8_triton", "WoAProjection on Triton (fused at decode, else quant + GEMM)",
              chain_fp8_triton),
     Provider("chain_fp8_triton_2k", "Triton quant + GEMM, always two kernels",
              chain_fp8_triton_2k),
