@@ -447,8 +447,8 @@ def test_gpu_recorded_steps_replay_new_values_bit_exact(on_gpu, monkeypatch, rou
     """``_replay`` at DeepSeek V4 sizes: ``STEPS`` steps of each of two executables, then of
     a re-traced one; every layer's output bits equal torch's on the same values. A replay that
     kept a recorded value, wrote a stale address or loaded a module under capture fails here.
-    At G = 2 and 4 the launches split K (the fused chain at M <= 8, the GEMM above) on XLA's
-    scratch, and the layer's reference is torch's ``WoAProjection`` itself.
+    At G = 2 and 4 the launches split K (the fused chain at the fewest tokens, the GEMM
+    above) on XLA's scratch, and the layer's reference is torch's ``WoAProjection`` itself.
     """
     from torch_bridge.bench import problem
 

@@ -84,6 +84,8 @@ FUSED_CHOICES = {
     (2, 8, 128): (C(16, 128, split_k=4, swap_ab=True, num_warps=8), True),
     (8, 8, 128): (C(16, 128, split_k=4, swap_ab=True, num_warps=8), False),
     (65, 8, 128): (C(64, 128, swap_ab=True, num_warps=8, num_stages=5), False),
+    (4, 4, 128): (C(16, 128, split_k=8, swap_ab=True, num_warps=8), True),
+    (8, 4, 128): (C(16, 128, split_k=8, swap_ab=True, num_warps=8), False),
     (8, 2, 128): (C(16, 128, split_k=8, swap_ab=True, num_warps=8), True),
     (9, 2, 128): (C(16, 128, split_k=8, swap_ab=True, num_warps=8), False),
     (33, 2, 128): (C(64, 128, split_k=4, swap_ab=True, num_warps=8), False),
@@ -180,7 +182,8 @@ def test_fused_rules():
     """The fused kernel: swapped pointer tiles of 128 weight rows and the fewest of 16, 32 or 64
     token columns that hold the tokens, 8 warps; K split into a divisor of the K blocks exactly
     for grids of ``FEW_PROGRAMS`` or fewer; chosen by default only where each program's
-    prologue quantizes at most ``WO_A_FP8_QUANT_LANES`` activations, so for the fewest tokens."""
+    prologue quantizes at most ``WO_A_FP8_QUANT_LANES`` activations and the grid's at most
+    ``WO_A_FP8_GRID_LANES``, so for the fewest tokens."""
     for g, block in itertools.product(GS, (128, 32)):
         kb, chosen = K // block, []
         for m in MS:
@@ -196,6 +199,7 @@ def test_fused_rules():
             chosen.append(configs.wo_a_fp8_chosen(m, g, N, K, block))
             if chosen[-1]:
                 assert m * kb // cfg.split_k * block <= configs.WO_A_FP8_QUANT_LANES, (m, g, cfg)
+                assert m * g * K * N // cfg.block_n <= configs.WO_A_FP8_GRID_LANES, (m, g, cfg)
         assert chosen == sorted(chosen, reverse=True), (g, block, chosen)  # a prefix of MS
 
 

@@ -438,13 +438,20 @@ def wgmma_stages(requested: int, k_blocks: int, block_m: int, block_n: int, bloc
 #: values per thread at 8 warps).
 WO_A_FP8_QUANT_LANES = 4096
 
+#: Activations the whole fused grid's prologues quantize, at most: every weight-row tile
+#: quantizes its K slice of every token again, so this is ``M * G * K * N / BLOCK_N``.
+WO_A_FP8_GRID_LANES = 1 << 19
+
 
 def wo_a_fp8_chosen(m: int, g: int, n: int, k: int, block: int) -> bool:
     """Whether ``wo_a_fp8`` runs the fused kernel by default: when each program's prologue is
-    one step (at most ``WO_A_FP8_QUANT_LANES`` activations: M = 1 at G = 16, M <= 8 at G = 2);
-    longer prologues leave the tensor cores idle longer than a second launch costs."""
+    one step (at most ``WO_A_FP8_QUANT_LANES`` activations) and the grid's prologues together
+    quantize at most ``WO_A_FP8_GRID_LANES`` (M <= 8 at G = 2, M <= 4 at G = 4, M <= 2 at
+    G = 8, M = 1 at G = 16). Beyond either, the repeated quantization keeps the tensor cores
+    idle longer than a second launch costs."""
     cfg = wo_a_fp8_config(m, g, n, k, block)
-    return m * (k // block) // cfg.split_k * block <= WO_A_FP8_QUANT_LANES
+    return (m * (k // block) // cfg.split_k * block <= WO_A_FP8_QUANT_LANES
+            and m * g * k * cdiv(n, cfg.block_n) <= WO_A_FP8_GRID_LANES)
 
 
 @_memoized
