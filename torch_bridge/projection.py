@@ -16,6 +16,7 @@ bytes, NaN/Inf/zero/negative scales, E8M0 NaN bytes) raises ``ValueError`` inste
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import pathlib
 import threading
@@ -456,9 +457,21 @@ def _prepared(weight, weight_scale, num_groups: int, cos_cache, sin_cache, **opt
                          **options)
     with _PREPARED_LOCK:
         _PREPARED[key] = proj
+        evicted = len(_PREPARED) > _PREPARED_LAYERS
         while len(_PREPARED) > _PREPARED_LAYERS:
             _PREPARED.popitem(last=False)
+    if evicted:
+        _warn_evicted()
     return proj
+
+
+@functools.cache
+def _warn_evicted() -> None:
+    """Once per process: a model that calls the functions with more weights than they keep
+    prepares a layer on every call, at many times the call's own cost, without another sign."""
+    log.warning("wo_a_fp8 / wo_a_bf16 met more than %d distinct weights: each call with a "
+                "weight they no longer keep checks and converts it again. Hold a WoAProjection "
+                "per layer instead.", _PREPARED_LAYERS)
 
 
 def _capturing() -> bool:

@@ -41,6 +41,25 @@ def test_a_modified_or_other_weight_is_prepared_again(inputs, monkeypatch):
     assert len(projection._PREPARED) == projection._PREPARED_LAYERS
 
 
+def test_more_weights_than_kept_warn_once(inputs, monkeypatch, caplog):
+    """A model calling the functions with more weights than they keep would prepare a layer on
+    every call: the first eviction says so, once, and names the fix."""
+    monkeypatch.setattr(projection, "_PREPARED", type(projection._PREPARED)())
+    projection._warn_evicted.cache_clear()
+    _, _, cos, sin, w, ws, g = inputs
+    weights = [w.clone() for _ in range(projection._PREPARED_LAYERS + 2)]
+    with caplog.at_level("WARNING", logger="woa"):
+        for wi in weights[:projection._PREPARED_LAYERS]:
+            projection._prepared(wi, ws, g, cos, sin, backend="bf16")
+        assert not caplog.records
+        for wi in weights[projection._PREPARED_LAYERS:]:
+            projection._prepared(wi, ws, g, cos, sin, backend="bf16")
+    (record,) = caplog.records
+    assert record.levelname == "WARNING" and "Hold a WoAProjection per layer" in record.message
+    assert f"more than {projection._PREPARED_LAYERS} distinct weights" in record.message
+    projection._warn_evicted.cache_clear()
+
+
 def test_a_weight_met_first_under_graph_capture_is_a_clear_error(inputs, monkeypatch):
     """Preparing a weight checks and copies it on the host, which a CUDA-graph capture cannot
     hold: under capture an unprepared weight names the fix instead of failing deep in torch;
