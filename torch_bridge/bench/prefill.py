@@ -19,7 +19,6 @@ CHAINS = ("chain_bf16", "chain_bf16_ref", "chain_fp8")
 def run_prefill(sweep: problem.Sweep, cfg: problem.Prefill, *, on_gpu: bool, progress,
                 seed: int) -> list[dict]:
     """Rows of ``cfg.runs`` runs per chain and G: ``total_ms`` (median) and ``runs_ms``."""
-
     from torch_bridge.backends.triton import launch
 
     device = "cuda" if on_gpu else "cpu"
