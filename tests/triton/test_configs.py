@@ -57,9 +57,9 @@ GEMM_CHOICES = {
     (1, 16, 128, True): C(8, 64, swap_ab=True, num_stages=6, wgmma=True),
     (1, 8, 128, True): C(8, 64, swap_ab=True, num_stages=8, wgmma=True),
     (16, 16, 128, True): C(16, 64, swap_ab=True, num_stages=6, wgmma=True),
-    (64, 16, 128, True): C(64, 128, num_stages=6, wgmma=True, programs_per_sm=1),
+    (64, 16, 128, True): C(64, 128, num_stages=8, wgmma=True, programs_per_sm=1),
     (17, 8, 128, True): C(64, 64, num_stages=10, wgmma=True, programs_per_sm=1),
-    (128, 8, 128, True): C(64, 128, num_stages=6, wgmma=True, programs_per_sm=1),
+    (128, 8, 128, True): C(64, 128, num_stages=8, wgmma=True, programs_per_sm=1),
     (8192, 16, 128, True): C(128, 128, num_warps=8, num_stages=5, wgmma=True, programs_per_sm=1),
     (256, 16, 128, True): C(128, 128, num_warps=8, num_stages=5, wgmma=True, programs_per_sm=1),
     (1, 2, 128, True): C(8, 64, split_k=4, swap_ab=True, num_stages=8, wgmma=True),
@@ -71,7 +71,7 @@ GEMM_CHOICES = {
     (256, 2, 128, True): C(64, 64, num_stages=10, wgmma=True, programs_per_sm=1),
     (64, 4, 128, True): C(64, 32, num_stages=12, wgmma=True, programs_per_sm=1),
     (128, 4, 128, True): C(64, 64, num_stages=10, wgmma=True, programs_per_sm=1),
-    (256, 4, 128, True): C(64, 128, num_stages=6, wgmma=True, programs_per_sm=1),
+    (256, 4, 128, True): C(64, 128, num_stages=8, wgmma=True, programs_per_sm=1),
     (64, 8, 128, True): C(64, 64, num_stages=10, wgmma=True, programs_per_sm=1),
     (8192, 16, 32, True): C(64, 128, tma=True),
 }
@@ -246,10 +246,17 @@ def test_quant_constants_and_product_rounding():
 
 
 def test_wgmma_stages_fit_shared_memory():
-    for bm, bn, out_bytes, kb in itertools.product((8, 64, 128), (64, 128), (2, 4), (1, 32)):
-        stages = configs.wgmma_stages(8, kb, bm, bn, 128, out_bytes)
+    for bm, bn, out_bytes, kb, staged in itertools.product((8, 64, 128), (64, 128), (2, 4),
+                                                           (1, 31, 32), (False, True)):
+        stages = configs.wgmma_stages(8, kb, bm, bn, 128, out_bytes, staged_scales=staged)
         assert 1 <= stages <= min(8, kb)
-        assert stages * (bm + bn) * 128 + bm * bn * out_bytes <= configs.SMEM_BYTES
+        scales = configs.staged_scale_bytes(kb, bm) if staged else 0
+        assert stages * (bm + bn) * 128 + bm * bn * out_bytes + scales <= configs.SMEM_BYTES
+
+
+def test_staged_scales_pad_the_k_blocks_to_a_power_of_two():
+    assert [configs.staged_scale_bytes(kb, 64) for kb in (1, 2, 31, 32, 33)] == [
+        256, 512, 8192, 8192, 16384]
 
 
 @pytest.mark.parametrize("fields,match", [

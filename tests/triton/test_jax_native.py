@@ -321,8 +321,9 @@ def test_wgmma_spec_follows_the_torch_launcher(m, g):
     assert call.counters == (configs.programs(cfg, m, g, n) if split else 0)
     cx = dict(call.constexprs)
     assert cx["SPLIT_K"] == cfg.split_k
-    assert cx["STAGES"] == configs.wgmma_stages(cfg.num_stages, k // 128 // cfg.split_k,
-                                                cfg.block_m, cfg.block_n, 128, 2)
+    assert cx["STAGES"] == configs.wgmma_stages(
+        cfg.num_stages, k // 128 // cfg.split_k, cfg.block_m, cfg.block_n, 128, 2,
+        staged_scales=configs.warp_specialized(cfg))
     assert (cx["SWAP_AB"], cx["G"], cx["SXSM"]) == (cfg.swap_ab, g, g * k // 128)
     assert jax_launch.gemm_call(m, g, n, k, 128, n // 128, dtype=jnp.bfloat16).kernel is (
         kernels.batched_gemm_a8w8_mxscale_kernel)  # without wgmma: the pointer kernel

@@ -326,7 +326,7 @@ def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
 
 #: Weight rows and stages of the persistent 64-token tiles ``wave_tile`` picks from, narrowest
 #: first; each width with the stages it was measured at on the H200.
-WAVE_TILES = ((32, 12), (64, 10), (128, 6))
+WAVE_TILES = ((32, 12), (64, 10), (128, 8))
 
 
 def wave_tile(m: int, g: int, n: int) -> GemmConfig | None:
@@ -407,8 +407,10 @@ def wgmma_launch(m: int, g: int, n: int, k: int, block: int, cfg: GemmConfig, *,
     bm, bn = cfg.block_m, cfg.block_n
     check_split(cfg, k // block)
     programs = tile_programs(m, g, n, bm, bn, cfg.programs_per_sm, sms, cfg.split_k)
-    stages = wgmma_stages(cfg.num_stages, k // block // cfg.split_k, bm, bn, block, out_bytes)
-    if warp_specialized(cfg):  # its ring spans tiles; a lone stage would wait for itself
+    specialized = warp_specialized(cfg)
+    stages = wgmma_stages(cfg.num_stages, k // block // cfg.split_k, bm, bn, block, out_bytes,
+                          staged_scales=specialized)
+    if specialized:  # its ring spans tiles; a lone stage would wait for itself
         stages = max(2, stages)
     sxsm, sxsg, swsg, swsn = scale_strides
     views = (((m, g * k), (x_row, 1), (bm, block)), ((g * n, k), (k, 1), (bn, block)),
@@ -422,12 +424,23 @@ def wgmma_launch(m: int, g: int, n: int, k: int, block: int, cfg: GemmConfig, *,
 
 
 def wgmma_stages(requested: int, k_blocks: int, block_m: int, block_n: int, block: int,
-                 out_bytes: int) -> int:
+                 out_bytes: int, *, staged_scales: bool = False) -> int:
     """The wgmma kernel's pipeline depth: ``requested``, at most one stage per K block (of a
     K part, when split) and as many fp8 ``x``/``w`` tile pairs as fit in shared memory beside
-    the output tile (so an fp32 output gets fewer stages than a bf16 one)."""
+    the output tile (so an fp32 output gets fewer stages than a bf16 one) and, with
+    ``staged_scales`` (the warp-specialized kernel), a tile's block scales
+    (``staged_scale_bytes``)."""
     stage_bytes = (block_m + block_n) * block
-    return min(requested, k_blocks, (SMEM_BYTES - block_m * block_n * out_bytes) // stage_bytes)
+    fixed = block_m * block_n * out_bytes
+    if staged_scales:
+        fixed += staged_scale_bytes(k_blocks, block_m)
+    return min(requested, k_blocks, (SMEM_BYTES - fixed) // stage_bytes)
+
+
+def staged_scale_bytes(k_blocks: int, block_m: int) -> int:
+    """Shared memory of the warp-specialized kernel's staged block scales: fp32, one
+    ``block_m`` row per K block, the K blocks padded to a power of two."""
+    return (1 << (k_blocks - 1).bit_length()) * block_m * 4
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,6 +10,10 @@ Per K block the MMA and the promotion are the wgmma kernel's own (same wgmma sha
 product per 128-K block, ``acc + product * scale`` in K order), so the outputs are the same
 bits. Persistent unswapped tiles only, no split K.
 
+The scales of a tile (its tokens' ``x_scale`` rows and its weight block's ``w_scale`` row) are
+read once when the tile starts and kept in shared memory as fp32 block scales, one row per K
+block, so the K loop reads them from shared memory instead of waiting on global loads.
+
 Two barrier rings: ``ready[s]`` (the producer's expect-tx; the TMA engine completes it when the
 stage's bytes land) and ``empty[s]`` (one arrival, after every consumer warpgroup has waited
 for the MMA that read the stage and met at a partition-wide barrier). Round
@@ -22,6 +26,7 @@ the ``functions_and_args`` signature (Triton 3.6).
 
 from __future__ import annotations
 
+import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -39,9 +44,43 @@ from .wgmma_kernels import (
     _promote,
     _store_tile,
     _tile_origin,
-    _tile_scales,
     _wait_prior_grid,
 )
+
+#: Triton 3.6 names the shared-memory view ``_reinterpret``; later versions ``reinterpret``.
+_PUBLIC_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
+
+
+@gluon.jit
+def _rows_view(scales):
+    """``scales [KB_ROWS, BLOCK_M]`` as one ``[BLOCK_M]`` row per K block (``.index(kb)``):
+    the same bytes, as the row-major layout stores them."""
+    layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+    if _PUBLIC_REINTERPRET:
+        return scales.reinterpret(gl.float32, scales.shape, layout)
+    else:
+        return scales._reinterpret(gl.float32, scales.shape, layout)
+
+
+@gluon.jit
+def _stage_scales(scales, xs_ptr, ws_ptr, g, m0, n0, M, SXSM: gl.constexpr, SXSG: gl.constexpr,
+                  SWSG: gl.constexpr, SWSN: gl.constexpr, BLOCK_M: gl.constexpr,
+                  BLOCK_K: gl.constexpr, KB: gl.constexpr, num_warps: gl.constexpr):
+    """Write one tile's block scales, ``2**(xs - 127) * 2**(ws - 127)`` for each token row and
+    K block (rows past M as 1), into ``scales [KB_ROWS, BLOCK_M]`` fp32, K block major. The
+    first barrier keeps the previous tile's reads ahead of the writes, the second the writes
+    ahead of this tile's reads."""
+    KB_ROWS: gl.constexpr = scales.shape[0]
+    layout: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])
+    rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, KB_ROWS, layout=gl.SliceLayout(0, layout))
+    xs = gl.load(xs_ptr + g * SXSG + rows.to(gl.int64)[:, None] * SXSM + cols[None, :],
+                 mask=(rows[:, None] < M) & (cols[None, :] < KB), other=127)
+    ws = gl.load(ws_ptr + g * SWSG + (n0 // BLOCK_K) * SWSN + cols, mask=cols < KB, other=127)
+    block_scales = _block_scale(xs, ws[None, :])
+    _cta_barrier()
+    scales.store(gl.permute(block_scales, (1, 0)))
+    _cta_barrier()
 
 
 @gluon.jit
@@ -97,13 +136,14 @@ def _release(empty, i, total, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _ws_consumer(y_desc, a_bufs, b_bufs, y_smem, ready, empty, xs_ptr, ws_ptr, M, num_programs,
-                 SXSM: gl.constexpr, SXSG: gl.constexpr, SWSG: gl.constexpr,
+def _ws_consumer(y_desc, a_bufs, b_bufs, y_smem, scales, ready, empty, xs_ptr, ws_ptr, M,
+                 num_programs, SXSM: gl.constexpr, SXSG: gl.constexpr, SWSG: gl.constexpr,
                  SWSN: gl.constexpr, G: gl.constexpr, N: gl.constexpr, K: gl.constexpr,
                  STAGES: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr):
     """Default partition: the wgmma kernel's K loop (unsplit, unswapped), with stage waits on
-    ``ready`` in place of its loads and releases on ``empty`` where it would refill. ``PDL``:
-    the scales are read after the kernel before this one has finished."""
+    ``ready`` in place of its loads, releases on ``empty`` where it would refill, and each
+    tile's block scales staged in ``scales`` (``_stage_scales``). ``PDL``: the scales are read
+    after the kernel before this one has finished."""
     BLOCK_M: gl.constexpr = y_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = y_desc.block_type.shape[1]
     BLOCK_K: gl.constexpr = a_bufs.shape[2]
@@ -119,6 +159,7 @@ def _ws_consumer(y_desc, a_bufs, b_bufs, y_smem, ready, empty, xs_ptr, ws_ptr, M
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 32])
     token_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
+    rows = _rows_view(scales)
     for t in range(my_tiles):
         g, m0, n0 = _tile_origin(pid + t * num_programs, tiles_per_group, NUM_N, BLOCK_M,
                                  BLOCK_N)
@@ -127,42 +168,39 @@ def _ws_consumer(y_desc, a_bufs, b_bufs, y_smem, ready, empty, xs_ptr, ws_ptr, M
         # As in the wgmma kernel: register sets A and B take the blocks' products in turn, the
         # K loop unrolled (a runtime loop serializes the wgmmas, ptxas C7514).
         spent = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
-        xs_rows, rows_ok, ws_row, xs_a, ws_a, xs_b, ws_b = _tile_scales(
-            xs_ptr, ws_ptr, g, m0, n0, 0, M, SXSM, SXSG, SWSG, SWSN, BLOCK_M, BLOCK_K, KB,
-            token_layout)
+        _stage_scales(scales, xs_ptr, ws_ptr, g, m0, n0, M, SXSM, SXSG, SWSG, SWSN, BLOCK_M,
+                      BLOCK_K, KB, num_warps)
         pending = _take(a_bufs, b_bufs, ready, base, acc, STAGES)
         for kb in gl.static_range(1, KB - 1, 2):
             i = base + kb
             in_b = _take(a_bufs, b_bufs, ready, i, spent, STAGES)
-            xs_far = gl.load(xs_rows + (kb + 1), mask=rows_ok, other=127)
-            ws_far = gl.load(ws_row + (kb + 1))
+            scale_a = rows.index(kb - 1).load(token_layout)
             prod_a = warpgroup_mma_wait(num_outstanding=1, deps=(pending,))
             _release(empty, i - 1, total, STAGES)
-            acc = _promote(acc, prod_a, _block_scale(xs_a, ws_a), False)
-            xs_a, ws_a = xs_far, ws_far
+            acc = _promote(acc, prod_a, scale_a, False)
 
             pending = _take(a_bufs, b_bufs, ready, i + 1, prod_a, STAGES)
-            ahead = kb + 2 < KB
-            xs_far = gl.load(xs_rows + (kb + 2), mask=rows_ok & ahead, other=127)
-            ws_far = gl.load(ws_row + (kb + 2), mask=ahead, other=127)
+            scale_b = rows.index(kb).load(token_layout)
             spent = warpgroup_mma_wait(num_outstanding=1, deps=(in_b,))
             _release(empty, i, total, STAGES)
-            acc = _promote(acc, spent, _block_scale(xs_b, ws_b), False)
-            xs_b, ws_b = xs_far, ws_far
+            acc = _promote(acc, spent, scale_b, False)
         if KB % 2 == 0:  # one block left for set B
             i = base + KB - 1
             in_b = _take(a_bufs, b_bufs, ready, i, spent, STAGES)
+            scale_a = rows.index(KB - 2).load(token_layout)
             prod_a = warpgroup_mma_wait(num_outstanding=1, deps=(pending,))
             _release(empty, i - 1, total, STAGES)
-            acc = _promote(acc, prod_a, _block_scale(xs_a, ws_a), False)
+            acc = _promote(acc, prod_a, scale_a, False)
+            scale_b = rows.index(KB - 1).load(token_layout)
             prod_b = warpgroup_mma_wait(num_outstanding=0, deps=(in_b,))
             _release(empty, i, total, STAGES)
-            acc = _promote(acc, prod_b, _block_scale(xs_b, ws_b), False)
+            acc = _promote(acc, prod_b, scale_b, False)
         else:
             i = base + KB - 1
+            scale_a = rows.index(KB - 1).load(token_layout)
             prod_a = warpgroup_mma_wait(num_outstanding=0, deps=(pending,))
             _release(empty, i, total, STAGES)
-            acc = _promote(acc, prod_a, _block_scale(xs_a, ws_a), False)
+            acc = _promote(acc, prod_a, scale_a, False)
         _store_tile(acc, y_desc, y_smem, m0, g * N + n0, False)
     tma.store_wait(pendings=0)
 
@@ -202,6 +240,8 @@ def batched_gemm_a8w8_mxscale_wgmma_ws_kernel(
     a_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
     b_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
     y_smem = gl.allocate_shared_memory(y_desc.dtype, [BLOCK_M, BLOCK_N], y_desc.layout)
+    scales = gl.allocate_shared_memory(gl.float32, [triton.next_power_of_2(K // BLOCK_K), BLOCK_M],
+                                       gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for st in gl.static_range(STAGES):
@@ -210,8 +250,9 @@ def batched_gemm_a8w8_mxscale_wgmma_ws_kernel(
     fence_async_shared()
 
     gl.warp_specialize([
-        (_ws_consumer, (y_desc, a_bufs, b_bufs, y_smem, ready, empty, xs_ptr, ws_ptr, M,
-                        num_programs, SXSM, SXSG, SWSG, SWSN, G, N, K, STAGES, num_warps, PDL)),
+        (_ws_consumer, (y_desc, a_bufs, b_bufs, y_smem, scales, ready, empty, xs_ptr, ws_ptr,
+                        M, num_programs, SXSM, SXSG, SWSG, SWSN, G, N, K, STAGES, num_warps,
+                        PDL)),
         (_ws_producer, (x_desc, w_desc, a_bufs, b_bufs, ready, empty, M, num_programs, G, N, K,
                         STAGES, PDL)),
     ], [1], [PRODUCER_NUM_REGS])
