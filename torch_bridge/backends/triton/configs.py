@@ -438,8 +438,9 @@ def wgmma_stages(requested: int, k_blocks: int, block_m: int, block_n: int, bloc
 
 
 def staged_scale_bytes(k_blocks: int, block_m: int) -> int:
-    """Shared memory of the warp-specialized kernel's staged block scales: fp32, one
-    ``block_m`` row per K block, the K blocks padded to a power of two."""
+    """Shared memory of the warp-specialized kernel's staged block scales (its ``scales``
+    allocation): fp32, one ``block_m`` row per K block, the K blocks padded to a power of
+    two."""
     return (1 << (k_blocks - 1).bit_length()) * block_m * 4
 
 
