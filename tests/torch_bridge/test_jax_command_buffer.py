@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from torch_bridge import jax_ops
-from torch_bridge.backends.triton import configs, xla_ffi
+from torch_bridge.backends.triton import configs, native_build, xla_ffi
 
 # ---------------------------------------------------------------------------------------------
 # The native route: the handler's stages and trait (CPU)
@@ -90,7 +90,7 @@ def _handler_traits(lib, symbol: str) -> int:
 def handler(tmp_path, monkeypatch):
     """The built handler library (in a fresh cache); skipped without a C++ compiler."""
     monkeypatch.setenv("WOA_CACHE_DIR", str(tmp_path / "cache"))
-    if xla_ffi._compiler() is None:
+    if native_build.compiler() is None:
         pytest.skip("no C++ compiler to build the handler")
     return xla_ffi.build()
 

@@ -20,7 +20,15 @@ from inputs import DH, HPG, RD, N, P, run_compile_script
 
 import woa_jax
 from torch_bridge import jax_ops
-from torch_bridge.backends.triton import configs, jax_launch, kernels, launch, plans, xla_ffi
+from torch_bridge.backends.triton import (
+    configs,
+    jax_launch,
+    kernels,
+    launch,
+    native_build,
+    plans,
+    xla_ffi,
+)
 from torch_bridge.backends.triton.xla_ffi import Ref
 from woa_jax.testing import assert_bitwise_equal
 
@@ -135,7 +143,7 @@ def cache(tmp_path, monkeypatch):
 def test_handler_builds_once_into_the_cache(cache):
     """The handler library exports the FFI symbol; a second build reuses it. Without a
     compiler the error says which one is missing, as the route's reason does."""
-    if xla_ffi._compiler() is None:
+    if native_build.compiler() is None:
         with pytest.raises(RuntimeError, match=r"no C\+\+ compiler found \(set CXX"):
             xla_ffi.build()
         return
@@ -152,7 +160,7 @@ def test_handler_build_errors_are_reported(cache, monkeypatch):
     with pytest.raises(RuntimeError, match=r"building xla_launch.cc failed \(false -O2"):
         xla_ffi.build()
     monkeypatch.delenv("CXX")
-    monkeypatch.setattr(xla_ffi.shutil, "which", lambda name: None)
+    monkeypatch.setattr(native_build.shutil, "which", lambda name: None)
     with pytest.raises(RuntimeError, match=r"no C\+\+ compiler found \(set CXX, or install"):
         xla_ffi.build()
 
@@ -197,7 +205,7 @@ def test_parameter_map():
     """Operands by index, scalars (but those specialized away) in order, and a descriptor as
     its tensor map, shape and strides, with the encoding Triton chose."""
     desc = xla_ffi.Desc(4, (7, 2048), 2048, (64, 128), layout=None)
-    params, scalars, tmaps = xla_ffi._params(
+    params, scalars, tmaps = xla_ffi.params(
         (Ref(0), desc, 1, 7, Ref(5)), ((9, 2, 3, (64, 64)),))
     assert params.tolist() == [0, -2, -1, -1, -1, -1, -1, 5]
     assert scalars.tolist() == [7, 2048, 2048, 1, 7]

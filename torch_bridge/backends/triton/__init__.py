@@ -63,6 +63,9 @@ class _TritonBackend:
         if common is not None:
             common.direct_launches.cache_clear()
             common._PDL.clear()
+        native = sys.modules.get(f"{__name__}.native")
+        if native is not None:
+            native.available.cache_clear()
 
     def supports(self, op: str, case: Case) -> tuple[bool, str]:
         want = "cpu" if interpreter_on() else "cuda"

@@ -1,24 +1,27 @@
 """Direct launches of the FP8 chain for plain eager calls that repeat a signature.
 
 Where the chain fuses, the fused kernel is launched directly. Elsewhere the quant's and the
-GEMM's direct launchers run one after the other, as ``chain.wo_a_fp8`` launches them; at
-decode sizes (``SCRATCH_BYTES``) the quant writes into activations kept for the stream, which
-spares each host-bound call two allocations.
+GEMM's launches run one after the other, as ``chain.wo_a_fp8`` launches them; at decode sizes
+(``SCRATCH_BYTES``) the quant writes into activations kept for the stream, which spares each
+host-bound call two allocations. Where the native launcher is available (``native``), a call
+is one native call that launches every kernel of it; elsewhere each kernel's own direct
+launcher runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 
 import torch
 
 from ...interop import e8m0_bytes
-from . import configs
-from ._common import current_stream, last_dims_contiguous, row_major
+from . import configs, native
+from ._common import current_stream, eager_stream, last_dims_contiguous, row_major
 from .chain import _wo_a_fp8_launch
-from .gemm import batched_gemm_a8w8_mxscale, chain_dependent, eager_gemm
-from .quant import eager_quant
+from .gemm import batched_gemm_a8w8_mxscale, chain_dependent, default_launch, eager_gemm
+from .quant import _quant_launch, eager_quant
 
 #: Where ``_wo_a_fp8_launch``'s runtime arguments hold the call's tensors.
 _WO_A_FP8_TENSORS = (0, 1, 2, 3, 4, 5, 8, 9, 10, 11, 12)
@@ -89,7 +92,11 @@ def eager_wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: i
     run, args = _wo_a_fp8_launch(o, positions, cos_cache, sin_cache, w, ws, x_fp8, x_scale,
                                  out, float(amax_floor), cfg.block_m, cfg.block_n, cfg.split_k,
                                  cfg.num_warps, cfg.num_stages)
-    bound = run.bind(args, _WO_A_FP8_TENSORS, current_stream(), checked=2)
+    stream = current_stream()
+    bound = native.bind([(run, args)], (o, positions, out))
+    if bound is not None:
+        return _native_run(bound, o, positions, tuple(out.shape), stream, _NO_LOCK)
+    bound = run.bind(args, _WO_A_FP8_TENSORS, stream, checked=2)
     if bound is None:
         return None
     scratch = args[11:] if run.plan.split_k > 1 else None
@@ -121,6 +128,10 @@ def _eager_unfused(o, positions, cos_cache, sin_cache, w, w_scale, amax_floor: f
         stream = current_stream(device.index)
         kept = stream_activations(device, stream, w.dtype, g, k, block)
         x, x_scale = kept.x[:s], kept.scale[:s]
+        bound = _native_unfused(o, positions, cos_cache, sin_cache, w, w_scale, amax_floor,
+                                x, x_scale, block, quant_config, dependent)
+        if bound is not None:
+            return _native_run(bound, o, positions, (s, g, n), stream, kept.lock)
         quant = eager_quant(o, positions, cos_cache, sin_cache, g, block, amax_floor, w.dtype,
                             x_fp8=x, x_scale=x_scale, config=quant_config, stream=stream)
     else:
@@ -146,4 +157,43 @@ def _eager_unfused(o, positions, cos_cache, sin_cache, w, w_scale, amax_floor: f
     def run(o, positions):
         with kept.lock:
             return launch(o, positions)
+    return run
+
+
+_NO_LOCK = contextlib.nullcontext()
+
+
+def _native_unfused(o, positions, cos_cache, sin_cache, w, w_scale, amax_floor: float, x,
+                    x_scale, block: int, quant_config, dependent: bool) -> native.Native | None:
+    """The quant into the kept activations ``x``, ``x_scale``, then the GEMM, bound as one
+    native call with ``o``, ``positions`` and the output open (``None``: not bound)."""
+    s, g, n = o.shape[0], w.shape[0], w.shape[1]
+    out = torch.empty((s, g, n), dtype=torch.bfloat16, device=o.device)
+    quant = _quant_launch(o, positions, cos_cache, sin_cache, x, x_scale, block,
+                          float(amax_floor), quant_config)
+    gemm = default_launch(x, w, x_scale, w_scale, out, dependent=dependent)
+    return native.bind([quant, gemm], (o, positions, out))
+
+
+def _native_run(bound: native.Native, o, positions, shape: tuple[int, ...], stream: int, lock):
+    """``run(o, positions) -> out | None`` for a chain bound natively on ``stream`` (whose
+    kept buffers it writes): ``None`` where ``eager_stream`` refuses the call, an input's
+    16-byte alignment differs from the bound one (another specialization), or a Triton launch
+    hook is installed (``native.hooks_wanted``). ``lock`` keeps one call's kernels together
+    on the stream."""
+    device, index = o.device, o.device.index
+    aligned = (o.data_ptr() % 16, positions.data_ptr() % 16)
+    strides = row_major(shape)
+    bf16 = torch.bfloat16
+
+    def run(o, positions):
+        now = eager_stream((o, positions), index, stream)
+        a, p = o.data_ptr(), positions.data_ptr()
+        if now is None or (a % 16, p % 16) != aligned or native.hooks_wanted():
+            return None
+        out = torch.empty_strided(shape, strides, dtype=bf16, device=device)
+        with lock:
+            bound(now, a, p, out.data_ptr())
+        return out
+    run.native = True
     return run

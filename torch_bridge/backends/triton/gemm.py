@@ -180,12 +180,10 @@ def eager_gemm(x, w, x_scale, w_scale, dtype: torch.dtype, out: torch.Tensor | N
             or (out is not None and out.stride(-1) != 1)):
         return None
     device = x.device
-    cfg = _default_config(m, g, n, k, k // x_scale.shape[2], device, dependent)
     shape = (m, g, n)
     given = out is not None
     y = out if given else torch.empty(shape, dtype=dtype, device=device)
-    xs, ws = e8m0_bytes(x_scale), e8m0_bytes(w_scale)
-    run, args = _gemm_launch(x, w, xs, ws, y, _fields(cfg))
+    run, args = default_launch(x, w, x_scale, w_scale, y, dependent=dependent)
     path = run.extra[0]
     if path == "wgmma":
         return WgmmaBound.of(run, args, y)
@@ -208,6 +206,14 @@ def eager_gemm(x, w, x_scale, w_scale, dtype: torch.dtype, out: torch.Tensor | N
             increment_version(out)
         return y
     return go
+
+
+def default_launch(x, w, x_scale, w_scale, out, *, dependent: bool = False):
+    """``(launch, runtime arguments)`` of the launch ``batched_gemm_a8w8_mxscale`` makes on
+    these operands without a config (split-K's scratch the current stream's)."""
+    m, g, k = x.shape
+    cfg = _default_config(m, g, w.shape[1], k, k // x_scale.shape[2], x.device, dependent)
+    return _gemm_launch(x, w, e8m0_bytes(x_scale), e8m0_bytes(w_scale), out, _fields(cfg))
 
 
 def _default_config(m: int, g: int, n: int, k: int, block: int, device: torch.device,

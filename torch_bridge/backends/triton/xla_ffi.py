@@ -9,7 +9,8 @@ the kernel per call, so back-to-back calls cost XLA's dispatch and the launch.
 XLA may record the call into its command buffers (CUDA graphs): the execute handler carries the
 command-buffer trait (the only way to mark it: the GPU plugin refuses traits at registration),
 and the module is loaded by a separate initialize stage (``STAGES``), which XLA runs outside
-stream capture.
+stream capture. The parameter map (``params``) is the one ``native`` hands torch's eager
+launcher: both libraries read it with ``launch_params.h``.
 
 Kernels are compiled here, for the JAX device's compute capability, with every pointer and every
 integer that is a multiple of 16 marked divisible by 16 (as torch's launcher marks them), so
@@ -22,14 +23,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import os
 import pathlib
-import shutil
-import subprocess
-import tempfile
 from typing import Any
 
 import numpy as np
+
+from . import native_build
 
 TARGET = "woa_triton_launch"
 _SOURCE = pathlib.Path(__file__).with_name("xla_launch.cc")
@@ -64,48 +63,16 @@ class Desc:
     layout: Any  # a gluon NVMMASharedLayout
 
 
-def cache_dir() -> pathlib.Path:
-    """Where the built handler lives: ``WOA_CACHE_DIR``, else ``~/.cache/woa``."""
-    return pathlib.Path(os.environ.get("WOA_CACHE_DIR") or pathlib.Path.home() / ".cache" / "woa")
-
-
-def _compiler() -> str | None:
-    return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-
-
-def _library_path(cxx: str, include: str) -> pathlib.Path:
-    """The built library's path: a digest of the source, the compiler and the FFI headers."""
-    digest = hashlib.sha256(_SOURCE.read_bytes())
-    digest.update(cxx.encode())
-    digest.update((pathlib.Path(include) / "xla" / "ffi" / "api" / "c_api.h").read_bytes())
-    return cache_dir() / f"xla_launch-{digest.hexdigest()[:16]}.so"
-
-
 def build() -> pathlib.Path:
-    """The handler library, compiled on first use (atomically, so concurrent builds are safe).
+    """The handler library, compiled on first use (``native_build.build``).
 
     Raises ``RuntimeError`` with the compiler's message when it cannot be built.
     """
     import jax.ffi
 
-    cxx = _compiler()
-    if cxx is None:
-        raise RuntimeError("no C++ compiler found (set CXX, or install g++)")
     include = jax.ffi.include_dir()
-    path = _library_path(cxx, include)
-    if path.exists():
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-        out = pathlib.Path(tmp) / path.name
-        cmd = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-isystem", include, str(_SOURCE),
-               "-o", str(out), "-ldl"]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"building {_SOURCE.name} failed ({' '.join(cmd)}):\n"
-                               f"{done.stderr[-2000:]}")
-        os.replace(out, path)
-    return path
+    return native_build.build(
+        _SOURCE, include, (pathlib.Path(include) / "xla" / "ffi" / "api" / "c_api.h",))
 
 
 def handler_bundle(path: pathlib.Path) -> dict:
@@ -179,10 +146,11 @@ def _specialize(kernel, args: tuple, dtypes: tuple[str, ...], constexprs: dict):
     return signature, attrs, cx
 
 
-def _params(args: tuple, tma: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The handler's ``params``, ``scalars`` and ``tmaps`` attributes for ``args``
-    (``_specialize``'s runtime ones; see ``xla_launch.cc``). A descriptor is its tensor map,
-    then its shape (i32) and row strides (i64), as Triton's launcher expands it."""
+def params(args: tuple, tma: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The parameter map (``params``, ``scalars``, ``tmaps``; ``launch_params.h``) of ``args``:
+    ``_specialize``'s runtime ones, integers equal to 1 left out as Triton's specialization
+    leaves them; ``tma`` is ``tma_encodings`` of the compiled kernel. A descriptor is its
+    tensor map, then its shape (i32) and row strides (i64), as Triton's launcher expands it."""
     params, scalars, tmaps = [], [], []
     descs = iter(tma)
     for a in args:
@@ -222,6 +190,16 @@ def compile_triton(kernel, args: tuple, dtypes: tuple[str, ...], constexprs: dic
     return triton.compile(src, target=GPUTarget("cuda", capability, 32), options=options)
 
 
+def tma_encodings(compiled) -> tuple[tuple[int, int, int, tuple[int, ...]], ...]:
+    """Per TMA descriptor of a compiled kernel, the encoding Triton chose:
+    ``(CUtensorMapDataType, element bytes, swizzle, box)``."""
+    from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
+
+    meta = getattr(compiled.metadata, "tensordesc_meta", None) or []
+    return tuple((TMA_DTYPE_DEVICE_TO_HOST[m["elem_type"]], m["elem_size"], m["swizzle"],
+                  tuple(m["block_size"])) for m in meta)
+
+
 @functools.lru_cache(maxsize=256)
 def compile_kernel(kernel, args: tuple, dtypes: tuple[str, ...], constexprs: tuple,
                    num_warps: int, num_stages: int | None, capability: int) -> Compiled:
@@ -236,15 +214,11 @@ def compile_kernel(kernel, args: tuple, dtypes: tuple[str, ...], constexprs: tup
             md, "profile_scratch_size", 0):
         raise ValueError(f"{kernel.__name__}: woa_triton_launch takes kernels with one CTA per "
                          f"program and no scratch memory")
+    tma = tma_encodings(compiled)
     descs = sum(isinstance(a, Desc) for a in args)
-    meta = list(getattr(md, "tensordesc_meta", None) or [])
-    if len(meta) != descs:
+    if len(tma) != descs:
         raise ValueError(f"{kernel.__name__}: expected {descs} TMA descriptors in the compiled "
-                         f"kernel, found {len(meta)}")
-    from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
-
-    tma = tuple((TMA_DTYPE_DEVICE_TO_HOST[m["elem_type"]], m["elem_size"], m["swizzle"],
-                 tuple(m["block_size"])) for m in meta)
+                         f"kernel, found {len(tma)}")
     cubin = compiled.asm["cubin"]
     return Compiled(np.frombuffer(cubin, np.uint8).copy(), md.name,
                     int.from_bytes(hashlib.sha256(cubin).digest()[:8], "little", signed=True),
@@ -269,9 +243,9 @@ def lower(kernel, args: tuple, arrays: tuple, out_shape: tuple, grid: tuple[int,
     dtypes = tuple(np.dtype(a.dtype).name for a in (*arrays, *out_shape))
     compiled = compile_kernel(kernel, tuple(args), dtypes, tuple(constexprs.items()), num_warps,
                               num_stages, capability)
-    params, scalars, tmaps = _params(args, compiled.tma)
+    params_, scalars, tmaps = params(args, compiled.tma)
     g = (*grid, 1, 1)[:3]
     return jax.ffi.ffi_call(TARGET, out_shape, input_output_aliases=aliases or None)(
         *arrays, cubin=compiled.cubin, name=compiled.name, digest=np.int64(compiled.digest),
-        launch=np.array([*g, compiled.threads, compiled.shared], np.int64), params=params,
+        launch=np.array([*g, compiled.threads, compiled.shared], np.int64), params=params_,
         scalars=scalars, tmaps=tmaps)

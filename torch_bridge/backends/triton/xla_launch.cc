@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "launch_params.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -40,20 +41,6 @@ using CUstream = struct CUstream_st*;
 
 constexpr int kMaxDynamicSharedSizeBytes = 8;  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 constexpr int64_t kDefaultSharedLimit = 48 * 1024;
-// Parameters beyond the kernel's own are ignored by cuLaunchKernel; Triton appends up to two
-// scratch pointers (unused by the kernels launched here), which get these null slots.
-constexpr size_t kSpareSlots = 4;
-constexpr size_t kMaxParams = 64;
-constexpr size_t kMaxTensorMaps = 4;
-// One row of the `tmaps` attribute: operand, CUtensorMapDataType, element bytes, swizzle
-// (CUtensorMapSwizzle), NaN padding (0/1), rank (<= 2 here), box[2], shape[2], row stride in
-// elements (outermost first, as Triton's host descriptors list them).
-constexpr size_t kTensorMapRow = 12;
-constexpr int kL2Promotion128B = 2;  // CU_TENSOR_MAP_L2_PROMOTION_L2_128B, as Triton encodes
-
-struct alignas(64) TensorMap {
-  uint64_t opaque[16];  // CUtensorMap
-};
 
 struct Driver {
   CUresult (*ctx_get_current)(CUcontext*) = nullptr;
@@ -64,8 +51,7 @@ struct Driver {
   CUresult (*launch_kernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                             unsigned, unsigned, CUstream, void**, void**) = nullptr;
   CUresult (*get_error_string)(CUresult, const char**) = nullptr;
-  CUresult (*encode_tiled)(TensorMap*, int, unsigned, void*, const uint64_t*, const uint64_t*,
-                           const unsigned*, const unsigned*, int, int, int, int) = nullptr;
+  woa::EncodeTiled encode_tiled = nullptr;
   std::string error;
 };
 
@@ -199,37 +185,16 @@ ffi::ErrorOr<void*> Operand(ffi::RemainingArgs& args, ffi::RemainingRets& rets, 
   return (*buffer)->untyped_data();
 }
 
-// Encodes a tiled TMA descriptor as Triton's launcher does (dims innermost first, byte strides).
-ffi::Error EncodeTensorMap(const Driver& d, const int64_t* row, void* base, TensorMap* map) {
-  const unsigned rank = static_cast<unsigned>(row[5]);
-  if (rank < 1 || rank > 2) return ffi::Error::InvalidArgument("woa_triton_launch: TMA rank");
-  uint64_t dims[2], strides[1] = {0};
-  unsigned box[2], element_strides[2] = {1, 1};
-  for (unsigned i = 0; i < rank; ++i) {
-    dims[rank - 1 - i] = static_cast<uint64_t>(row[8 + i]);
-    box[rank - 1 - i] = static_cast<unsigned>(row[6 + i]);
-  }
-  if (rank == 2) strides[0] = static_cast<uint64_t>(row[10] * row[2]);
-  if (CUresult rc = d.encode_tiled(map, static_cast<int>(row[1]), rank, base, dims, strides, box,
-                                   element_strides, 0, static_cast<int>(row[3]),
-                                   kL2Promotion128B, static_cast<int>(row[4]));
-      rc != 0) {
-    return CudaError(d, rc, "cuTensorMapEncodeTiled");
-  }
-  return ffi::Error::Success();
-}
-
 // launch: {grid_x, grid_y, grid_z, threads per block, dynamic shared bytes}.
-// params: one entry per kernel parameter: an operand index (inputs, then outputs) when >= 0,
-// -1 for the next value of `scalars`, -2 for the next TMA descriptor of `tmaps` (passed by
-// value; the shape and strides parameters that follow it are scalars).
+// params, scalars, tmaps: the parameter map (launch_params.h); operands count inputs, then
+// outputs.
 ffi::Error Launch(CUstream stream, ffi::RemainingArgs args, ffi::RemainingRets rets,
                   ffi::Span<const uint8_t> cubin, std::string_view name, int64_t digest,
                   ffi::Span<const int64_t> launch, ffi::Span<const int64_t> params,
                   ffi::Span<const int64_t> scalars, ffi::Span<const int64_t> tmaps) {
   const Driver& d = GetDriver();
   if (!d.error.empty()) return ffi::Error::Internal("woa_triton_launch: " + d.error);
-  if (launch.size() != 5 || params.size() > kMaxParams) {
+  if (launch.size() != 5) {
     return ffi::Error::InvalidArgument("woa_triton_launch: malformed launch attributes");
   }
   CUfunction fn = nullptr;
@@ -237,41 +202,33 @@ ffi::Error Launch(CUstream stream, ffi::RemainingArgs args, ffi::RemainingRets r
       err.failure()) {
     return err;
   }
-  uint64_t slots[kMaxParams + kSpareSlots] = {};
-  void* pointers[kMaxParams + kSpareSlots];
-  TensorMap maps[kMaxTensorMaps];
-  size_t next_scalar = 0, next_map = 0;
-  for (size_t i = 0; i < params.size(); ++i) {
-    const int64_t p = params[i];
-    pointers[i] = &slots[i];
-    if (p == -1) {
-      if (next_scalar == scalars.size()) {
-        return ffi::Error::InvalidArgument("woa_triton_launch: too few scalars");
-      }
-      slots[i] = static_cast<uint64_t>(scalars[next_scalar++]);
-    } else if (p == -2) {
-      if (next_map == kMaxTensorMaps || (next_map + 1) * kTensorMapRow > tmaps.size()) {
-        return ffi::Error::InvalidArgument("woa_triton_launch: too few tensor maps");
-      }
-      const int64_t* row = tmaps.begin() + next_map * kTensorMapRow;
-      auto base = Operand(args, rets, row[0]);
-      if (base.has_error()) return base.error();
-      if (ffi::Error err = EncodeTensorMap(d, row, *base, &maps[next_map]); err.failure()) {
-        return err;
-      }
-      pointers[i] = &maps[next_map++];
-    } else {
-      auto base = Operand(args, rets, p);
-      if (base.has_error()) return base.error();
-      slots[i] = reinterpret_cast<uint64_t>(*base);
+  ffi::Error operand_error = ffi::Error::Success();
+  auto operand = [&](int64_t i, void** address) {
+    auto base = Operand(args, rets, i);
+    if (base.has_error()) {
+      operand_error = base.error();
+      return false;
     }
+    *address = *base;
+    return true;
+  };
+  woa::Packed packed;
+  const woa::PackError packing = woa::PackParams(
+      params.begin(), params.size(), scalars.begin(), scalars.size(), tmaps.begin(),
+      tmaps.size(), d.encode_tiled, operand, &packed);
+  if (packing == woa::PackError::kOperand) return operand_error;
+  if (packing == woa::PackError::kEncode) {
+    return CudaError(d, packed.cuda_error, "cuTensorMapEncodeTiled");
   }
-  for (size_t i = params.size(); i < params.size() + kSpareSlots; ++i) pointers[i] = &slots[i];
+  if (packing != woa::PackError::kNone) {
+    return ffi::Error::InvalidArgument(std::string("woa_triton_launch: ") +
+                                       woa::PackErrorText(packing));
+  }
   const int64_t shared = launch[4];
   if (CUresult rc = d.launch_kernel(
           fn, static_cast<unsigned>(launch[0]), static_cast<unsigned>(launch[1]),
           static_cast<unsigned>(launch[2]), static_cast<unsigned>(launch[3]), 1, 1,
-          static_cast<unsigned>(shared), stream, pointers, nullptr);
+          static_cast<unsigned>(shared), stream, packed.pointers, nullptr);
       rc != 0) {
     return CudaError(d, rc, "cuLaunchKernel");
   }

@@ -1,0 +1,105 @@
+"""The native eager launcher on the GPU (``pytest -m gpu``): the FP8 decode layers bind it (the
+fused kernel, or the quant and the GEMM in one native call), and every repeat gives the op
+path's bits; a launch hook, another stream or a capture takes the op's path."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from inputs import checkpoint, new_seed, rope_inputs, xla_memory  # noqa: E402, F401
+
+pytestmark = pytest.mark.gpu
+
+
+def test_the_launcher_builds_and_finds_the_driver():
+    from torch_bridge.backends.triton import native
+
+    assert native.available() == (True, "native launcher built")
+
+
+def _layer(g: int, s: int, seed: int):
+    import torch_bridge as tb
+
+    w, ws = checkpoint(g, seed)
+    o, pos, cos, sin = rope_inputs(s, g, seed, rope_dtype=torch.float32)
+    return tb.WoAProjection(w, ws, g, cos, sin), w, ws, o, pos, cos, sin
+
+
+def _want(o, pos, cos, sin, w, ws, g):
+    from torch_bridge.backends.triton import launch
+
+    return launch.wo_a_fp8(o, pos, cos, sin, w.view(g, -1, w.shape[1]),
+                           ws.view(g, -1, ws.shape[1]), g)
+
+
+# Fused (G 16 and 2 at one token, split at G 2), then quant and GEMM: the split swapped GEMM
+# (G 2, 16 tokens), wgmma tiles (64 to 256 tokens) and G 16 at the kept buffers' bound.
+@pytest.mark.parametrize("g,s", [(16, 1), (2, 1), (2, 16), (8, 16), (2, 64), (4, 128),
+                                 (2, 256), (16, 64)])
+def test_decode_layer_binds_the_native_launcher_with_the_op_paths_bits(g, s):
+    seed = new_seed()
+    layer, w, ws, o, pos, cos, sin = _layer(g, s, seed)
+    assert torch.equal(layer(o, pos), _want(o, pos, cos, sin, w, ws, g)), f"seed {seed}"
+    (bound,) = [p.eager for p in layer._plans.values() if p.eager]
+    assert getattr(bound, "native", False), "the native launcher was not bound"
+    for trial in range(3):  # new values (and addresses) each call
+        o2, pos2, _, _ = rope_inputs(s, g, seed + trial + 1)
+        y = layer(o2, pos2)
+        want = _want(o2, pos2, cos, sin, w, ws, g)
+        assert torch.equal(y.view(torch.int16), want.view(torch.int16)), f"seed {seed}"
+
+
+def test_native_calls_back_to_back_on_one_layer_keep_each_calls_bits():
+    """Many calls queued before any finishes: each output is its own call's."""
+    seed = new_seed()
+    layer, w, ws, o, pos, cos, sin = _layer(2, 64, seed)
+    layer(o, pos)
+    inputs = [rope_inputs(64, 2, seed + i + 1)[:2] for i in range(32)]
+    outs = [layer(o2, p2) for o2, p2 in inputs]
+    for (o2, p2), y in zip(inputs, outs, strict=True):
+        assert torch.equal(y, _want(o2, p2, cos, sin, w, ws, 2)), f"seed {seed}"
+
+
+def test_a_launch_hook_another_stream_or_a_capture_take_the_op_path(monkeypatch):
+    from triton import knobs
+
+    seed = new_seed()
+    layer, w, ws, o, pos, cos, sin = _layer(2, 64, seed)
+    want = layer(o, pos)
+    (bound,) = [p.eager for p in layer._plans.values() if p.eager]
+    assert torch.equal(bound(o, pos), want)
+    seen = []
+    with monkeypatch.context() as m:
+        m.setattr(knobs.runtime, "launch_enter_hook", seen.append)
+        assert bound(o, pos) is None
+        assert torch.equal(layer(o, pos), want), f"seed {seed}"
+    assert seen, "the hook saw no launch"
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        assert bound(o, pos) is None
+        y = layer(o, pos)
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(y, want), f"seed {seed}"
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        captured = layer(o, pos)
+    captured.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, want), f"seed {seed}"
+
+
+def test_a_misaligned_o_takes_the_op_path():
+    seed = new_seed()
+    layer, w, ws, o, pos, cos, sin = _layer(2, 16, seed)
+    want = layer(o, pos)
+    base = torch.empty((o.numel() + 1,), dtype=o.dtype, device=o.device)
+    shifted = base[1:].view(o.shape)
+    shifted.copy_(o)
+    (bound,) = [p.eager for p in layer._plans.values() if p.eager]
+    assert bound(shifted, pos) is None
+    assert torch.equal(layer(shifted, pos), want), f"seed {seed}"

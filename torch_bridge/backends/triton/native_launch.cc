@@ -1,0 +1,150 @@
+// Launches a sequence of compiled Triton kernels on one CUDA stream in one call, for torch's
+// eager calls that repeat a launch signature (native.py builds this file on first use and calls
+// it through ctypes).
+//
+// Each step names a kernel Triton has already loaded (its CUfunction), its launch shape and its
+// parameter map (launch_params.h). Operands 0-3 are the call's own addresses; the others are
+// fixed when the steps are bound. A call packs each step's parameters (encoding its TMA
+// descriptors for this call's addresses) and launches it with cuLaunchKernelEx, as a
+// programmatic dependent launch where the kernel was compiled as one. No Python object is
+// touched here, and nothing is kept across calls.
+
+#include <dlfcn.h>
+
+#include <cstdint>
+
+#include "cuda.h"
+#include "launch_params.h"
+
+namespace {
+
+constexpr int64_t kOpen = 4;
+// Our own failures, beside CUresult codes (which are >= 0).
+constexpr int kNoDriver = -1;
+constexpr int kPackBase = -100;  // kPackBase - PackError
+
+struct Driver {
+  decltype(&cuLaunchKernelEx) launch_ex = nullptr;
+  decltype(&cuFuncGetParamInfo) param_info = nullptr;
+  decltype(&cuGetErrorString) error_string = nullptr;
+  woa::EncodeTiled encode_tiled = nullptr;
+  const char* missing = nullptr;
+};
+
+template <typename F>
+void Resolve(void* lib, const char* name, F& fn, const char*& missing) {
+  fn = reinterpret_cast<F>(dlsym(lib, name));
+  if (fn == nullptr && missing == nullptr) missing = name;
+}
+
+const Driver& GetDriver() {
+  static const Driver driver = [] {
+    Driver d;
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      d.missing = "libcuda.so.1";
+      return d;
+    }
+    Resolve(lib, "cuLaunchKernelEx", d.launch_ex, d.missing);
+    Resolve(lib, "cuGetErrorString", d.error_string, d.missing);
+    Resolve(lib, "cuTensorMapEncodeTiled", d.encode_tiled, d.missing);
+    Resolve(lib, "cuFuncGetParamInfo", d.param_info, d.missing);
+    return d;
+  }();
+  return driver;
+}
+
+}  // namespace
+
+extern "C" {
+
+// One kernel launch of a bound sequence; the arrays belong to the caller.
+struct WoaStep {
+  uint64_t function;  // CUfunction
+  uint32_t grid[3];
+  uint32_t threads;
+  uint32_t shared;
+  int32_t pdl;
+  const int64_t* params;
+  int64_t n_params;
+  const int64_t* scalars;
+  int64_t n_scalars;
+  const int64_t* tmaps;
+  int64_t n_tmaps;
+};
+
+// The driver function this library lacks (nullptr: none).
+const char* woa_native_missing() { return GetDriver().missing; }
+
+// The text of a woa_native_launch result.
+const char* woa_native_error(int code) {
+  if (code == kNoDriver) return "the CUDA driver lacks a function this launcher needs";
+  if (code <= kPackBase) return woa::PackErrorText(static_cast<woa::PackError>(kPackBase - code));
+  const char* text = nullptr;
+  const Driver& d = GetDriver();
+  if (d.error_string == nullptr || d.error_string(static_cast<CUresult>(code), &text) != 0) {
+    return "unknown CUDA error";
+  }
+  return text;
+}
+
+// The byte size of each of `function`'s first `count` parameters into `sizes`; the number of
+// parameters it has when that is fewer (a CUDA error as a negative number).
+int64_t woa_native_param_sizes(uint64_t function, int64_t* sizes, int64_t count) {
+  const Driver& d = GetDriver();
+  if (d.missing != nullptr) return kNoDriver;
+  for (int64_t i = 0; i < count; ++i) {
+    size_t offset = 0, size = 0;
+    CUresult rc = d.param_info(reinterpret_cast<CUfunction>(function), static_cast<size_t>(i),
+                               &offset, &size);
+    if (rc == CUDA_ERROR_INVALID_VALUE) return i;
+    if (rc != CUDA_SUCCESS) return -static_cast<int64_t>(rc);
+    sizes[i] = static_cast<int64_t>(size);
+  }
+  return count;
+}
+
+// Launches `steps` in order on `stream`. Operand i is open[i] for i < 4, else fixed[i - 4].
+// Returns 0, a CUresult, or one of our negative codes (woa_native_error).
+int woa_native_launch(const WoaStep* steps, int64_t n_steps, const uint64_t* fixed,
+                      uint64_t stream, uint64_t open0, uint64_t open1, uint64_t open2,
+                      uint64_t open3) {
+  const Driver& d = GetDriver();
+  if (d.missing != nullptr) return kNoDriver;
+  const uint64_t open[kOpen] = {open0, open1, open2, open3};
+  auto operand = [&](int64_t i, void** address) {
+    if (i < 0) return false;
+    *address = reinterpret_cast<void*>(i < kOpen ? open[i] : fixed[i - kOpen]);
+    return true;
+  };
+  for (int64_t s = 0; s < n_steps; ++s) {
+    const WoaStep& step = steps[s];
+    woa::Packed packed;
+    const woa::PackError packing = woa::PackParams(
+        step.params, static_cast<size_t>(step.n_params), step.scalars,
+        static_cast<size_t>(step.n_scalars), step.tmaps, static_cast<size_t>(step.n_tmaps),
+        d.encode_tiled, operand, &packed);
+    if (packing == woa::PackError::kEncode) return packed.cuda_error;
+    if (packing != woa::PackError::kNone) return kPackBase - static_cast<int>(packing);
+    CUlaunchAttribute attribute;
+    attribute.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attribute.value.programmaticStreamSerializationAllowed = 1;
+    CUlaunchConfig config;
+    config.gridDimX = step.grid[0];
+    config.gridDimY = step.grid[1];
+    config.gridDimZ = step.grid[2];
+    config.blockDimX = step.threads;
+    config.blockDimY = 1;
+    config.blockDimZ = 1;
+    config.sharedMemBytes = step.shared;
+    config.hStream = reinterpret_cast<CUstream>(stream);
+    config.attrs = step.pdl ? &attribute : nullptr;
+    config.numAttrs = step.pdl ? 1 : 0;
+    CUresult rc = d.launch_ex(&config, reinterpret_cast<CUfunction>(step.function),
+                              packed.pointers, nullptr);
+    if (rc != CUDA_SUCCESS) return static_cast<int>(rc);
+  }
+  return 0;
+}
+
+}  // extern "C"
