@@ -33,7 +33,7 @@ def test_one_set_per_stream_and_problem_sized_to_the_scratch_bound():
               chain_eager.stream_activations(cpu, 7, fp8, 2, 4096, 32)}
     assert len(others) == 3 and a not in others
     assert len(chain_eager._KEPT) == 4
-    assert chain_eager.stream_activations(cpu, 7, fp8, 16, 4096, 128).x.shape[0] == 64
+    assert chain_eager.stream_activations(cpu, 7, fp8, 16, 4096, 128).x.shape[0] == 256
 
 
 def test_threads_asking_at_once_get_one_set():

@@ -26,10 +26,11 @@ from .quant import _quant_launch, eager_quant
 #: Where ``_wo_a_fp8_launch``'s runtime arguments hold the call's tensors.
 _WO_A_FP8_TENSORS = (0, 1, 2, 3, 4, 5, 8, 9, 10, 11, 12)
 
-#: Quantized activations up to this size (``[S, G, K]`` fp8: 512 tokens at G = 2, 64 at
-#: G = 16) go to the stream's kept buffers; larger calls allocate their own, as their GPU
-#: time hides the allocation.
-SCRATCH_BYTES = 4 << 20
+#: Quantized activations up to this size (``[S, G, K]`` fp8: 2048 tokens at G = 2, 256 at
+#: G = 16, every decode batch) go to the stream's kept buffers, so a call's own operands are
+#: its ``o``, positions and output (``native.OPEN``); larger calls allocate their own, as
+#: their GPU time hides the allocation.
+SCRATCH_BYTES = 16 << 20
 
 
 @dataclasses.dataclass(frozen=True)
