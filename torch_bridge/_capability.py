@@ -29,8 +29,8 @@ ENV_VARS: dict[str, str] = {
                               "(torch_bridge.jax_ops.command_buffer_blocker)",
     "WOA_JAX_NATIVE": "1 (default) or 0: 0 sends torch_bridge.jax_ops' Triton launches through "
                       "buffer_callback instead of the native woa_triton_launch custom call",
-    "WOA_CACHE_DIR": "where the native JAX route's custom-call handler is built (default: "
-                     "~/.cache/woa)",
+    "WOA_CACHE_DIR": "where the eager native launcher and the native JAX route's custom-call "
+                     "handler are built (default: ~/.cache/woa)",
     "WOA_COMMIT": "commit id recorded in benchmark rows when git cannot tell (default: "
                   "git rev-parse HEAD)",
 }

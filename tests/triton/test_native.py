@@ -5,6 +5,7 @@ and the library's answers without a driver. The GPU tests are in ``test_gpu_nati
 from __future__ import annotations
 
 import ctypes
+import logging
 import types
 
 import numpy as np
@@ -74,14 +75,18 @@ def test_unavailable_under_the_interpreter_or_without_a_driver(cache, monkeypatc
 
 
 @needs_compiler
-def test_without_a_driver_the_library_says_so(cache, monkeypatch):
+def test_without_a_driver_the_library_says_so(cache, monkeypatch, caplog):
     """This machine has no libcuda: the reason names it, and a launch or a parameter query
     returns the library's own error instead of touching a driver."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     lib = native._library()
     if lib.woa_native_missing() is None:
         pytest.skip("this machine has a CUDA driver")
-    assert native.available() == (False, "cannot open libcuda.so.1")
+    with caplog.at_level(logging.INFO, logger="woa"):
+        assert native.available() == (False, "cannot open libcuda.so.1")
+        assert native.available() == (False, "cannot open libcuda.so.1")
+    assert [r.getMessage() for r in caplog.records] == [
+        "eager FP8 layers keep one Triton launch per kernel: cannot open libcuda.so.1"]
     assert native._param_sizes(1, 4) is None
     bound = native.Native([], [], [])
     with pytest.raises(RuntimeError, match="woa native launch failed: the CUDA driver lacks"):

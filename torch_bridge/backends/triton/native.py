@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 import pathlib
 
 import numpy as np
@@ -26,6 +27,8 @@ import torch
 
 from . import native_build, xla_ffi
 from ._common import direct_launches, interpreter_on, launch_hooks
+
+log = logging.getLogger("woa")
 
 _SOURCE = pathlib.Path(__file__).with_name("native_launch.cc")
 #: Addresses a bound call takes: its own tensors (``native_launch.cc``'s open operands).
@@ -75,12 +78,20 @@ def _library():
 
 @functools.cache
 def available() -> tuple[bool, str]:
-    """Whether eager calls may launch through the native launcher: ``(ok, reason)``.
+    """Whether eager calls may launch through the native launcher: ``(ok, reason)``; a CUDA
+    process that cannot logs why, once.
 
     Needs CUDA (not the interpreter, not ROCm), Triton's direct launches, a C++ compiler and
     a driver with every function the launcher calls."""
     if interpreter_on() or torch.version.hip is not None:
         return False, "native launches are for CUDA devices"
+    found = _probe()
+    if not found[0]:
+        log.info("eager FP8 layers keep one Triton launch per kernel: %s", found[1])
+    return found
+
+
+def _probe() -> tuple[bool, str]:
     direct, why = direct_launches()
     if not direct:
         return False, why
