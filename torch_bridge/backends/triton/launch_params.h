@@ -1,7 +1,6 @@
-// Kernel parameters of a compiled Triton kernel, packed for cuLaunchKernel from a parameter map.
-//
-// Shared by xla_launch.cc (XLA's custom call) and native_launch.cc (torch's eager launches), so
-// both read the map that xla_ffi.params writes the same way:
+// What xla_launch.cc (XLA's custom call) and native_launch.cc (torch's eager launches) share:
+// opening the CUDA driver, and a compiled Triton kernel's parameters packed for cuLaunchKernel
+// from the parameter map that xla_ffi.params writes:
 //   params: one entry per kernel parameter: an operand index when >= 0, -1 for the next value of
 //           `scalars`, -2 for the next TMA descriptor of `tmaps` (passed by value; the shape and
 //           strides parameters that follow it are scalars);
@@ -14,10 +13,25 @@
 #ifndef WOA_LAUNCH_PARAMS_H_
 #define WOA_LAUNCH_PARAMS_H_
 
+#include <dlfcn.h>
+
 #include <cstddef>
 #include <cstdint>
 
 namespace woa {
+
+// The CUDA driver library, opened once by each library that includes this (nullptr: absent).
+inline void* OpenDriver() {
+  static void* const lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  return lib;
+}
+
+// `fn` = the driver's `name`; the first name the driver lacks goes to `missing`.
+template <typename F>
+void Resolve(void* lib, const char* name, F& fn, const char*& missing) {
+  fn = reinterpret_cast<F>(dlsym(lib, name));
+  if (fn == nullptr && missing == nullptr) missing = name;
+}
 
 // Parameters beyond the kernel's own are ignored by cuLaunchKernel; Triton appends up to two
 // scratch pointers (unused by the kernels launched here), which get these null slots.

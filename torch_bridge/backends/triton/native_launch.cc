@@ -9,8 +9,6 @@
 // programmatic dependent launch where the kernel was compiled as one. No Python object is
 // touched here, and nothing is kept across calls.
 
-#include <dlfcn.h>
-
 #include <cstdint>
 
 #include "cuda.h"
@@ -31,24 +29,18 @@ struct Driver {
   const char* missing = nullptr;
 };
 
-template <typename F>
-void Resolve(void* lib, const char* name, F& fn, const char*& missing) {
-  fn = reinterpret_cast<F>(dlsym(lib, name));
-  if (fn == nullptr && missing == nullptr) missing = name;
-}
-
 const Driver& GetDriver() {
   static const Driver driver = [] {
     Driver d;
-    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    void* lib = woa::OpenDriver();
     if (lib == nullptr) {
       d.missing = "libcuda.so.1";
       return d;
     }
-    Resolve(lib, "cuLaunchKernelEx", d.launch_ex, d.missing);
-    Resolve(lib, "cuGetErrorString", d.error_string, d.missing);
-    Resolve(lib, "cuTensorMapEncodeTiled", d.encode_tiled, d.missing);
-    Resolve(lib, "cuFuncGetParamInfo", d.param_info, d.missing);
+    woa::Resolve(lib, "cuLaunchKernelEx", d.launch_ex, d.missing);
+    woa::Resolve(lib, "cuGetErrorString", d.error_string, d.missing);
+    woa::Resolve(lib, "cuTensorMapEncodeTiled", d.encode_tiled, d.missing);
+    woa::Resolve(lib, "cuFuncGetParamInfo", d.param_info, d.missing);
     return d;
   }();
   return driver;

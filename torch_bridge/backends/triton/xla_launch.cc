@@ -55,28 +55,24 @@ struct Driver {
   std::string error;
 };
 
-template <typename F>
-void Resolve(void* lib, const char* name, F& fn, std::string& error) {
-  fn = reinterpret_cast<F>(dlsym(lib, name));
-  if (fn == nullptr && error.empty()) error = std::string("libcuda.so.1 has no ") + name;
-}
-
 const Driver& GetDriver() {
   static const Driver driver = [] {
     Driver d;
-    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    void* lib = woa::OpenDriver();
     if (lib == nullptr) {
       d.error = std::string("cannot open libcuda.so.1: ") + dlerror();
       return d;
     }
-    Resolve(lib, "cuCtxGetCurrent", d.ctx_get_current, d.error);
-    Resolve(lib, "cuModuleLoadData", d.module_load_data, d.error);
-    Resolve(lib, "cuModuleGetFunction", d.module_get_function, d.error);
-    Resolve(lib, "cuFuncSetAttribute", d.func_set_attribute, d.error);
-    Resolve(lib, "cuStreamIsCapturing", d.stream_is_capturing, d.error);
-    Resolve(lib, "cuLaunchKernel", d.launch_kernel, d.error);
-    Resolve(lib, "cuGetErrorString", d.get_error_string, d.error);
-    Resolve(lib, "cuTensorMapEncodeTiled", d.encode_tiled, d.error);
+    const char* missing = nullptr;
+    woa::Resolve(lib, "cuCtxGetCurrent", d.ctx_get_current, missing);
+    woa::Resolve(lib, "cuModuleLoadData", d.module_load_data, missing);
+    woa::Resolve(lib, "cuModuleGetFunction", d.module_get_function, missing);
+    woa::Resolve(lib, "cuFuncSetAttribute", d.func_set_attribute, missing);
+    woa::Resolve(lib, "cuStreamIsCapturing", d.stream_is_capturing, missing);
+    woa::Resolve(lib, "cuLaunchKernel", d.launch_kernel, missing);
+    woa::Resolve(lib, "cuGetErrorString", d.get_error_string, missing);
+    woa::Resolve(lib, "cuTensorMapEncodeTiled", d.encode_tiled, missing);
+    if (missing != nullptr) d.error = std::string("libcuda.so.1 has no ") + missing;
     return d;
   }();
   return driver;
