@@ -20,15 +20,7 @@ from inputs import DH, HPG, RD, N, P, run_compile_script
 
 import woa_jax
 from torch_bridge import jax_ops
-from torch_bridge.backends.triton import (
-    configs,
-    jax_launch,
-    kernels,
-    launch,
-    native_build,
-    plans,
-    xla_ffi,
-)
+from torch_bridge.backends.triton import configs, jax_launch, kernels, launch, plans, xla_ffi
 from torch_bridge.backends.triton.xla_ffi import Ref
 from woa_jax.testing import assert_bitwise_equal
 
@@ -143,7 +135,7 @@ def cache(tmp_path, monkeypatch):
 def test_handler_builds_once_into_the_cache(cache):
     """The handler library exports the FFI symbol; a second build reuses it. Without a
     compiler the error says which one is missing, as the route's reason does."""
-    if native_build.compiler() is None:
+    if xla_ffi.native_build.compiler() is None:
         with pytest.raises(RuntimeError, match=r"no C\+\+ compiler found \(set CXX"):
             xla_ffi.build()
         return
@@ -160,7 +152,7 @@ def test_handler_build_errors_are_reported(cache, monkeypatch):
     with pytest.raises(RuntimeError, match=r"building xla_launch.cc failed \(false -O2"):
         xla_ffi.build()
     monkeypatch.delenv("CXX")
-    monkeypatch.setattr(native_build.shutil, "which", lambda name: None)
+    monkeypatch.setattr(xla_ffi.native_build.shutil, "which", lambda name: None)
     with pytest.raises(RuntimeError, match=r"no C\+\+ compiler found \(set CXX, or install"):
         xla_ffi.build()
 
