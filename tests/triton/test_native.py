@@ -48,15 +48,18 @@ def test_build_errors_are_reported(cache, monkeypatch):
         native.build()
 
 
-def test_the_shared_header_names_both_libraries():
-    """Both libraries' names digest the shared header: changing it rebuilds both."""
-    source = xla_ffi._SOURCE
-    a = native_build.library_path(source, "c++", ())
-    b = native_build.library_path(native._SOURCE, "c++", ())
-    assert a.name.startswith("xla_launch-") and b.name.startswith("native_launch-")
-    assert native_build.SHARED_HEADER.name == "launch_params.h"
-    assert f'#include "{native_build.SHARED_HEADER.name}"' in source.read_text()
-    assert f'#include "{native_build.SHARED_HEADER.name}"' in native._SOURCE.read_text()
+def test_both_libraries_are_named_by_the_shared_header(tmp_path, monkeypatch):
+    """Each library's name digests its source and the shared header: a change to the header
+    rebuilds both."""
+    for source in (xla_ffi._SOURCE, native._SOURCE):
+        assert f'#include "{native_build.SHARED_HEADER.name}"' in source.read_text()
+    before = [native_build.library_path(s, "c++", ()) for s in (xla_ffi._SOURCE, native._SOURCE)]
+    assert before[0].name.startswith("xla_launch-") and before[1].name.startswith("native_launch-")
+    header = tmp_path / "launch_params.h"
+    header.write_text(native_build.SHARED_HEADER.read_text() + "// changed\n")
+    monkeypatch.setattr(native_build, "SHARED_HEADER", header)
+    after = [native_build.library_path(s, "c++", ()) for s in (xla_ffi._SOURCE, native._SOURCE)]
+    assert all(a != b for a, b in zip(after, before, strict=True))
 
 
 def test_unavailable_under_the_interpreter_or_without_a_driver(cache, monkeypatch):

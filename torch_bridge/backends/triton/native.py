@@ -167,11 +167,9 @@ def _as_map_args(args: tuple, table: list) -> tuple | None:
 
 def _step(compiled, grid: tuple[int, ...], args: tuple, keep: list) -> _Step | None:
     """One kernel's ``_Step``, or ``None`` where its parameters disagree with the map."""
-    md = compiled.metadata
-    if (getattr(md, "num_ctas", 1) != 1 or getattr(md, "global_scratch_size", 0)
-            or getattr(md, "profile_scratch_size", 0)
-            or getattr(md, "launch_cooperative_grid", False)):
+    if not xla_ffi.plain_launch(compiled):
         return None
+    md = compiled.metadata
     tma = xla_ffi.tma_encodings(compiled)
     if len(tma) != sum(isinstance(a, xla_ffi.Desc) for a in args):
         return None
@@ -186,7 +184,7 @@ def _step(compiled, grid: tuple[int, ...], args: tuple, keep: list) -> _Step | N
         if size not in want:
             return None
         if p == -1 and size == 4 and not -2**31 <= next(next_scalar) < 2**31:
-            return None
+            return None  # an i64 value in an i32 parameter
         if p == -1 and size == 8:
             next(next_scalar)
     if any(size != 8 for size in sizes[len(params):]):

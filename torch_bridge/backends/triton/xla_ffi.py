@@ -190,6 +190,15 @@ def compile_triton(kernel, args: tuple, dtypes: tuple[str, ...], constexprs: dic
     return triton.compile(src, target=GPUTarget("cuda", capability, 32), options=options)
 
 
+def plain_launch(compiled) -> bool:
+    """Whether the launch libraries can launch a compiled kernel as it is: one CTA per program,
+    no global or profile scratch, not a cooperative grid (none of which they set up)."""
+    md = compiled.metadata
+    return (getattr(md, "num_ctas", 1) == 1 and not getattr(md, "global_scratch_size", 0)
+            and not getattr(md, "profile_scratch_size", 0)
+            and not getattr(md, "launch_cooperative_grid", False))
+
+
 def tma_encodings(compiled) -> tuple[tuple[int, int, int, tuple[int, ...]], ...]:
     """Per TMA descriptor of a compiled kernel, the encoding Triton chose:
     ``(CUtensorMapDataType, element bytes, swizzle, box)``."""
@@ -210,8 +219,7 @@ def compile_kernel(kernel, args: tuple, dtypes: tuple[str, ...], constexprs: tup
     compiled = compile_triton(kernel, args, dtypes, dict(constexprs), num_warps, num_stages,
                               capability)
     md = compiled.metadata
-    if getattr(md, "num_ctas", 1) != 1 or getattr(md, "global_scratch_size", 0) or getattr(
-            md, "profile_scratch_size", 0):
+    if not plain_launch(compiled):
         raise ValueError(f"{kernel.__name__}: woa_triton_launch takes kernels with one CTA per "
                          f"program and no scratch memory")
     tma = tma_encodings(compiled)
