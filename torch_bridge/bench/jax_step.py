@@ -12,13 +12,15 @@ weight. Rows (kind ``jax_step``), ``us`` per layer:
 * ``jax_step_torch_graph``: the same L ``WoAProjection`` calls on the same values, captured in
   one CUDA graph (eager, by wall clock, on CPU).
 
-The step makes its inputs: ``o = base_o * s`` and ``positions = base + shift`` from two device
-scalars that change every step, so each step's data is new while its buffers stay put (the
-torch step does the same two ops). Every layer reads that ``o`` with its own weight and its own
-copy of the rope tables: with one ``o`` for all layers, identical quant calls (same operands,
-same attributes) would be merged by XLA. The step returns the last layer's output and a sum of
-one element of every layer's output taken behind an optimization barrier, so XLA can neither
-drop a layer nor compute less of it.
+The step is laid out as a model's: one rope table for every layer, each layer its own weight,
+and each layer after the one before it. It makes its inputs, ``o = base_o * s`` and
+``positions = base + shift``, from two device scalars that change every step, so each step's
+data is new while its buffers stay put (the torch step does the same two ops). Layer ``l``
+reads that ``o`` tied to layer ``l - 1``'s output by an optimization barrier (``_after``): as in
+a model, whose next layer reads what the last one wrote, the layers run in turn, never side by
+side in XLA's command buffers, and no two calls have the same operands for XLA to merge. The
+step returns the last layer's output and a sum of one element of every layer's output taken
+behind an optimization barrier, so XLA can neither drop a layer nor compute less of it.
 
 JAX rows: wall time of back-to-back steps (host dispatch included, one wait at the end) over
 the steps' layers. Torch row: ``timing.time_cuda`` of the step, over its layers. ``vs_graph``
@@ -98,7 +100,7 @@ def route_env(route: str) -> dict[str, str]:
 
 @dataclasses.dataclass
 class Layers:
-    """Per layer: the weight, its tables (each layer its own copy) and the torch layer."""
+    """Per layer: the weight, its tables (the same rope table in each) and the torch layer."""
 
     problems: list  # problem.Problem of one token, for its weight and tables
     torch_layers: list
@@ -142,32 +144,44 @@ def _outputs(ys):
     return ys[-1], keep
 
 
+def _after(o, ys: list):
+    """``o`` once the latest layer's output exists (``o`` itself for the first layer)."""
+    import jax
+
+    return jax.lax.optimization_barrier((o, ys[-1]))[0] if ys else o
+
+
 def fp8_step(g: int, backend):
-    """The FP8 step on ``jax_ops.wo_a_fp8``; ``params`` are per-layer ``(cos, sin, w, ws)``."""
+    """The FP8 step on ``jax_ops.wo_a_fp8``; ``params`` are ``((cos, sin), ((w, ws), ...))``:
+    the rope tables, then each layer's weight."""
     from torch_bridge import jax_ops
 
     def step(params, base_o, base_pos, scale, shift):
+        (cos, sin), weights = params
         o = base_o * scale
         pos = base_pos + shift
-        return _outputs([jax_ops.wo_a_fp8(o, pos, cos, sin, w, ws, g, backend=backend)
-                         for cos, sin, w, ws in params])
+        ys = []
+        for w, ws in weights:
+            ys.append(jax_ops.wo_a_fp8(_after(o, ys), pos, cos, sin, w, ws, g, backend=backend))
+        return _outputs(ys)
 
     return step
 
 
 def bf16_step(g: int):
-    """XLA's BF16 step; ``params`` are per-layer ``(cos32, sin32, w_bf16 [G, N, K])``."""
+    """XLA's BF16 step; ``params`` are ``((cos32, sin32), (w_bf16 [G, N, K], ...))``."""
     import jax.numpy as jnp
 
     import woa_jax
 
     def step(params, base_o, base_pos, scale, shift):
+        (cos, sin), weights = params
         o = base_o * scale
         pos = base_pos + shift
         m = o.shape[0]
         ys = []
-        for cos, sin, w in params:
-            x = woa_jax.inverse_rope(o, pos, cos, sin, out_dtype=jnp.bfloat16)
+        for w in weights:
+            x = woa_jax.inverse_rope(_after(o, ys), pos, cos, sin, out_dtype=jnp.bfloat16)
             ys.append(jnp.einsum("sgk,gnk->sgn", x.reshape(m, g, -1), w))
         return _outputs(ys)
 
@@ -331,13 +345,14 @@ def _jax_route(route: str, g: int, lay: Layers, count: int, inputs, ref_layer, o
         if reason is not None:
             raise Skip(f"no native route here: {reason}")
     probs = lay.problems[:count]
+    first = probs[0]  # every layer's tables hold the same rope table
     if route == "xla_bf16":
-        params = tuple(tuple(interop.to_jax(t) for t in (p.cos32, p.sin32, p.w_bf16))
-                       for p in probs)
+        params = ((interop.to_jax(first.cos32), interop.to_jax(first.sin32)),
+                  tuple(interop.to_jax(p.w_bf16) for p in probs))
         step = bf16_step(g)
     else:
-        params = tuple(tuple(interop.to_jax(t) for t in (p.cos_bf16, p.sin_bf16, p.w, p.ws))
-                       for p in probs)
+        params = ((interop.to_jax(first.cos_bf16), interop.to_jax(first.sin_bf16)),
+                  tuple((interop.to_jax(p.w), interop.to_jax(p.ws)) for p in probs))
         step = fp8_step(g, backend)
     base = (interop.to_jax(inputs.o), interop.to_jax(inputs.pos.to(torch.int32)))
     f = jax.jit(step)
