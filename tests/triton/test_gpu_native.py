@@ -1,6 +1,7 @@
 """The native eager launcher on the GPU (``pytest -m gpu``): the FP8 decode layers bind it (the
-fused kernel, or the quant and the GEMM in one native call), and every repeat gives the op
-path's bits; a launch hook or a misaligned input takes the op's path."""
+fused kernel, or the quant and the GEMM in one native call), as does the BF16 layer on each of
+its routes, and every repeat gives the op path's bits; a launch hook or a misaligned input
+takes the op's path."""
 
 from __future__ import annotations
 
@@ -49,6 +50,31 @@ def test_decode_layer_binds_the_native_launcher_with_the_op_paths_bits(g, s):
         o2, pos2, _, _ = rope_inputs(s, g, seed + trial + 1)
         y = layer(o2, pos2)
         want = _want(o2, pos2, cos, sin, w, ws, g)
+        assert torch.equal(y.view(torch.int16), want.view(torch.int16)), f"seed {seed}"
+
+
+# The BF16 layer's routes: one launch (G 16 at 1 token, G 2 at 16), a rotated copy and cuBLAS
+# (G 2 at 64 and 256), the rotated tails and the BF16 GEMM (G 16 from 128 tokens, G 2 at 1024).
+@pytest.mark.parametrize("g,s", [(16, 1), (2, 16), (2, 64), (2, 256), (16, 128), (16, 256),
+                                 (2, 1024)])
+def test_bf16_layer_binds_the_native_launcher_with_the_op_paths_bits(g, s):
+    import torch_bridge as tb
+    from torch_bridge.backends.triton import launch
+
+    seed = new_seed()
+    w, ws = checkpoint(g, seed)
+    o, pos, cos, sin = rope_inputs(s, g, seed, rope_dtype=torch.float32)
+    layer = tb.WoAProjection(w, ws, g, cos, sin, backend="bf16")
+    layer(o, pos)
+    (bound,) = [p.eager for p in layer._plans.values() if p.eager]
+    assert getattr(bound, "native", False), "the native launcher was not bound"
+    w_bf16 = layer.weight_bf16.cuda()
+    for trial in range(3):  # new values (and addresses) each call
+        o2, pos2, _, _ = rope_inputs(s, g, seed + trial + 1)
+        before = o2.clone()
+        y = layer(o2, pos2)
+        assert torch.equal(o2, before), "o was written"
+        want = launch.wo_a_bf16(o2, pos2, cos, sin, w_bf16, g)
         assert torch.equal(y.view(torch.int16), want.view(torch.int16)), f"seed {seed}"
 
 

@@ -196,3 +196,54 @@ def test_bound_steps_keep_their_fixed_tensors(monkeypatch):
     kept = bound._keep[-1]
     assert len(kept) == 1 and kept[0] is fixed
     assert np.frombuffer(ctypes.string_at(bound._fixed, 8), np.uint64)[0] == fixed.data_ptr()
+
+
+class _Launches:
+    """A stand-in for a bound ``Native``: records each call's stream and addresses."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, stream, *addresses):
+        self.calls.append((stream, addresses))
+
+
+def test_a_runner_launches_with_the_buffers_it_makes_and_returns_the_last(monkeypatch):
+    """Open operands in order: ``o``, positions, then each new buffer; the result is the last
+    buffer (the output); every call gets its own buffers."""
+    monkeypatch.setattr(native, "eager_stream", lambda tensors, device, pinned: 5)
+    o, pos = torch.zeros(8, dtype=torch.bfloat16), torch.zeros(4, dtype=torch.int64)
+    launches = _Launches()
+    made = []
+
+    def new():
+        made.append((torch.zeros(2), torch.zeros(3)))
+        return made[-1]
+    run = native.runner(launches, o, pos, None, new)
+    assert run.native
+    first, second = run(o, pos), run(o, pos)
+    assert first is made[0][1] and second is made[1][1] and first is not second
+    tails, out = made[1]
+    assert launches.calls[1] == (5, (o.data_ptr(), pos.data_ptr(), tails.data_ptr(),
+                                     out.data_ptr()))
+    one = native.runner(launches, o, pos, None, lambda: (out,))
+    assert one(o, pos) is out and launches.calls[-1] == (5, (o.data_ptr(), pos.data_ptr(),
+                                                             out.data_ptr()))
+
+
+def test_a_runner_refuses_what_its_launches_cannot_take(monkeypatch):
+    """``None`` (the op's path) for a stream ``eager_stream`` refuses, an ``o`` of another
+    16-byte alignment than the bound one, or an installed launch hook; nothing launches."""
+    stream = {"now": 5}
+    monkeypatch.setattr(native, "eager_stream", lambda tensors, device, pinned: stream["now"])
+    base = torch.zeros(64, dtype=torch.bfloat16)
+    o, pos = base[:16], torch.zeros(4, dtype=torch.int64)
+    launches = _Launches()
+    run = native.runner(launches, o, pos, 5, lambda: (torch.zeros(1),))
+    assert run(base[1:17], pos) is None  # 2 bytes off
+    stream["now"] = None
+    assert run(o, pos) is None
+    stream["now"] = 5
+    monkeypatch.setattr(native, "hooks_wanted", lambda: True)
+    assert run(o, pos) is None
+    assert launches.calls == []

@@ -74,7 +74,7 @@ class Bf16Backend:
     def eager_launcher(self, op: str, o, positions, cos_cache, sin_cache, w_bf16,
                        num_groups: int):
         """Where the Triton rotation runs this call: its direct eager launcher of the chain
-        (``triton.chain.eager_wo_a_bf16``), else ``None``."""
+        (``triton.chain.eager_wo_a_bf16``: one native call where it binds), else ``None``."""
         if op != "wo_a_bf16" or not _triton_rotation(o, cos_cache):
             return None
         from .triton import chain

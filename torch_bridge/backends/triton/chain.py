@@ -20,7 +20,7 @@ import torch
 from woa_jax import AITER_AMAX_FLOOR
 
 from ...interop import e8m0_bytes
-from . import bf16_configs, configs, plans
+from . import bf16_configs, configs, native, plans
 from ._common import (
     Launch,
     dtype_name,
@@ -309,13 +309,14 @@ def _tma_loads(o: torch.Tensor) -> bool:
 def eager_wo_a_bf16(o, positions, cos_cache, sin_cache, w_bf16, num_groups: int):
     """For plain eager calls of ``wo_a_bf16`` (not in place, default path) that repeat this
     signature: ``run(o, positions) -> [S, G, N] | None`` with this call's tables and weight
-    (``None``: this call needs the op's path), launching the compiled kernels directly. Where
-    the default is the one-launch chain (decode sizes), its kernel; where it is the rotated
-    copy and cuBLAS, the rotation's kernel and then the same cuBLAS call (the copy made per
-    call: held across the two launches, it would be shared by threads launching on one
-    stream). ``None`` where the default runs the BF16 GEMM with a buffer of rotated tails
-    (prefill sizes, not host-bound), before the kernel's first launch, or for operands the
-    op's path would repack."""
+    (``None``: this call needs the op's path), launching the compiled kernels directly, in one
+    native call where the native launcher binds them (``native``). Per route of the default
+    path: the one-launch chain (decode sizes), its kernel; the rotated copy and cuBLAS, the
+    rotation's kernel and then the same cuBLAS call; the buffer of rotated tails (prefill
+    sizes), the rotation and the BF16 GEMM, natively bound only. Buffers a call writes (the
+    copy, the tails) are made per call: held across its launches, one would be shared by
+    threads launching on one stream. ``None`` before the kernels' first launch of this
+    signature, or for operands the op's path would repack."""
     s, h, dh = o.shape
     g, n, k = w_bf16.shape
     if (not o.is_cuda or s == 0 or o.dtype != torch.bfloat16 or w_bf16.dtype != torch.bfloat16
@@ -323,45 +324,78 @@ def eager_wo_a_bf16(o, positions, cos_cache, sin_cache, w_bf16, num_groups: int)
             or any(t.stride(-1) != 1 for t in (positions, cos_cache, sin_cache))
             or not w_bf16.is_contiguous()):
         return None
-    device = o.device
-    if bf16_configs.bf16_gemm_chosen(s, g, n, k, tma=_tma_loads(o), dh=dh):
+    device, bf16 = o.device, torch.bfloat16
+    shape = (s, g, n)
+    strides = row_major(shape)
+    tma = _tma_loads(o)
+    if bf16_configs.bf16_gemm_chosen(s, g, n, k, tma=tma, dh=dh):
         rd = 2 * cos_cache.shape[1]
         if bf16_configs.bf16_gemm_blocker(dh, rd, k):
             return None
         cfg = bf16_configs.bf16_gemm_config(
-            s, g, n, k, bf16_configs.bf16_block_k_limit(dh, rd, k), target(), True)
-        if not cfg.rotate:
-            return None
-        shape = (s, g, n)
-        strides = row_major(shape)
-        run, args = _rotating_launch(
-            o, positions, cos_cache, sin_cache, w_bf16,
-            torch.empty_strided(shape, strides, dtype=torch.bfloat16, device=device),
-            dataclasses.astuple(cfg))
+            s, g, n, k, bf16_configs.bf16_block_k_limit(dh, rd, k), target(), tma)
+        if not cfg.rotate or k % dh:  # as wo_a_bf16 picks: groups inside heads take the tails
+            cfg = dataclasses.replace(cfg, rotate=False)
+            return _eager_tails(o, positions, cos_cache, sin_cache, w_bf16, cfg)
+        out = torch.empty_strided(shape, strides, dtype=bf16, device=device)
+        run, args = _rotating_launch(o, positions, cos_cache, sin_cache, w_bf16, out,
+                                     dataclasses.astuple(cfg))
+        bound = native.bind([(run, args)], (o, positions, out))
+        if bound is not None:
+            return native.runner(bound, o, positions, None, lambda: (
+                torch.empty_strided(shape, strides, dtype=bf16, device=device),))
         bound = run.bind(args, _ROTATING_TENSORS, checked=2)
         if bound is None:
             return None
 
         def run_one(o, positions):
-            out = torch.empty_strided(shape, strides, dtype=torch.bfloat16, device=device)
+            out = torch.empty_strided(shape, strides, dtype=bf16, device=device)
             return out if bound((o, positions, cos_cache, sin_cache, w_bf16, out)) else None
         return run_one
     # The rotated copy [S, H, Dh] as the [G, S, K] view that the op's path multiplies (the
     # same sizes and strides: the same cuBLAS call).
     view = (g, s, k), (k, g * k, 1)
-    run, args = _inverse_rope_launch(
-        o, positions, cos_cache, sin_cache, torch.empty(o.shape, dtype=o.dtype, device=device))
+    copy = torch.empty(o.shape, dtype=o.dtype, device=device)
+    run, args = _inverse_rope_launch(o, positions, cos_cache, sin_cache, copy)
+    w_t = w_bf16.transpose(1, 2)  # [G, K, N]
+    bound = native.bind([(run, args)], (o, positions, copy))
+    if bound is not None:
+        rotate = native.runner(bound, o, positions, None, lambda: (
+            torch.empty_strided(*view, dtype=bf16, device=device),))
+
+        def run_copy(o, positions):
+            y = rotate(o, positions)
+            return None if y is None else torch.bmm(y, w_t).transpose(0, 1)
+        run_copy.native = True
+        return run_copy
     bound = run.bind(args, _ROPE_TENSORS, checked=2)
     if bound is None:
         return None
-    w_t = w_bf16.transpose(1, 2)  # [G, K, N]
 
     def run(o, positions):
-        y = torch.empty_strided(*view, dtype=torch.bfloat16, device=device)
+        y = torch.empty_strided(*view, dtype=bf16, device=device)
         if not bound((o, positions, cos_cache, sin_cache, y)):
             return None
         return torch.bmm(y, w_t).transpose(0, 1)
     return run
+
+
+def _eager_tails(o, positions, cos_cache, sin_cache, w_bf16, cfg):
+    """``eager_wo_a_bf16`` on the route of rotated tails: the rotation and the GEMM in one
+    native call with ``o``, positions, a new tails buffer and the output open (``None`` where
+    the native launcher does not bind them)."""
+    s, h, _ = o.shape
+    g, n, _ = w_bf16.shape
+    rd, device, bf16 = 2 * cos_cache.shape[1], o.device, torch.bfloat16
+    tails = torch.empty((s, h, rd), dtype=bf16, device=device)
+    out = torch.empty((s, g, n), dtype=bf16, device=device)
+    bound = native.bind(_tails_launches(o, positions, cos_cache, sin_cache, w_bf16, tails, out,
+                                        cfg), (o, positions, tails, out))
+    if bound is None:
+        return None
+    return native.runner(bound, o, positions, None, lambda: (
+        torch.empty((s, h, rd), dtype=bf16, device=device),
+        torch.empty((s, g, n), dtype=bf16, device=device)))
 
 
 def bf16_tma_ok(o: torch.Tensor, w: torch.Tensor, block_n: int) -> bool:
@@ -382,26 +416,35 @@ def _wo_a_bf16_op(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Ten
                   tma: bool) -> None:
     if o.shape[0] == 0:
         return
-    _launch_inverse_rope(o, positions, cos_cache, sin_cache, tails)
     cfg = bf16_configs.Bf16GemmConfig(block_m, block_n, block_k, num_warps, num_stages, tma)
-    tma = tma and bf16_tma_ok(o, w, block_n)
+    with on_device_of(o):
+        for run, args in _tails_launches(o, positions, cos_cache, sin_cache, w, tails, out, cfg):
+            run(args)
+
+
+def _tails_launches(o, positions, cos_cache, sin_cache, w, tails, out,
+                    cfg: bf16_configs.Bf16GemmConfig) -> list[tuple]:
+    """``(launch, runtime arguments)`` of the chain with a buffer of rotated tails: the
+    rotation into ``tails``, then the BF16 GEMM (its TMA kernel where ``cfg.tma`` and the
+    operands allow, ``bf16_tma_ok``)."""
+    tma = cfg.tma and bf16_tma_ok(o, w, cfg.block_n)
     key = ("wo_a_bf16", *signature(o), *signature(tails), *signature(w), *signature(out), cfg,
            tma)
     s, h, dh = o.shape
     g, n, k = w.shape
-    run = launch_for(key, lambda: Launch(plans.wo_a_bf16(
+    gemm = launch_for(key, lambda: Launch(plans.wo_a_bf16(
         s, h, dh, tails.shape[2], g, n, k, cfg, tma, o=o.stride(), w=w.stride(), y=out.stride(),
         target=target())))
-    with on_device_of(o):
-        if tma:
-            from triton.tools.tensor_descriptor import TensorDescriptor
+    if tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
 
-            bm, bn, bk = block_m, block_n, block_k
-            run((TensorDescriptor(o, [s, h * dh], [o.stride(0), 1], [bm, bk]),
-                 TensorDescriptor(tails, [s, h * tails.shape[2]], [tails.stride(0), 1], [bm, bk]),
-                 TensorDescriptor(w, [g * n, k], [k, 1], [bn, bk]), s, out))
-        else:
-            run((o, tails, w, s, out))
+        bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+        args = (TensorDescriptor(o, [s, h * dh], [o.stride(0), 1], [bm, bk]),
+                TensorDescriptor(tails, [s, h * tails.shape[2]], [tails.stride(0), 1], [bm, bk]),
+                TensorDescriptor(w, [g * n, k], [k, 1], [bn, bk]), s, out)
+    else:
+        args = (o, tails, w, s, out)
+    return [_inverse_rope_launch(o, positions, cos_cache, sin_cache, tails), (gemm, args)]
 
 
 @launcher_op("wo_a_bf16_rotating", mutates_args=("out",))

@@ -10,7 +10,6 @@ launcher runs.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import threading
 
@@ -18,7 +17,7 @@ import torch
 
 from ...interop import e8m0_bytes
 from . import configs, native
-from ._common import current_stream, eager_stream, last_dims_contiguous, row_major
+from ._common import current_stream, last_dims_contiguous, row_major
 from .chain import _wo_a_fp8_launch
 from .gemm import batched_gemm_a8w8_mxscale, chain_dependent, default_launch, eager_gemm
 from .quant import _quant_launch, eager_quant
@@ -96,7 +95,7 @@ def eager_wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: i
     stream = current_stream()
     bound = native.bind([(run, args)], (o, positions, out))
     if bound is not None:
-        return _native_run(bound, o, positions, tuple(out.shape), stream, _NO_LOCK)
+        return _native_run(bound, o, positions, tuple(out.shape), stream)
     bound = run.bind(args, _WO_A_FP8_TENSORS, stream, checked=2)
     if bound is None:
         return None
@@ -161,9 +160,6 @@ def _eager_unfused(o, positions, cos_cache, sin_cache, w, w_scale, amax_floor: f
     return run
 
 
-_NO_LOCK = contextlib.nullcontext()
-
-
 def _native_unfused(o, positions, cos_cache, sin_cache, w, w_scale, amax_floor: float, x,
                     x_scale, block: int, quant_config, dependent: bool) -> native.Native | None:
     """The quant into the kept activations ``x``, ``x_scale``, then the GEMM, bound as one
@@ -176,25 +172,11 @@ def _native_unfused(o, positions, cos_cache, sin_cache, w, w_scale, amax_floor: 
     return native.bind([quant, gemm], (o, positions, out))
 
 
-def _native_run(bound: native.Native, o, positions, shape: tuple[int, ...], stream: int, lock):
-    """``run(o, positions) -> out | None`` for a chain bound natively on ``stream`` (whose
-    kept buffers it writes): ``None`` where ``eager_stream`` refuses the call, an input's
-    16-byte alignment differs from the bound one (another specialization), or a Triton launch
-    hook is installed (``native.hooks_wanted``). ``lock`` keeps one call's kernels together
-    on the stream."""
-    device, index = o.device, o.device.index
-    aligned = (o.data_ptr() % 16, positions.data_ptr() % 16)
-    strides = row_major(shape)
-    bf16 = torch.bfloat16
-
-    def run(o, positions):
-        now = eager_stream((o, positions), index, stream)
-        a, p = o.data_ptr(), positions.data_ptr()
-        if now is None or (a % 16, p % 16) != aligned or native.hooks_wanted():
-            return None
-        out = torch.empty_strided(shape, strides, dtype=bf16, device=device)
-        with lock:
-            bound(now, a, p, out.data_ptr())
-        return out
-    run.native = True
-    return run
+def _native_run(bound: native.Native, o, positions, shape: tuple[int, ...], stream: int,
+                lock=None):
+    """``native.runner`` of a chain bound with its output open (a new ``shape`` bf16 per
+    call)."""
+    device, strides, bf16 = o.device, row_major(shape), torch.bfloat16
+    return native.runner(
+        bound, o, positions, stream,
+        lambda: (torch.empty_strided(shape, strides, dtype=bf16, device=device),), lock)

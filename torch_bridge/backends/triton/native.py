@@ -17,6 +17,7 @@ at import.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import logging
@@ -26,7 +27,7 @@ import numpy as np
 import torch
 
 from . import native_build, xla_ffi
-from ._common import direct_launches, interpreter_on, launch_hooks
+from ._common import direct_launches, eager_stream, interpreter_on, launch_hooks
 
 log = logging.getLogger("woa")
 
@@ -221,3 +222,36 @@ def hooks_wanted() -> bool:
     which calls it."""
     enter, leave, _ = launch_hooks()
     return enter is not None or leave is not None
+
+
+_NO_LOCK = contextlib.nullcontext()
+
+
+def runner(bound: Native, o: torch.Tensor, positions: torch.Tensor, stream: int | None, new,
+           lock=None):
+    """``run(o, positions) -> tensor | None`` for launches bound with ``o``, ``positions`` and
+    the buffers ``new()`` makes per call (one or two) open; it returns the last of them.
+
+    ``stream``: the stream whose kept buffers the launches write (``None``: they keep none).
+    ``None`` from ``run``: ``eager_stream`` refuses the call (with ``stream``, another stream or
+    a capture), an input's 16-byte alignment differs from the bound one (another
+    specialization), or a Triton launch hook is installed (``hooks_wanted``). ``lock`` keeps
+    one call's kernels together on the stream."""
+    index = o.device.index
+    aligned = (o.data_ptr() % 16, positions.data_ptr() % 16)
+    lock = lock or _NO_LOCK
+
+    def run(o, positions):
+        now = eager_stream((o, positions), index, stream)
+        a, p = o.data_ptr(), positions.data_ptr()
+        if now is None or (a % 16, p % 16) != aligned or hooks_wanted():
+            return None
+        made = new()
+        with lock:
+            if len(made) == 1:
+                bound(now, a, p, made[0].data_ptr())
+            else:
+                bound(now, a, p, made[0].data_ptr(), made[1].data_ptr())
+        return made[-1]
+    run.native = True
+    return run
