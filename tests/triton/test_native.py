@@ -89,7 +89,7 @@ def test_without_a_driver_the_library_says_so(cache, monkeypatch, caplog):
         assert native.available() == (False, "cannot open libcuda.so.1")
         assert native.available() == (False, "cannot open libcuda.so.1")
     assert [r.getMessage() for r in caplog.records] == [
-        "eager FP8 layers keep one Triton launch per kernel: cannot open libcuda.so.1"]
+        "eager layers keep one Triton launch per kernel: cannot open libcuda.so.1"]
     assert native._param_sizes(1, 4) is None
     bound = native.Native([], [], [])
     with pytest.raises(RuntimeError, match="woa native launch failed: the CUDA driver lacks"):

@@ -88,7 +88,7 @@ def available() -> tuple[bool, str]:
         return False, "native launches are for CUDA devices"
     found = _probe()
     if not found[0]:
-        log.info("eager FP8 layers keep one Triton launch per kernel: %s", found[1])
+        log.info("eager layers keep one Triton launch per kernel: %s", found[1])
     return found
 
 
