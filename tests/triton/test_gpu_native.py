@@ -117,3 +117,41 @@ def test_a_misaligned_o_takes_the_op_path():
     (bound,) = [p.eager for p in layer._plans.values() if p.eager]
     assert bound(shifted, pos) is None
     assert torch.equal(layer(shifted, pos), want), f"seed {seed}"
+
+
+@pytest.mark.parametrize("backend,g,s", [("auto", 2, 16), ("bf16", 2, 1), ("bf16", 2, 64),
+                                         ("bf16", 16, 256)])
+def test_a_threads_first_cuda_work_may_be_a_bound_call(backend, g, s):
+    """A thread that has made no CUDA call has no current context for the driver's launches
+    and descriptor encodings; a bound layer call as its first CUDA work still runs and gives
+    the same bits, as does a GEMM with an output buffer."""
+    import threading
+
+    import torch_bridge as tb
+
+    seed = new_seed()
+    w, ws = checkpoint(g, seed)
+    o, pos, cos, sin = rope_inputs(s, g, seed, rope_dtype=torch.float32)
+    layer = tb.WoAProjection(w, ws, g, cos, sin, backend=backend)
+    want = layer(o, pos)
+    x, xs = tb.inverse_rope_group_quant(o, pos, cos, sin, g)
+    w3, ws3 = w.view(g, -1, w.shape[1]), ws.view(g, -1, ws.shape[1])
+    out = torch.empty_like(want)
+    gemm_want = tb.batched_gemm_a8w8_mxscale(x, w3, xs, ws3, out=torch.empty_like(want)).clone()
+    torch.cuda.synchronize()
+    got, errors = {}, []
+
+    def first_work():
+        try:
+            got["layer"] = layer(o, pos)
+            tb.batched_gemm_a8w8_mxscale(x, w3, xs, ws3, out=out)
+            torch.cuda.current_stream().synchronize()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    for _ in range(2):  # a second new thread after the first one's calls
+        worker = threading.Thread(target=first_work)
+        worker.start()
+        worker.join()
+        assert not errors, f"seed {seed}: {errors[0]!r}"
+        assert torch.equal(got["layer"], want) and torch.equal(out, gemm_want), f"seed {seed}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 
 import torch
 
@@ -90,10 +91,31 @@ _SAME_DEVICE = contextlib.nullcontext()
 
 def on_device_of(t: torch.Tensor):
     """Triton launches on torch's current CUDA device: make it the operands' (a no-op when it
-    already is, and for the interpreter's CPU tensors)."""
-    if not t.is_cuda or t.device.index == torch.cuda.current_device():
+    already is, and for the interpreter's CPU tensors), with its context current in this
+    thread (``context_current``)."""
+    if not t.is_cuda:
         return _SAME_DEVICE
-    return torch.cuda.device(t.device)
+    if t.device.index == torch.cuda.current_device():
+        context_current(t.device.index)
+        return _SAME_DEVICE
+    return torch.cuda.device(t.device)  # setting the device makes its context current
+
+
+_THREAD = threading.local()
+
+
+def context_current(device: int) -> None:
+    """Make ``device``'s CUDA context current in this thread, once per thread and device.
+
+    Launches and TMA descriptor encodings go through the driver, which needs a current context;
+    a thread whose first CUDA work is one of ours (on a stream made elsewhere) has none until a
+    runtime call binds the device's primary context."""
+    ready = getattr(_THREAD, "devices", None)
+    if ready is None:
+        ready = _THREAD.devices = set()
+    if device not in ready:
+        torch.cuda.is_current_stream_capturing()  # a runtime call: binds the context
+        ready.add(device)
 
 
 #: The Triton releases (major, minor) whose private launch layout the direct launches call:
@@ -236,6 +258,7 @@ def eager_stream(tensors: tuple, device: int | None, pinned: int | None = None) 
     current = torch.cuda.current_device()
     if current != device:
         return None
+    context_current(current)
     stream = current_stream(current)
     if pinned is not None and (stream != pinned or torch.cuda.is_current_stream_capturing()):
         return None
