@@ -191,6 +191,8 @@ def test_bound_launch_fills_its_tensor_slots_and_refuses_other_specializations(m
     monkeypatch.setattr(_common, "current_stream", lambda *device: 7)
     monkeypatch.setattr(knobs.runtime, "launch_enter_hook", None)
     monkeypatch.setattr(_common.torch.cuda, "current_device", lambda: None)  # CPU: index None
+    contexts = []
+    monkeypatch.setattr(_common, "context_current", contexts.append)
     x, y = torch.zeros(64), torch.zeros(64)
     args = (x, 5, y)
     run = _compiled_launch((4, 2), args, Compiled(), (16, True))
@@ -200,6 +202,7 @@ def test_bound_launch_fills_its_tensor_slots_and_refuses_other_specializations(m
     assert bound((x2, y2)) is True
     assert runs == [(4, 2, 1, 7, "function", "metadata", None, None,
                      None, x2.data_ptr(), 5, y2.data_ptr(), 16, True)]
+    assert contexts == [None], "the launch did not make its device's context current first"
     import gc
     import weakref
 
