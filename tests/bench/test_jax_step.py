@@ -186,8 +186,8 @@ def test_fp8_check_falls_back_to_the_routes_kernels_and_still_catches_wrong_bits
 @pytest.mark.parametrize("route", ["fp8", "xla_bf16"])
 def test_the_step_is_laid_out_as_a_models(route, monkeypatch):
     """One rope table for every layer, each layer its own weight, each layer after the one
-    before: with the same weight three times the compiled step still holds three layers (XLA
-    merges none) and its arguments are the tables, three weights and the step's inputs."""
+    before: the step's arguments are the tables, three weights and the step's inputs, and a
+    barrier ties each layer after the first to the output before it."""
     import jax
     import jax.numpy as jnp
 
@@ -199,15 +199,13 @@ def test_the_step_is_laid_out_as_a_models(route, monkeypatch):
     j = interop.to_jax
     if route == "fp8":
         params = ((j(p.cos_bf16), j(p.sin_bf16)), ((j(p.w), j(p.ws)),) * 3)
-        step, layer_op = jax_step.fp8_step(2, "triton"), "custom-call"
+        step = jax_step.fp8_step(2, "triton")
     else:
         params = ((j(p.cos32), j(p.sin32)), (j(p.w_bf16),) * 3)
-        step, layer_op = jax_step.bf16_step(2), " dot("
+        step = jax_step.bf16_step(2)
     args = (params, j(p.o), j(p.pos.to(torch.int32)), jnp.asarray(1.0, jnp.bfloat16),
             jnp.asarray(0, jnp.int32))
     lowered = jax.jit(step).lower(*args)
     assert len(jax.tree.leaves(args)) == 2 + (6 if route == "fp8" else 3) + 4
-    hlo = lowered.compile().as_text()
-    assert hlo.count(layer_op) >= 3, f"layers merged: {hlo.count(layer_op)} {layer_op!r}"
     # Two barriers tie layers 2 and 3 to the ones before; one more guards the outputs.
     assert lowered.as_text().count("optimization_barrier") == 3
