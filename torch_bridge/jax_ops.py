@@ -7,8 +7,9 @@ launches it by one of two routes, chosen at trace time and logged once (logger `
 * native (the Triton backend on a CUDA JAX, unless ``WOA_JAX_NATIVE=0``): the same Triton
   kernels, compiled at trace time, lowered to our XLA FFI custom call ``woa_triton_launch``
   (``backends/triton/xla_ffi.py``); XLA launches them on its stream with no Python at run
-  time. ``wo_a_fp8`` is one fused launch there where the torch launcher fuses the chain, else
-  quant + GEMM; split-K's scratch is XLA's (``jax_launch``).
+  time. ``wo_a_fp8`` is one custom call there: the fused launch where the torch launcher fuses
+  the chain, else the quant and the GEMM, the GEMM its programmatic dependent where torch's
+  launcher makes it one; split-K's scratch is XLA's (``jax_launch``).
 * ``jax.experimental.buffer_callback`` (every other case: AITER, the Triton interpreter on CPU,
   ROCm, a machine where the custom call's handler cannot be built): XLA hands the callback its
   device buffers and its stream, the buffers are wrapped as torch tensors with DLPack (no copy)
@@ -106,12 +107,14 @@ def _check_out_dtype(dtype) -> None:
         raise TypeError(f"dtype must be bfloat16 or float32, got {np.dtype(dtype).name}")
 
 
-def _wo_a_fp8_fused(o, positions, cos_cache, sin_cache, w, w_scale, block: int, num_groups: int,
-                    amax_floor: float, dtype, backend: str | None) -> bool:
-    """Whether ``wo_a_fp8`` runs as one fused launch: the dispatcher picks triton for the quant
-    and the GEMM, and the torch launcher fuses this chain (``configs.wo_a_fp8_chosen``)."""
+def _wo_a_fp8_on_triton(o, positions, cos_cache, sin_cache, w, w_scale, block: int,
+                        num_groups: int, amax_floor: float, dtype,
+                        backend: str | None) -> tuple[bool, bool]:
+    """``(on_triton, fused)`` of ``wo_a_fp8``: whether the dispatcher picks triton for both the
+    quant and the GEMM, and whether the torch launcher then fuses this chain into one launch
+    (``configs.wo_a_fp8_chosen``)."""
     if _use_oracle(backend):
-        return False
+        return False, False
     # The two-step path's checks, so that both paths reject the same inputs the same way.
     s, h, dh, rd = checks.check_rope_inputs(o, positions, cos_cache, sin_cache)
     d = checks.check_group_split(s, h, dh, num_groups, block)
@@ -126,11 +129,11 @@ def _wo_a_fp8_fused(o, positions, cos_cache, sin_cache, w, w_scale, block: int, 
                                np.dtype(dtype), device_type=_device_type(), x_k_contiguous=True)
     if (_dispatch.select("inverse_rope_group_quant", rope, backend).name != "triton"
             or _dispatch.select("batched_gemm_a8w8_mxscale", gemm, backend).name != "triton"):
-        return False
+        return False, False
     from .backends.triton import configs
 
-    return (configs.wo_a_fp8_blocker(dh, rd, block) is None
-            and configs.wo_a_fp8_chosen(s, g, n, k, block))
+    return True, (configs.wo_a_fp8_blocker(dh, rd, block) is None
+                  and configs.wo_a_fp8_chosen(s, g, n, k, block))
 
 
 def _torch_wgmma() -> bool:
@@ -384,13 +387,14 @@ def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_group
     else:
         w, w_scale = woa_jax.wo_a_weight_e8m0(weight, weight_scale, num_groups)
     block = w.shape[2] // w_scale.shape[2]
-    if _wo_a_fp8_fused(o, positions, cos_cache, sin_cache, w, w_scale, block, num_groups,
-                       amax_floor, dtype, backend):
-        if _native("wo_a_fp8", "triton"):
-            from .backends.triton import jax_launch
+    on_triton, fused = _wo_a_fp8_on_triton(o, positions, cos_cache, sin_cache, w, w_scale, block,
+                                           num_groups, amax_floor, dtype, backend)
+    if on_triton and _native("wo_a_fp8", "triton"):
+        from .backends.triton import jax_launch
 
-            return jax_launch.wo_a_fp8(o, positions[:o.shape[0]], cos_cache, sin_cache, w,
-                                       w_scale, num_groups, amax_floor=amax_floor, dtype=dtype)
+        return jax_launch.wo_a_fp8(o, positions[:o.shape[0]], cos_cache, sin_cache, w, w_scale,
+                                   num_groups, amax_floor=amax_floor, dtype=dtype)
+    if fused:
         return _wo_a_fp8_callback(o, positions[:o.shape[0]], cos_cache, sin_cache, w,
                                   woa_jax.e8m0_bytes(w_scale), num_groups, amax_floor, dtype,
                                   command_buffer)

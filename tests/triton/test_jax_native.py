@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import re
 import textwrap
 
 import jax
@@ -344,7 +345,10 @@ def test_chain_fuses_where_the_torch_launcher_fuses(native_ok):
     G = 4, M = 1 at G = 16); another backend never fuses natively."""
     def fused(s, g, backend="triton", dtype=jnp.bfloat16):
         o, pos, cos, sin, w, ws = _chain_shapes(s, g)
-        return jax_ops._wo_a_fp8_fused(o, pos, cos, sin, w, ws, 128, g, 1e-8, dtype, backend)
+        on_triton, one_launch = jax_ops._wo_a_fp8_on_triton(o, pos, cos, sin, w, ws, 128, g,
+                                                             1e-8, dtype, backend)
+        assert on_triton == (backend == "triton")
+        return one_launch
 
     assert fused(1, 16) and fused(1, 16, dtype=jnp.float32)
     assert launch.wo_a_fp8_config(1, 2, N, HPG * DH, 128).split_k > 1
@@ -362,13 +366,18 @@ def test_fused_chain_checks_inputs_like_the_two_steps(native_ok):
     o, pos, cos, sin, w, _ = _chain_shapes(1, 16)
     bad = jax.ShapeDtypeStruct((16, 4, HPG * DH // 128), jnp.float8_e8m0fnu)
     with pytest.raises(ValueError, match=r"w_scale must be \[G, ceil\(N / 128\), K / 128\]"):
-        jax_ops._wo_a_fp8_fused(o, pos, cos, sin, w, bad, 128, 16, 1e-8, jnp.bfloat16, "triton")
+        jax_ops._wo_a_fp8_on_triton(o, pos, cos, sin, w, bad, 128, 16, 1e-8, jnp.bfloat16,
+                                    "triton")
     ws = jax.ShapeDtypeStruct((16, N // 128, HPG * DH // 128), jnp.float8_e8m0fnu)
     with pytest.raises(TypeError, match="dtype must be bfloat16 or float32, got float16"):
-        jax_ops._wo_a_fp8_fused(o, pos, cos, sin, w, ws, 128, 16, 1e-8, jnp.float16, "triton")
+        jax_ops._wo_a_fp8_on_triton(o, pos, cos, sin, w, ws, 128, 16, 1e-8, jnp.float16,
+                                    "triton")
 
 
-def test_chain_takes_the_fused_launch(native_ok, monkeypatch):
+@pytest.mark.parametrize("s", [1, 16])
+def test_chain_is_one_native_call_fused_or_not(native_ok, monkeypatch, s):
+    """The native route runs the chain as one call whether the torch launcher fuses it (M = 1)
+    or not (M = 16), never as the quant op then the GEMM op."""
     calls = []
 
     def fake(o, positions, cos, sin, w, ws, g, *, amax_floor, dtype):
@@ -376,10 +385,49 @@ def test_chain_takes_the_fused_launch(native_ok, monkeypatch):
         return jnp.zeros((o.shape[0], g, N), dtype)
 
     monkeypatch.setattr(jax_launch, "wo_a_fp8", fake)
-    o, pos, cos, sin, w, ws = _chain_shapes(1, 16)
-    y = jax_ops.wo_a_fp8(o, jnp.zeros((5,), jnp.int32), cos, sin, w, ws, 16, backend="triton",
-                         dtype=jnp.float32)
-    assert y.shape == (1, 16, N) and calls == [((1,), 16, woa_jax.AITER_AMAX_FLOOR, "float32")]
+    monkeypatch.setattr(jax_launch, "inverse_rope_group_quant", None)
+    monkeypatch.setattr(jax_launch, "batched_gemm_a8w8_mxscale", None)
+    o, pos, cos, sin, w, ws = _chain_shapes(s, 16)
+    y = jax_ops.wo_a_fp8(o, jnp.zeros((s + 4,), jnp.int32), cos, sin, w, ws, 16,
+                         backend="triton", dtype=jnp.float32)
+    assert y.shape == (s, 16, N) and calls == [((s,), 16, woa_jax.AITER_AMAX_FLOOR, "float32")]
+
+
+@pytest.mark.parametrize("m,g", [(64, 2), (16, 4), (64, 16), (256, 2)])
+@pytest.mark.parametrize("pdl", [True, False])
+def test_unfused_chain_is_the_quant_then_the_gemm_on_its_outputs(monkeypatch, m, g, pdl):
+    """The unfused chain's call: the quant's outputs are the call's first two, the GEMM reads
+    them and writes y (then split-K's parts and the aliased counters); the GEMM is the quant's
+    programmatic dependent exactly where torch's launcher makes it one."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    monkeypatch.setattr(jax_launch, "pdl_ok", lambda: pdl)
+    n, k = N, HPG * DH
+    chain = jax_launch.wo_a_fp8_chain_call(
+        m, g * HPG, DH, RD, P, g, n, k, 128, n // 128, fp8_dtype=jnp.float8_e4m3fn,
+        amax_floor=1e-8, dtype=jnp.bfloat16, o_dtype=jnp.bfloat16, rope_dtype=jnp.bfloat16,
+        wgmma=True, sms=132)
+    cfg = launch.gemm_config(m, g, n, k, 128, wgmma=True)
+    dependent = pdl and cfg.wgmma
+    assert dependent == (pdl and configs.chain_dependent(m, g, n, k, 128, wgmma=True))
+    quant, gemm = chain.launches
+    alone = jax_launch.gemm_call(m, g, n, k, 128, n // 128, dtype=jnp.bfloat16, wgmma=True,
+                                 sms=132)
+    assert gemm.kernel is alone.kernel and chain.counters == alone.counters
+    n_in = 7 if chain.counters else 6
+    x, xs, y = n_in, n_in + 1, n_in + 2
+    assert [(t.shape, t.dtype) for t in chain.out_shape[:3]] == [
+        ((m, g, k), jnp.float8_e4m3fn), ((m, g, k // 128), jnp.uint8), ((m, g, n), jnp.bfloat16)]
+    assert chain.out_shape[3:] == alone.out_shape[1:]
+    assert [a.index for a in quant.args if isinstance(a, Ref)] == [0, 1, 2, 3, x, xs]
+    where = {0: x, 1: 4, 2: xs, 3: 5}
+    if chain.counters:
+        where.update({4: 6, 5: y, 6: y + 1, 7: y + 2})
+    else:
+        where[4] = y
+    assert gemm.args == alone.renumbered(tuple(where[i] for i in range(len(where)))).args
+    assert dict(gemm.constexprs).get("PDL", False) == dependent
+    assert dict(quant.constexprs)["PDL"] == (
+        pdl and configs.quant_config(m, heads=g * HPG, dependent=dependent).pdl)
 
 
 def test_fused_spec_follows_fused_config():
@@ -509,6 +557,27 @@ def test_split_chain_lowers_to_one_call_with_xla_scratch(lowered):
     assert line.endswith(f"tensor<{cfg.split_k}x1x2x{N}xf32>, tensor<{tiles}xi32>)")
 
 
+@pytest.mark.parametrize("m,g,split", [(16, 2, True), (64, 16, False)])
+def test_unfused_chain_lowers_to_one_call_of_two_kernels(lowered, m, g, split):
+    """One custom call with two kernel rows (quant, GEMM) and their parameter maps back to
+    back; split, the counters (input 6) are aliased to the last output."""
+    o, pos, cos, _, _, _ = _chain_shapes(m, g)
+    w = jax.ShapeDtypeStruct((g, N, HPG * DH), jnp.float8_e4m3fn)
+    ws = jax.ShapeDtypeStruct((g, N // 128, HPG * DH // 128), jnp.float8_e8m0fnu)
+    assert not jax_launch.wo_a_fp8_fits(m, g, N, HPG * DH, 128, DH, RD)
+    text = lowered(lambda o, pos, cos, sin, w, ws: jax_launch.wo_a_fp8(
+        o, pos, cos, sin, w, ws, g, amax_floor=1e-8, dtype=jnp.bfloat16), o, pos, cos, cos, w, ws)
+    (line,) = [line for line in text.splitlines() if "custom_call @woa_triton_launch" in line]
+    assert 'names = "kernel kernel"' in line
+    rows = re.search(r"kernels = dense<\[([^\]]*)\]>", line).group(1).split(", ")
+    assert len(rows) == 2 * 11
+    assert ("output_tuple_indices = [4], operand_index = 6" in line) == split
+    results = line.rsplit(" -> ", 1)[1]
+    assert results.count("tensor<") == 3 + 2 * split
+    assert results.startswith(f"(tensor<{m}x{g}x{HPG * DH}xf8E4M3FN>, tensor<{m}x{g}x"
+                              f"{HPG * DH // 128}xui8>, tensor<{m}x{g}x{N}xbf16>")
+
+
 _COMPILE_SCRIPT = textwrap.dedent("""
     import re
     import jax
@@ -526,6 +595,7 @@ _COMPILE_SCRIPT = textwrap.dedent("""
         return compiled(call, in_dtypes).asm["ptx"]
 
     rope = ["bfloat16", "int32", "bfloat16", "bfloat16"]
+    quant_rule = configs.quant_config
     for cfg in (launch.QuantConfig(), launch.QuantConfig(block_r=4, block_h=8)):
         configs.quant_config = lambda s, cfg=cfg, **_: cfg
         call = jax_launch.quant_call(7, 16, 512, 64, 1024, 2, 128,
@@ -561,6 +631,20 @@ _COMPILE_SCRIPT = textwrap.dedent("""
                                      rope_dtype=jnp.bfloat16)
     print("split", *("atom.global" in compiled(c, i).asm["ptx"] for c, i in (
         (wg, ins), (chain, rope + ["float8_e4m3fn", "uint8"]))))
+    # The unfused chain at G = 2, M = 64: the quant and the wgmma GEMM, both programmatic.
+    jax_launch.pdl_ok = lambda: True
+    configs.quant_config = quant_rule
+    chain = jax_launch.wo_a_fp8_chain_call(64, 16, 512, 64, 1024, 2, 1024, 4096, 128, 8,
+                                           fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8,
+                                           dtype=jnp.bfloat16, o_dtype=jnp.bfloat16,
+                                           rope_dtype=jnp.bfloat16, wgmma=True, sms=132)
+    names = (*rope, "float8_e4m3fn", "uint8", *(["int32"] if chain.counters else []),
+             *(np.dtype(o.dtype).name for o in chain.out_shape))
+    for step in chain.launches:
+        k = xla_ffi.compile_triton(step.kernel, step.args, names, dict(step.constexprs),
+                                   step.num_warps, step.num_stages, 90)
+        print("chain", step.kernel.__name__, k.metadata.launch_pdl,
+              "griddepcontrol.wait" in k.asm["ptx"])
     # Lowered for CUDA: one custom call carrying the cubin and the parameter map.
     jax_launch.capability = lambda: 90
     jax_launch.sm_count = lambda: 132
@@ -580,11 +664,12 @@ def test_specs_compile_for_sm90(tmp_path):
     """Every native launch compiles to sm_90 with vectorized ``o`` loads (strides marked
     divisible by 16), wgmma and TMA in the wgmma GEMM, wgmma and the hardware fp8 cast in the
     fused chain, and with fp32 tables the rotation's products rounded by ``mul.rn``; split-K's
-    tickets in the split wgmma GEMM and fused chain; the GEMM
+    tickets in the split wgmma GEMM and fused chain; the unfused chain's quant and GEMM compiled
+    as programmatic dependents (``launch_pdl``, ``griddepcontrol.wait``); the GEMM
     lowers to one custom call with the cubin (an ELF) and the descriptors' parameter map. A
     subprocess, since the kernels of this process are interpreted."""
     lines = run_compile_script(_COMPILE_SCRIPT, tmp_path)
-    assert len(lines) == 9, lines
+    assert len(lines) == 11, lines
     assert lines[0].startswith("inverse_rope_group_quant_kernel "), lines
     assert lines[1].startswith("inverse_rope_group_quant_head_kernel "), lines
     assert "ld.global.v4" in lines[0] and "ld.global.v" in lines[1], lines
@@ -593,5 +678,9 @@ def test_specs_compile_for_sm90(tmp_path):
     assert lines[4] == "wgmma True True 3", lines
     assert lines[5].startswith("fused True True") and lines[6] == "fused True True True", lines
     assert lines[7] == "split True True", lines
-    assert lines[8] == ("lowered 1 True -2, -1, -1, -1, -1, -2, -1, -1, -1, -1, -2, -1, -1, -1, "
+    assert lines[8].startswith("chain inverse_rope_group_quant") and lines[8].endswith(
+        " True True"), lines
+    assert lines[9].startswith("chain batched_gemm_a8w8_mxscale_wgmma") and lines[9].endswith(
+        " True True"), lines
+    assert lines[10] == ("lowered 1 True -2, -1, -1, -1, -1, -2, -1, -1, -1, -1, -2, -1, -1, -1, "
                         "-1, 2, 3, -1, -1, 4, 4"), lines  # y stands in for the split scratch

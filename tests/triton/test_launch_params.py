@@ -1,7 +1,8 @@
 """``launch_params.h``, the packing both launch libraries share (XLA's custom call and the eager
 native launcher), on CPU: a small library built here around ``woa::PackParams`` with a stand-in
 for ``cuTensorMapEncodeTiled`` shows what each kernel parameter receives, for the parameter
-maps ``xla_ffi.params`` writes."""
+maps ``xla_ffi.params`` writes, and a stand-in for ``cuLaunchKernelEx`` shows what
+``woa::LaunchStep`` asks the driver for."""
 
 from __future__ import annotations
 
@@ -61,6 +62,42 @@ extern "C" int pack(const int64_t* params, int64_t n, const int64_t* scalars, in
   }
   return 0;
 }
+
+namespace {
+int64_t* launch_log = nullptr;
+CUresult launch_result = CUDA_SUCCESS;
+
+// Records the launch's shape, stream, attributes and first parameter (8 values).
+CUresult FakeLaunch(const CUlaunchConfig* config, CUfunction fn, void** params, void** extra) {
+  const bool one = config->numAttrs == 1;
+  const int64_t values[8] = {
+      (int64_t)config->gridDimX * 10000 + config->gridDimY * 100 + config->gridDimZ,
+      config->blockDimX * 1000 + config->blockDimY * 10 + config->blockDimZ,
+      config->sharedMemBytes, (int64_t)(uintptr_t)config->hStream, config->numAttrs,
+      one ? (int64_t)config->attrs[0].id : -1,
+      one ? (int64_t)config->attrs[0].value.programmaticStreamSerializationAllowed : -1,
+      (int64_t)*static_cast<uint64_t*>(params[0]) + (extra == nullptr ? 0 : 1)};
+  std::memcpy(launch_log, values, sizeof(values));
+  return launch_result;
+}
+}  // namespace
+
+extern "C" int launch(const int64_t* params, int64_t n, uint64_t operand0, int pdl, int result,
+                      int64_t* log, int64_t* cuda) {
+  launch_log = log;
+  launch_result = static_cast<CUresult>(result);
+  const woa::Step step = {nullptr, {3, 2, 1}, 128, 4096, pdl != 0, params,
+                          static_cast<size_t>(n), nullptr, 0, nullptr, 0};
+  auto operand = [&](int64_t i, void** address) {
+    if (i != 0) return false;
+    *address = reinterpret_cast<void*>(operand0);
+    return true;
+  };
+  woa::LaunchResult done = woa::LaunchStep(FakeLaunch, FakeEncode, step,
+                                           reinterpret_cast<CUstream>(0x5000), operand);
+  *cuda = done.cuda;
+  return static_cast<int>(done.packing);
+}
 """
 
 
@@ -74,8 +111,9 @@ def shim(tmp_path_factory):
     source.write_text(_SHIM)
     lib = out / "shim.so"
     subprocess.run([cxx, "-O1", "-std=c++17", "-shared", "-fPIC", "-I",
-                    str(native_build.SHARED_HEADER.parent), str(source), "-o", str(lib),
-                    "-ldl"], check=True, capture_output=True)
+                    str(native_build.SHARED_HEADER.parent), "-isystem",
+                    str(native_build.cuda_include()), str(source), "-o", str(lib), "-ldl"],
+                   check=True, capture_output=True)
     return ctypes.CDLL(str(lib))
 
 
@@ -139,3 +177,29 @@ def test_errors_name_what_is_missing(shim):
                                    result=700)
     assert (code, cuda_error) == (6, 700)  # kEncode, with the driver's error
     assert _pack(shim, tuple(range(2, 70)))[0] == 1  # kTooManyParams
+
+
+def _launch(shim, params, pdl, result=0):
+    params = np.asarray(params, np.int64)
+    log = np.full(8, -9, np.int64)
+    cuda = np.zeros(1, np.int64)
+    code = shim.launch(params.ctypes.data_as(ctypes.c_void_p), ctypes.c_int64(len(params)),
+                       ctypes.c_uint64(0xABC0), ctypes.c_int(pdl), ctypes.c_int(result),
+                       log.ctypes.data_as(ctypes.c_void_p), cuda.ctypes.data_as(ctypes.c_void_p))
+    return code, int(cuda[0]), log.tolist()
+
+
+@pytest.mark.parametrize("pdl", [True, False])
+def test_a_step_launches_with_its_shape_and_programmatic_only_when_asked(shim, pdl):
+    code, cuda, log = _launch(shim, [0], pdl)
+    assert (code, cuda) == (0, 0)
+    grid, block, shared, stream, n_attrs, attr, allowed, first = log
+    assert (grid, block, shared, stream, first) == (30201, 128011, 4096, 0x5000, 0xABC0)
+    # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION is 6 in the driver API.
+    assert (n_attrs, attr, allowed) == ((1, 6, 1) if pdl else (0, -1, -1))
+
+
+def test_a_step_reports_the_launch_error_or_the_packing_error(shim):
+    assert _launch(shim, [0], True, result=719)[:2] == (0, 719)
+    code, _, log = _launch(shim, [1], True)  # no operand 1: nothing is launched
+    assert code == 5 and log[0] == -9  # kOperand

@@ -262,6 +262,14 @@ def programs(cfg: GemmConfig, m: int, g: int, n: int) -> int:
     return cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n) * g
 
 
+def chain_dependent(m: int, g: int, n: int, k: int, block: int, *, wgmma: bool) -> bool:
+    """Whether the unfused FP8 chain launches its GEMM as its quant's programmatic dependent
+    (on a device that takes one; both launchers ask this): where the GEMM is the wgmma kernel,
+    which requests weight tiles before it waits for the quant (the pointer kernel waits first,
+    and gains nothing). Only the launch differs: the bits are the GEMM's alone."""
+    return gemm_config(m, g, n, k, block, wgmma=wgmma).wgmma
+
+
 @_memoized
 def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
                 wgmma: bool = False) -> GemmConfig:

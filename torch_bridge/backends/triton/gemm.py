@@ -84,12 +84,11 @@ def _probe_wgmma(device_index: int | None) -> tuple[bool, str]:
 
 
 def chain_dependent(m: int, g: int, n: int, k: int, block: int, device: torch.device) -> bool:
-    """Whether the unfused FP8 chain launches its GEMM as the quant's programmatic dependent:
-    where the GEMM is the wgmma kernel, which requests weight tiles before it waits for the
-    quant (the pointer kernel waits first, and gains nothing), and ``chain_pdl`` allows."""
+    """Whether the unfused FP8 chain launches its GEMM as the quant's programmatic dependent on
+    ``device``: ``configs.chain_dependent``, where ``chain_pdl`` allows."""
     return (device.type == "cuda" and chain_pdl(device.index)
-            and configs.gemm_config(m, g, n, k, block,
-                                    wgmma=wgmma_available(device.index)[0]).wgmma)
+            and configs.chain_dependent(m, g, n, k, block,
+                                        wgmma=wgmma_available(device.index)[0]))
 
 
 def wgmma_chosen(m: int, g: int, n: int, k: int, block: int) -> bool:
@@ -220,8 +219,7 @@ def _default_config(m: int, g: int, n: int, k: int, block: int, device: torch.de
                     dependent: bool) -> GemmConfig:
     """``configs.gemm_config`` for this device; a programmatic dependent of the chain's quant
     where ``dependent`` (``batched_gemm_a8w8_mxscale``), the device takes one and the GEMM is
-    the wgmma kernel. Only the launch differs, never the shape: the bits are the GEMM's alone,
-    and JAX's chain, which launches plainly, gives them too."""
+    the wgmma kernel. Only the launch differs, never the shape: the bits are the GEMM's alone."""
     cuda = device.type == "cuda"
     cfg = configs.gemm_config(m, g, n, k, block, wgmma=cuda and wgmma_available(device.index)[0])
     if dependent and cfg.wgmma and pdl_capable(device.index):

@@ -9,7 +9,9 @@ The kernels, launch rules and specialization are the torch launchers' (``kernels
 ``wgmma_kernels``, ``wgmma_ws_kernels``, ``configs.quant_config``, ``configs.gemm_config``,
 ``configs.wo_a_fp8_config``, read at trace time), split-K included: the GEMM runs the Hopper
 wgmma kernel where the torch launcher does, else the pointer kernel, and the fused chain where
-the torch launcher fuses it.
+the torch launcher fuses it. Elsewhere the chain is one custom call of two launches, the quant
+and the GEMM, the GEMM its programmatic dependent where torch's launcher makes it one
+(``configs.chain_dependent``): its weight stream overlaps the quant, in a command buffer too.
 A split launch's scratch is XLA's (``KernelCall.counters``): the tile counters are an operand
 of zeros made inside the jit and aliased to an output, and the fp32 parts one more output, so
 XLA owns every byte the kernel writes (command buffers replay it safely). Nothing here touches
@@ -28,7 +30,7 @@ import numpy as np
 
 import woa_jax
 
-from ..._capability import interpreter_on
+from ..._capability import env_flag, interpreter_on
 from . import configs, plans, xla_ffi
 from .xla_ffi import Ref
 
@@ -64,6 +66,13 @@ def wgmma_ok() -> bool:
     return True
 
 
+def pdl_ok() -> bool:
+    """Whether launch shapes that ask for a programmatic dependent launch get one here: on
+    CUDA from Hopper on (``plans.pdl_launches``), unless ``WOA_PDL=0`` (``_common.chain_pdl``'s
+    rule for torch)."""
+    return env_flag("WOA_PDL", True) and plans.pdl_launches(_target(), capability())
+
+
 @dataclasses.dataclass(frozen=True)
 class KernelCall:
     """One launch: the kernel, one entry per runtime parameter (a ``Ref`` to an input or an
@@ -85,8 +94,29 @@ class KernelCall:
     def scalars(self) -> tuple[int, ...]:
         return tuple(a for a in self.args if not isinstance(a, Ref))
 
+    @property
+    def launches(self) -> tuple[KernelCall, ...]:
+        return (self,)
 
-def run(call: KernelCall, *arrays) -> tuple[jax.Array, ...]:
+    def renumbered(self, operands: tuple[int, ...]) -> KernelCall:
+        """This launch inside a larger call: its operand ``i`` is that call's ``operands[i]``."""
+        def moved(a):
+            return dataclasses.replace(a, index=operands[a.index]) if isinstance(
+                a, (Ref, xla_ffi.Desc)) else a
+        return dataclasses.replace(self, args=tuple(map(moved, self.args)))
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainCall:
+    """Launches made by one custom call, in order (``xla_ffi.lower``); their ``Ref`` s count
+    this call's operands. ``out_shape`` and ``counters`` as ``KernelCall``'s."""
+
+    launches: tuple[KernelCall, ...]
+    out_shape: tuple[jax.ShapeDtypeStruct, ...]
+    counters: int = 0
+
+
+def run(call: KernelCall | ChainCall, *arrays) -> tuple[jax.Array, ...]:
     """Launch ``call`` on ``arrays`` (dense row-major JAX arrays); its outputs, less split-K's
     scratch. A split launch gets its counters as zeros made here, inside the jit: the kernel
     leaves them at zero, but only a fresh operand lets XLA own them (and see them written,
@@ -95,9 +125,7 @@ def run(call: KernelCall, *arrays) -> tuple[jax.Array, ...]:
     if call.counters:
         aliases = {len(arrays): len(call.out_shape) - 1}
         arrays = (*arrays, jnp.zeros(call.counters, jnp.int32))
-    outs = xla_ffi.lower(call.kernel, call.args, arrays, call.out_shape, call.grid,
-                         num_warps=call.num_warps, num_stages=call.num_stages,
-                         constexprs=dict(call.constexprs), capability=capability(),
+    outs = xla_ffi.lower(call.launches, arrays, call.out_shape, capability=capability(),
                          aliases=aliases)
     return tuple(outs[:-2] if call.counters else outs)
 
@@ -134,18 +162,21 @@ def _call(plan: plans.Plan, args: tuple, out_shape: tuple, counters: int = 0) ->
 
 def quant_call(s: int, h: int, dh: int, rd: int, n_pos: int, num_groups: int,
                quant_group_size: int, *, fp8_dtype, amax_floor: float, o_dtype,
-               rope_dtype) -> KernelCall:
+               rope_dtype, dependent: bool = False) -> KernelCall:
     """The quant launch for ``o [S, H, Dh]``, cos/sin ``[n_pos, rd / 2]``, positions ``[S]``
-    (``plans.quant`` of ``configs.quant_config(S)``, as for the torch launcher). Outputs:
+    (``plans.quant`` of ``configs.quant_config(S, heads=H, dependent=dependent)``, as for the
+    torch launcher; a programmatic dependent launch where that asks and ``pdl_ok``). Outputs:
     ``x_fp8 [S, G, D]`` in ``fp8_dtype`` and ``x_scale [S, G, D / GS]`` uint8.
     """
     gs = quant_group_size
     d = h * dh // num_groups
     out_shape = (jax.ShapeDtypeStruct((s, num_groups, d), fp8_dtype),
                  jax.ShapeDtypeStruct((s, num_groups, d // gs), jnp.uint8))
-    plan = plans.quant(s, h, dh, rd, gs, configs.quant_config(s), fp8=np.dtype(fp8_dtype).name,
+    cfg = configs.quant_config(s, heads=h, dependent=dependent)
+    plan = plans.quant(s, h, dh, rd, gs, cfg, fp8=np.dtype(fp8_dtype).name,
                        amax_floor=amax_floor, o_dtype=np.dtype(o_dtype).name,
-                       rope_dtype=np.dtype(rope_dtype).name, target=_target())
+                       rope_dtype=np.dtype(rope_dtype).name, target=_target(),
+                       pdl=cfg.pdl and pdl_ok())
     o, pos, cos, sin, q, scale = map(Ref, range(6))
     return _call(plan, (o, pos, cos, sin, plan.n_work, n_pos, h * dh, rd // 2, rd // 2, q, scale),
                  out_shape)
@@ -171,7 +202,7 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups: int
 # ---------------------------------------------------------------------------------------------
 
 def gemm_call(m: int, g: int, n: int, k: int, block: int, n_blocks: int, *, dtype,
-              wgmma: bool = False, sms: int = 0) -> KernelCall:
+              wgmma: bool = False, sms: int = 0, dependent: bool = False) -> KernelCall:
     """The GEMM launch for dense ``x [M, G, K]``, ``w [G, N, K]``, ``x_scale [M, G, K / B]``,
     ``w_scale [G, n_blocks, K / B]`` -> ``y [M, G, N]`` in ``dtype``.
 
@@ -179,8 +210,12 @@ def gemm_call(m: int, g: int, n: int, k: int, block: int, n_blocks: int, *, dtyp
     wgmma kernel where it picks it (``sms``: the GPU's SM count, for its persistent grid), else
     the pointer kernel without its TMA field (the TMA kernel does not split; the tile is the
     same). Split, the outputs end with the parts and the counters (``_outputs``).
+    ``dependent``: the wgmma kernel launches as the quant's programmatic dependent
+    (``wo_a_fp8_chain_call``).
     """
     cfg = configs.gemm_config(m, g, n, k, block, wgmma=wgmma)
+    if dependent and cfg.wgmma:
+        cfg = dataclasses.replace(cfg, pdl=True)
     kb = k // block
     strides = dict(x_scale=plans.dense(m, g, kb), w_scale=plans.dense(g, n_blocks, kb))
     out_shape, (y, parts, counters), tiles = _outputs(
@@ -205,7 +240,7 @@ def gemm_call(m: int, g: int, n: int, k: int, block: int, n_blocks: int, *, dtyp
 
 
 # ---------------------------------------------------------------------------------------------
-# The fused decode chain
+# The chain: one fused launch, or the quant and the GEMM in one call
 # ---------------------------------------------------------------------------------------------
 
 def wo_a_fp8_fits(s: int, g: int, n: int, k: int, block: int, dh: int, rd: int) -> bool:
@@ -240,16 +275,46 @@ def wo_a_fp8_call(s: int, h: int, dh: int, rd: int, n_pos: int, g: int, n: int, 
                  tiles)
 
 
+def wo_a_fp8_chain_call(s: int, h: int, dh: int, rd: int, n_pos: int, g: int, n: int, k: int,
+                        block: int, n_blocks: int, *, fp8_dtype, amax_floor: float, dtype,
+                        o_dtype, rope_dtype, wgmma: bool = False, sms: int = 0) -> ChainCall:
+    """The unfused chain as one call: ``quant_call``, then ``gemm_call`` on its outputs, the
+    GEMM the quant's programmatic dependent where torch's launcher makes it one
+    (``configs.chain_dependent``, ``pdl_ok``). Operands as ``wo_a_fp8_call``'s: inputs ``o``,
+    positions, cos, sin, ``w``, ``w_scale`` (uint8); outputs ``x_fp8``, ``x_scale`` (scratch),
+    ``y``, then the GEMM's split-K scratch (``_outputs``)."""
+    dependent = pdl_ok() and configs.chain_dependent(s, g, n, k, block, wgmma=wgmma)
+    quant = quant_call(s, h, dh, rd, n_pos, g, block, fp8_dtype=fp8_dtype, amax_floor=amax_floor,
+                       o_dtype=o_dtype, rope_dtype=rope_dtype, dependent=dependent)
+    gemm = gemm_call(s, g, n, k, block, n_blocks, dtype=dtype, wgmma=wgmma, sms=sms,
+                     dependent=dependent)
+    n_in = 6 + bool(gemm.counters)
+    x, xs, y = n_in, n_in + 1, n_in + 2
+    # The GEMM's operands: x, w, x_scale, w_scale, [counters in], y, [parts, counters out].
+    split = (6,) if gemm.counters else ()
+    gemm_operands = (x, 4, xs, 5, *split, y, *((y + 1, y + 2) if gemm.counters else ()))
+    return ChainCall((quant.renumbered((0, 1, 2, 3, x, xs)), gemm.renumbered(gemm_operands)),
+                     (*quant.out_shape, *gemm.out_shape), gemm.counters)
+
+
 def wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: int, *,
              amax_floor: float, dtype):
-    """``y [S, G, N]`` of the fused chain (``wo_a_fp8_fits`` must hold); inputs already checked,
-    ``positions`` ``[S]`` (the caller slices it)."""
+    """``y [S, G, N]`` of the chain in one custom call: the fused launch where
+    ``wo_a_fp8_fits``, else ``wo_a_fp8_chain_call``; inputs already checked, ``positions``
+    ``[S]`` (the caller slices it)."""
     s, h, dh = o.shape
     g, n, k = w.shape
-    call = wo_a_fp8_call(s, h, dh, 2 * cos_cache.shape[1], cos_cache.shape[0], num_groups, n, k,
-                      k // w_scale.shape[2], w_scale.shape[1], fp8_dtype=w.dtype,
-                      amax_floor=amax_floor, dtype=dtype, o_dtype=o.dtype,
-                      rope_dtype=cos_cache.dtype)
+    if s == 0:  # a zero-size grid is not a valid launch
+        return jnp.zeros((0, g, n), dtype)
+    rd, block = 2 * cos_cache.shape[1], k // w_scale.shape[2]
+    shape = (s, h, dh, rd, cos_cache.shape[0], num_groups, n, k, block, w_scale.shape[1])
+    kinds = dict(fp8_dtype=w.dtype, amax_floor=amax_floor, dtype=dtype, o_dtype=o.dtype,
+                 rope_dtype=cos_cache.dtype)
+    if wo_a_fp8_fits(s, g, n, k, block, dh, rd):
+        call = wo_a_fp8_call(*shape, **kinds)
+    else:
+        wgmma = wgmma_ok()
+        call = wo_a_fp8_chain_call(*shape, **kinds, wgmma=wgmma, sms=sm_count() if wgmma else 0)
     _, _, y = run(call, o, positions, cos_cache, sin_cache, w, woa_jax.e8m0_bytes(w_scale))
     return y
 

@@ -1,6 +1,6 @@
 // What xla_launch.cc (XLA's custom call) and native_launch.cc (torch's eager launches) share:
-// opening the CUDA driver, and a compiled Triton kernel's parameters packed for cuLaunchKernel
-// from the parameter map that xla_ffi.params writes:
+// opening the CUDA driver, and launching a compiled Triton kernel (LaunchStep) with its
+// parameters packed from the parameter map that xla_ffi.params writes:
 //   params: one entry per kernel parameter: an operand index when >= 0, -1 for the next value of
 //           `scalars`, -2 for the next TMA descriptor of `tmaps` (passed by value; the shape and
 //           strides parameters that follow it are scalars);
@@ -17,6 +17,8 @@
 
 #include <cstddef>
 #include <cstdint>
+
+#include "cuda.h"
 
 namespace woa {
 
@@ -122,6 +124,59 @@ PackError PackParams(const int64_t* params, size_t n_params, const int64_t* scal
   }
   for (size_t i = n_params; i < n_params + kSpareSlots; ++i) out->pointers[i] = &out->slots[i];
   return PackError::kNone;
+}
+
+// One kernel launch: the loaded function, its launch shape and parameter map.
+struct Step {
+  CUfunction function;
+  unsigned grid[3];
+  unsigned threads;
+  unsigned shared;
+  bool pdl;  // a programmatic dependent launch: the kernel waits (griddepcontrol) for its writer
+  const int64_t* params;
+  size_t n_params;
+  const int64_t* scalars;
+  size_t n_scalars;
+  const int64_t* tmaps;
+  size_t n_tmaps;
+};
+
+// How a LaunchStep failed: a packing error (kEncode with the CUresult in `cuda`), or kNone and
+// the launch's CUresult (0: launched).
+struct LaunchResult {
+  PackError packing = PackError::kNone;
+  int cuda = 0;
+  bool ok() const { return packing == PackError::kNone && cuda == 0; }
+};
+
+// Packs `step`'s parameters (`operand` as for PackParams) and launches it on `stream` with
+// cuLaunchKernelEx: under stream capture a programmatic launch records a programmatic edge
+// from the kernel before it, so the pair keeps its overlap in a CUDA graph.
+template <typename Operand>
+LaunchResult LaunchStep(decltype(&cuLaunchKernelEx) launch_ex, EncodeTiled encode,
+                        const Step& step, CUstream stream, Operand operand) {
+  Packed packed;
+  const PackError packing =
+      PackParams(step.params, step.n_params, step.scalars, step.n_scalars, step.tmaps,
+                 step.n_tmaps, encode, operand, &packed);
+  if (packing != PackError::kNone) return LaunchResult{packing, packed.cuda_error};
+  CUlaunchAttribute attribute = {};
+  attribute.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+  attribute.value.programmaticStreamSerializationAllowed = 1;
+  CUlaunchConfig config = {};
+  config.gridDimX = step.grid[0];
+  config.gridDimY = step.grid[1];
+  config.gridDimZ = step.grid[2];
+  config.blockDimX = step.threads;
+  config.blockDimY = 1;
+  config.blockDimZ = 1;
+  config.sharedMemBytes = step.shared;
+  config.hStream = stream;
+  config.attrs = step.pdl ? &attribute : nullptr;
+  config.numAttrs = step.pdl ? 1 : 0;
+  return LaunchResult{PackError::kNone,
+                      static_cast<int>(launch_ex(&config, step.function, packed.pointers,
+                                                 nullptr))};
 }
 
 }  // namespace woa

@@ -51,16 +51,10 @@ class _Step(ctypes.Structure):
                 ("tmaps", ctypes.c_void_p), ("n_tmaps", ctypes.c_int64)]
 
 
-def _triton_include() -> pathlib.Path:
-    import triton
-
-    return pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "include"
-
-
 def build() -> pathlib.Path:
     """The launcher library, compiled on first use (``native_build.build``)."""
-    include = _triton_include()
-    return native_build.build(_SOURCE, str(include), (include / "cuda.h",))
+    include = native_build.cuda_include()
+    return native_build.build(_SOURCE, (str(include),), (include / "cuda.h",))
 
 
 @functools.cache

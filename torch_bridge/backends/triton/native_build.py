@@ -1,7 +1,8 @@
 """Build the backend's C++ launch libraries on first use, with the system C++ compiler.
 
 ``xla_launch.cc`` (XLA's custom call, ``xla_ffi``) and ``native_launch.cc`` (torch's eager
-launches, ``native``) share ``launch_params.h``. Each library is named by a digest of its
+launches, ``native``) share ``launch_params.h``, which includes the ``cuda.h`` Triton ships
+(``cuda_include``). Each library is named by a digest of its
 sources, the compiler and the headers it is built against, kept in ``WOA_CACHE_DIR`` and
 replaced atomically, so concurrent builds are safe. Nothing here touches a GPU.
 """
@@ -18,6 +19,13 @@ import tempfile
 HERE = pathlib.Path(__file__).parent
 #: The header both libraries include.
 SHARED_HEADER = HERE / "launch_params.h"
+
+
+def cuda_include() -> pathlib.Path:
+    """The folder of the ``cuda.h`` Triton ships (the driver API's types; no toolkit needed)."""
+    import triton
+
+    return pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "include"
 
 
 def cache_dir() -> pathlib.Path:
@@ -40,8 +48,9 @@ def library_path(source: pathlib.Path, cxx: str, headers: tuple[pathlib.Path, ..
     return cache_dir() / f"{source.stem}-{digest.hexdigest()[:16]}.so"
 
 
-def build(source: pathlib.Path, include: str, headers: tuple[pathlib.Path, ...]) -> pathlib.Path:
-    """``source`` built as a shared library against ``include`` (``headers``: the files there
+def build(source: pathlib.Path, includes: tuple[str, ...],
+          headers: tuple[pathlib.Path, ...]) -> pathlib.Path:
+    """``source`` built as a shared library against ``includes`` (``headers``: the files there
     it depends on); the cached one when it exists.
 
     Raises ``RuntimeError`` with the compiler's message when it cannot be built.
@@ -55,7 +64,8 @@ def build(source: pathlib.Path, include: str, headers: tuple[pathlib.Path, ...])
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         out = pathlib.Path(tmp) / path.name
-        cmd = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-isystem", include, str(source),
+        cmd = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC",
+               *(arg for include in includes for arg in ("-isystem", include)), str(source),
                "-o", str(out), "-ldl"]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:

@@ -5,8 +5,8 @@
 // Each step names a kernel Triton has already loaded (its CUfunction), its launch shape and its
 // parameter map (launch_params.h). Operands 0-3 are the call's own addresses; the others are
 // fixed when the steps are bound. A call packs each step's parameters (encoding its TMA
-// descriptors for this call's addresses) and launches it with cuLaunchKernelEx, as a
-// programmatic dependent launch where the kernel was compiled as one. No Python object is
+// descriptors for this call's addresses) and launches it (woa::LaunchStep), as a programmatic
+// dependent launch where the kernel was compiled as one. No Python object is
 // touched here, and nothing is kept across calls.
 
 #include <cstdint>
@@ -111,30 +111,22 @@ int woa_native_launch(const WoaStep* steps, int64_t n_steps, const uint64_t* fix
   };
   for (int64_t s = 0; s < n_steps; ++s) {
     const WoaStep& step = steps[s];
-    woa::Packed packed;
-    const woa::PackError packing = woa::PackParams(
-        step.params, static_cast<size_t>(step.n_params), step.scalars,
-        static_cast<size_t>(step.n_scalars), step.tmaps, static_cast<size_t>(step.n_tmaps),
-        d.encode_tiled, operand, &packed);
-    if (packing == woa::PackError::kEncode) return packed.cuda_error;
-    if (packing != woa::PackError::kNone) return kPackBase - static_cast<int>(packing);
-    CUlaunchAttribute attribute;
-    attribute.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attribute.value.programmaticStreamSerializationAllowed = 1;
-    CUlaunchConfig config;
-    config.gridDimX = step.grid[0];
-    config.gridDimY = step.grid[1];
-    config.gridDimZ = step.grid[2];
-    config.blockDimX = step.threads;
-    config.blockDimY = 1;
-    config.blockDimZ = 1;
-    config.sharedMemBytes = step.shared;
-    config.hStream = reinterpret_cast<CUstream>(stream);
-    config.attrs = step.pdl ? &attribute : nullptr;
-    config.numAttrs = step.pdl ? 1 : 0;
-    CUresult rc = d.launch_ex(&config, reinterpret_cast<CUfunction>(step.function),
-                              packed.pointers, nullptr);
-    if (rc != CUDA_SUCCESS) return static_cast<int>(rc);
+    const woa::Step launch = {reinterpret_cast<CUfunction>(step.function),
+                              {step.grid[0], step.grid[1], step.grid[2]},
+                              step.threads,
+                              step.shared,
+                              step.pdl != 0,
+                              step.params,
+                              static_cast<size_t>(step.n_params),
+                              step.scalars,
+                              static_cast<size_t>(step.n_scalars),
+                              step.tmaps,
+                              static_cast<size_t>(step.n_tmaps)};
+    const woa::LaunchResult done = woa::LaunchStep(
+        d.launch_ex, d.encode_tiled, launch, reinterpret_cast<CUstream>(stream), operand);
+    if (done.packing == woa::PackError::kEncode) return done.cuda;
+    if (done.packing != woa::PackError::kNone) return kPackBase - static_cast<int>(done.packing);
+    if (done.cuda != CUDA_SUCCESS) return done.cuda;
   }
   return 0;
 }

@@ -1,10 +1,12 @@
 """Launch compiled Triton kernels from XLA: our own FFI custom call, ``woa_triton_launch``.
 
-A call site is lowered to ``jax.ffi.ffi_call`` with the kernel's cubin, entry name, launch shape
-and parameter map as attributes (``lower``). The handler (``xla_launch.cc``, built here on first
-use with the system C++ compiler into ``WOA_CACHE_DIR``) loads the module once per kernel and
-CUDA context, then each call is one ``cuLaunchKernel`` on XLA's stream: no Python, no hashing of
-the kernel per call, so back-to-back calls cost XLA's dispatch and the launch.
+A call site is lowered to ``jax.ffi.ffi_call`` with its kernels' cubins, entry names, launch
+shapes and parameter maps as attributes (``lower``): one kernel, or a kernel and its programmatic
+dependent, which only one call can keep overlapped in a command buffer. The handler
+(``xla_launch.cc``, built here on first use with the system C++ compiler into
+``WOA_CACHE_DIR``) loads each module once per kernel and CUDA context, then a call is one
+``cuLaunchKernelEx`` per kernel on XLA's stream: no Python, no hashing of the kernel per call,
+so back-to-back calls cost XLA's dispatch and the launches.
 
 XLA may record the call into its command buffers (CUDA graphs): the execute handler carries the
 command-buffer trait (the only way to mark it: the GPU plugin refuses traits at registration),
@@ -15,7 +17,8 @@ launcher: both libraries read it with ``launch_params.h``.
 Kernels are compiled here, for the JAX device's compute capability, with every pointer and every
 integer that is a multiple of 16 marked divisible by 16 (as torch's launcher marks them), so
 JAX and torch run the same kernel bodies with the same specialization. Nothing here touches a
-GPU; building needs a C++17 compiler (``CXX``, else ``c++`` / ``g++``) and jaxlib's FFI headers.
+GPU; building needs a C++17 compiler (``CXX``, else ``c++`` / ``g++``), jaxlib's FFI headers and
+Triton's ``cuda.h``.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ _SOURCE = pathlib.Path(__file__).with_name("xla_launch.cc")
 #: The handler's C symbol per FFI stage: initialize loads the module, execute launches it.
 STAGES = {"initialize": "WoaTritonLoad", "execute": "WoaTritonLaunch"}
 
+#: Values per TMA descriptor in a parameter map's ``tmaps`` (``launch_params.h``).
+TENSOR_MAP_ROW = 12
 #: Triton's pointer element types by NumPy / JAX dtype name.
 _POINTER_TYPES = {
     "bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float8_e4m3fn": "fp8e4nv",
@@ -70,9 +75,10 @@ def build() -> pathlib.Path:
     """
     import jax.ffi
 
-    include = jax.ffi.include_dir()
+    include, cuda = jax.ffi.include_dir(), native_build.cuda_include()
     return native_build.build(
-        _SOURCE, include, (pathlib.Path(include) / "xla" / "ffi" / "api" / "c_api.h",))
+        _SOURCE, (include, str(cuda)),
+        (pathlib.Path(include) / "xla" / "ffi" / "api" / "c_api.h", cuda / "cuda.h"))
 
 
 def handler_bundle(path: pathlib.Path) -> dict:
@@ -107,7 +113,8 @@ def unavailable_reason() -> str | None:
 @dataclasses.dataclass(frozen=True)
 class Compiled:
     """What a call site needs of a compiled kernel; ``tma``: per descriptor, the encoding
-    Triton chose (``(CUtensorMapDataType, element bytes, swizzle, box)``)."""
+    Triton chose (``(CUtensorMapDataType, element bytes, swizzle, box)``); ``pdl``: launched
+    as a programmatic dependent launch."""
 
     cubin: np.ndarray  # uint8
     name: str
@@ -115,6 +122,7 @@ class Compiled:
     threads: int
     shared: int
     tma: tuple[tuple[int, int, int, tuple[int, ...]], ...]
+    pdl: bool = False
 
 
 def _specialize(kernel, args: tuple, dtypes: tuple[str, ...], constexprs: dict):
@@ -172,7 +180,8 @@ def params(args: tuple, tma: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 def compile_triton(kernel, args: tuple, dtypes: tuple[str, ...], constexprs: dict,
                    num_warps: int, num_stages: int | None, capability: int):
     """Triton's compiled kernel of ``kernel`` on ``args`` for ``sm_<capability>``
-    (``_specialize``); no GPU needed."""
+    (``_specialize``), a programmatic dependent launch where ``constexprs`` set ``PDL`` (as
+    ``plans.Plan.compile_options`` asks torch's launcher); no GPU needed."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -181,6 +190,8 @@ def compile_triton(kernel, args: tuple, dtypes: tuple[str, ...], constexprs: dic
     options = {"num_warps": num_warps}
     if num_stages is not None:
         options["num_stages"] = num_stages
+    if constexprs.get("PDL"):
+        options["launch_pdl"] = True
     if any(isinstance(a, Desc) for a in args):
         from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -230,30 +241,41 @@ def compile_kernel(kernel, args: tuple, dtypes: tuple[str, ...], constexprs: tup
     cubin = compiled.asm["cubin"]
     return Compiled(np.frombuffer(cubin, np.uint8).copy(), md.name,
                     int.from_bytes(hashlib.sha256(cubin).digest()[:8], "little", signed=True),
-                    32 * md.num_warps, md.shared, tma)
+                    32 * md.num_warps, md.shared, tma, bool(getattr(md, "launch_pdl", False)))
 
 
-def lower(kernel, args: tuple, arrays: tuple, out_shape: tuple, grid: tuple[int, ...], *,
-          num_warps: int, num_stages: int | None, constexprs: dict[str, Any],
-          capability: int, aliases: dict[int, int] | None = None):
-    """``kernel[grid](*args, **constexprs)`` on ``arrays`` inside ``jax.jit``; the outputs.
+def lower(launches, arrays: tuple, out_shape: tuple, *, capability: int,
+          aliases: dict[int, int] | None = None):
+    """``launches``, in order, on ``arrays`` inside ``jax.jit``, as one custom call; the outputs.
 
-    ``args`` has one entry per runtime parameter, in order: a ``Ref`` to an input of
-    ``arrays`` or an output of ``out_shape`` (inputs first), a ``Desc`` over one, or an
-    ``int``. Outputs start uninitialized: the kernel writes them whole, except those aliased
-    to an input (``aliases``, ``{input index: output index}``, as ``ffi_call``'s
-    ``input_output_aliases``): they start with the input's values, in its buffer, so XLA knows
-    the kernel writes that buffer.
+    Each launch is ``kernel[grid](*args, **constexprs)`` with ``num_warps`` and ``num_stages``
+    (attributes of that name; ``jax_launch.KernelCall``). ``args`` has one entry per runtime
+    parameter, in order: a ``Ref`` to an input of ``arrays`` or an output of ``out_shape``
+    (inputs first), a ``Desc`` over one, or an ``int``. A launch compiled as a programmatic
+    dependent (``PDL``) overlaps the one before it. Outputs start uninitialized: the kernels
+    write them whole, except those aliased to an input (``aliases``, ``{input index: output
+    index}``, as ``ffi_call``'s ``input_output_aliases``): they start with the input's values,
+    in its buffer, so XLA knows the kernels write that buffer.
     """
     import jax
 
     _registered()
     dtypes = tuple(np.dtype(a.dtype).name for a in (*arrays, *out_shape))
-    compiled = compile_kernel(kernel, tuple(args), dtypes, tuple(constexprs.items()), num_warps,
-                              num_stages, capability)
-    params_, scalars, tmaps = params(args, compiled.tma)
-    g = (*grid, 1, 1)[:3]
+    cubins, names, rows, maps = [], [], [], ([], [], [])
+    for launch in launches:
+        constexprs = launch.constexprs
+        compiled = compile_kernel(launch.kernel, tuple(launch.args), dtypes,
+                                  tuple(dict(constexprs).items()), launch.num_warps,
+                                  launch.num_stages, capability)
+        kernel_map = params(launch.args, compiled.tma)
+        cubins.append(compiled.cubin)
+        names.append(compiled.name)
+        rows += [compiled.digest, compiled.cubin.size, *(*launch.grid, 1, 1)[:3],
+                 compiled.threads, compiled.shared, int(compiled.pdl),
+                 *(len(part) for part in kernel_map[:2]), len(kernel_map[2]) // TENSOR_MAP_ROW]
+        for part, values in zip(maps, kernel_map, strict=True):
+            part.append(values)
+    params_, scalars, tmaps = (np.concatenate(part).astype(np.int64) for part in maps)
     return jax.ffi.ffi_call(TARGET, out_shape, input_output_aliases=aliases or None)(
-        *arrays, cubin=compiled.cubin, name=compiled.name, digest=np.int64(compiled.digest),
-        launch=np.array([*g, compiled.threads, compiled.shared], np.int64), params=params_,
-        scalars=scalars, tmaps=tmaps)
+        *arrays, cubin=np.concatenate(cubins), names=" ".join(names),
+        kernels=np.array(rows, np.int64), params=params_, scalars=scalars, tmaps=tmaps)

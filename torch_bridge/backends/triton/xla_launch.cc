@@ -1,13 +1,17 @@
-// XLA FFI handler that launches a compiled Triton kernel (a cubin) on XLA's CUDA stream.
+// XLA FFI handler that launches compiled Triton kernels (cubins) on XLA's CUDA stream.
 //
 // torch_bridge/backends/triton/xla_ffi.py builds this file on first use and registers, as the
 // custom call target "woa_triton_launch", two stages: WoaTritonLoad (initialize: load the
-// module) and WoaTritonLaunch (execute: launch it). Each call site carries its kernel as
-// attributes (cubin bytes, entry name, launch shape, parameter map), so a compiled executable is
-// self-contained; a module is loaded once per (kernel, CUDA context), and a call costs a map
-// lookup, the encoding of its TMA descriptors (if any) for this call's buffers, and one
-// cuLaunchKernel. The CUDA driver is opened with dlopen, so building needs only a C++17
-// compiler and XLA's FFI headers.
+// modules) and WoaTritonLaunch (execute: launch them). Each call site carries its kernels as
+// attributes (their cubins, entry names, launch shapes, parameter maps), so a compiled
+// executable is self-contained. A call launches its kernels in order, each a programmatic
+// dependent launch where it was compiled as one (launch_params.h's LaunchStep): one call holds
+// a kernel and the dependent that overlaps it, which separate custom calls cannot, since XLA
+// records each call into its own node of a command buffer. A module is loaded once per
+// (kernel, CUDA context); a call costs a map lookup per kernel, the encoding of its TMA
+// descriptors (if any) for this call's buffers, and one cuLaunchKernelEx per kernel. The CUDA
+// driver is opened with dlopen, so building needs only a C++17 compiler, XLA's FFI headers and
+// cuda.h (Triton ships it).
 //
 // Command buffers: the execute handler carries Traits::kCmdBufferCompatible, which is how XLA
 // learns that it may record the call into a CUDA graph (the GPU plugin takes no traits at
@@ -33,24 +37,21 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-using CUresult = int;
-using CUcontext = struct CUctx_st*;
-using CUmodule = struct CUmod_st*;
-using CUfunction = struct CUfunc_st*;
-using CUstream = struct CUstream_st*;
-
-constexpr int kMaxDynamicSharedSizeBytes = 8;  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 constexpr int64_t kDefaultSharedLimit = 48 * 1024;
 
+// One row of the `kernels` attribute per launch, in order.
+enum KernelField { kDigest, kCubinBytes, kGridX, kGridY, kGridZ, kThreads, kShared, kPdl,
+                   kParams, kScalars, kTensorMaps, kKernelRow };
+constexpr size_t kMaxKernels = 4;
+
 struct Driver {
-  CUresult (*ctx_get_current)(CUcontext*) = nullptr;
-  CUresult (*module_load_data)(CUmodule*, const void*) = nullptr;
-  CUresult (*module_get_function)(CUfunction*, CUmodule, const char*) = nullptr;
-  CUresult (*func_set_attribute)(CUfunction, int, int) = nullptr;
-  CUresult (*stream_is_capturing)(CUstream, int*) = nullptr;
-  CUresult (*launch_kernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
-                            unsigned, unsigned, CUstream, void**, void**) = nullptr;
-  CUresult (*get_error_string)(CUresult, const char**) = nullptr;
+  decltype(&cuCtxGetCurrent) ctx_get_current = nullptr;
+  decltype(&cuModuleLoadData) module_load_data = nullptr;
+  decltype(&cuModuleGetFunction) module_get_function = nullptr;
+  decltype(&cuFuncSetAttribute) func_set_attribute = nullptr;
+  decltype(&cuStreamIsCapturing) stream_is_capturing = nullptr;
+  decltype(&cuLaunchKernelEx) launch_ex = nullptr;
+  decltype(&cuGetErrorString) get_error_string = nullptr;
   woa::EncodeTiled encode_tiled = nullptr;
   std::string error;
 };
@@ -69,7 +70,7 @@ const Driver& GetDriver() {
     woa::Resolve(lib, "cuModuleGetFunction", d.module_get_function, missing);
     woa::Resolve(lib, "cuFuncSetAttribute", d.func_set_attribute, missing);
     woa::Resolve(lib, "cuStreamIsCapturing", d.stream_is_capturing, missing);
-    woa::Resolve(lib, "cuLaunchKernel", d.launch_kernel, missing);
+    woa::Resolve(lib, "cuLaunchKernelEx", d.launch_ex, missing);
     woa::Resolve(lib, "cuGetErrorString", d.get_error_string, missing);
     woa::Resolve(lib, "cuTensorMapEncodeTiled", d.encode_tiled, missing);
     if (missing != nullptr) d.error = std::string("libcuda.so.1 has no ") + missing;
@@ -78,9 +79,9 @@ const Driver& GetDriver() {
   return driver;
 }
 
-ffi::Error CudaError(const Driver& d, CUresult rc, std::string_view what) {
+ffi::Error CudaError(const Driver& d, int rc, std::string_view what) {
   const char* text = nullptr;
-  d.get_error_string(rc, &text);
+  d.get_error_string(static_cast<CUresult>(rc), &text);
   return ffi::Error::Internal("woa_triton_launch: " + std::string(what) + " failed: " +
                               (text != nullptr ? text : std::to_string(rc)));
 }
@@ -108,69 +109,139 @@ CUfunction FindLoaded(const KernelKey& key, std::string_view name) {
 
 ffi::ErrorOr<CUcontext> CurrentContext(const Driver& d) {
   CUcontext ctx = nullptr;
-  if (CUresult rc = d.ctx_get_current(&ctx); rc != 0) {
+  if (CUresult rc = d.ctx_get_current(&ctx); rc != CUDA_SUCCESS) {
     return ffi::Unexpected(CudaError(d, rc, "cuCtxGetCurrent"));
   }
   return ctx;
 }
 
+// One kernel of a call: its cubin (a slice of the `cubin` attribute), entry name and launch.
+struct Kernel {
+  const uint8_t* cubin;
+  size_t cubin_bytes;
+  std::string_view name;
+  int64_t digest;
+  woa::Step step;  // step.function is set by GetFunction
+};
+
 // Loads the kernel into the current context unless it is there already.
-ffi::Error LoadFunction(const Driver& d, ffi::Span<const uint8_t> cubin, std::string_view name,
-                        int64_t digest, int64_t shared) {
+ffi::Error LoadFunction(const Driver& d, const Kernel& k) {
   auto ctx = CurrentContext(d);
   if (ctx.has_error()) return ctx.error();
-  const KernelKey key(digest, cubin.size(), *ctx);
+  const KernelKey key(k.digest, k.cubin_bytes, *ctx);
   std::lock_guard<std::mutex> lock(kernels_mutex);
-  if (FindLoaded(key, name) != nullptr) return ffi::Error::Success();
+  if (FindLoaded(key, k.name) != nullptr) return ffi::Error::Success();
   CUmodule module = nullptr;
-  if (CUresult rc = d.module_load_data(&module, cubin.begin()); rc != 0) {
+  if (CUresult rc = d.module_load_data(&module, k.cubin); rc != CUDA_SUCCESS) {
     return CudaError(d, rc, "cuModuleLoadData");
   }
   CUfunction fn = nullptr;
-  if (CUresult rc = d.module_get_function(&fn, module, std::string(name).c_str()); rc != 0) {
+  if (CUresult rc = d.module_get_function(&fn, module, std::string(k.name).c_str());
+      rc != CUDA_SUCCESS) {
     return CudaError(d, rc, "cuModuleGetFunction");
   }
-  if (shared > kDefaultSharedLimit) {
-    if (CUresult rc = d.func_set_attribute(fn, kMaxDynamicSharedSizeBytes,
-                                           static_cast<int>(shared));
-        rc != 0) {
+  if (k.step.shared > kDefaultSharedLimit) {
+    if (CUresult rc = d.func_set_attribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                           static_cast<int>(k.step.shared));
+        rc != CUDA_SUCCESS) {
       return CudaError(d, rc, "cuFuncSetAttribute");
     }
   }
-  kernels[key].push_back(Loaded{std::string(name), fn});
+  kernels[key].push_back(Loaded{std::string(k.name), fn});
   return ffi::Error::Success();
 }
 
 // The kernel's function for a launch on stream. A kernel not loaded yet is loaded here only
 // when the stream is not being captured: under capture it means the initialize stage did not
 // run, and loading a module there is not stream work, so it is an error.
-ffi::Error GetFunction(const Driver& d, CUstream stream, ffi::Span<const uint8_t> cubin,
-                       std::string_view name, int64_t digest, int64_t shared, CUfunction* fn) {
+ffi::Error GetFunction(const Driver& d, CUstream stream, const Kernel& k, CUfunction* fn) {
   auto ctx = CurrentContext(d);
   if (ctx.has_error()) return ctx.error();
-  const KernelKey key(digest, cubin.size(), *ctx);
+  const KernelKey key(k.digest, k.cubin_bytes, *ctx);
   {
     std::lock_guard<std::mutex> lock(kernels_mutex);
-    *fn = FindLoaded(key, name);
+    *fn = FindLoaded(key, k.name);
   }
   if (*fn != nullptr) return ffi::Error::Success();
-  int capturing = 0;  // CUstreamCaptureStatus: 0 none, 1 active, 2 invalidated
-  if (CUresult rc = d.stream_is_capturing(stream, &capturing); rc != 0) {
+  CUstreamCaptureStatus capturing = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (CUresult rc = d.stream_is_capturing(stream, &capturing); rc != CUDA_SUCCESS) {
     return CudaError(d, rc, "cuStreamIsCapturing");
   }
-  if (capturing != 0) {
+  if (capturing != CU_STREAM_CAPTURE_STATUS_NONE) {
     return ffi::Error::Internal(
-        "woa_triton_launch: kernel " + std::string(name) + " is not loaded and the stream is "
+        "woa_triton_launch: kernel " + std::string(k.name) + " is not loaded and the stream is "
         "being captured into a command buffer: the initialize stage (WoaTritonLoad) did not "
         "run for this call; a module is never loaded under capture");
   }
-  if (ffi::Error err = LoadFunction(d, cubin, name, digest, shared); err.failure()) return err;
+  if (ffi::Error err = LoadFunction(d, k); err.failure()) return err;
   std::lock_guard<std::mutex> lock(kernels_mutex);
-  *fn = FindLoaded(key, name);
+  *fn = FindLoaded(key, k.name);
+  return ffi::Error::Success();
+}
+
+// The call's kernels, read from its attributes:
+//   cubin:   the kernels' cubins, concatenated;
+//   names:   their entry names, separated by single spaces;
+//   kernels: one KernelField row per kernel;
+//   params, scalars, tmaps: the kernels' parameter maps (launch_params.h), concatenated.
+ffi::Error ReadKernels(ffi::Span<const uint8_t> cubin, std::string_view names,
+                       ffi::Span<const int64_t> rows, ffi::Span<const int64_t> params,
+                       ffi::Span<const int64_t> scalars, ffi::Span<const int64_t> tmaps,
+                       Kernel (&out)[kMaxKernels], size_t* count) {
+  const auto malformed = [](const char* what) {
+    return ffi::Error::InvalidArgument(std::string("woa_triton_launch: malformed attributes: ") +
+                                       what);
+  };
+  if (rows.size() == 0 || rows.size() % kKernelRow != 0 ||
+      rows.size() / kKernelRow > kMaxKernels) {
+    return malformed("kernels");
+  }
+  *count = rows.size() / kKernelRow;
+  size_t at_cubin = 0, at_name = 0, at_param = 0, at_scalar = 0, at_map = 0;
+  for (size_t i = 0; i < *count; ++i) {
+    const int64_t* row = rows.begin() + i * kKernelRow;
+    if (row[kCubinBytes] < 0 || row[kParams] < 0 || row[kScalars] < 0 || row[kTensorMaps] < 0) {
+      return malformed("kernels");
+    }
+    const size_t bytes = static_cast<size_t>(row[kCubinBytes]);
+    const size_t n_params = static_cast<size_t>(row[kParams]);
+    const size_t n_scalars = static_cast<size_t>(row[kScalars]);
+    const size_t n_tmaps = static_cast<size_t>(row[kTensorMaps]) * woa::kTensorMapRow;
+    if (at_cubin + bytes > cubin.size()) return malformed("cubin");
+    if (at_param + n_params > params.size() || at_scalar + n_scalars > scalars.size() ||
+        at_map + n_tmaps > tmaps.size()) {
+      return malformed("parameter map");
+    }
+    const size_t end = names.find(' ', at_name);
+    if (at_name >= names.size()) return malformed("names");
+    Kernel& k = out[i];
+    k.cubin = cubin.begin() + at_cubin;
+    k.cubin_bytes = bytes;
+    k.name = names.substr(at_name, end == std::string_view::npos ? end : end - at_name);
+    k.digest = row[kDigest];
+    k.step = woa::Step{nullptr,
+                       {static_cast<unsigned>(row[kGridX]), static_cast<unsigned>(row[kGridY]),
+                        static_cast<unsigned>(row[kGridZ])},
+                       static_cast<unsigned>(row[kThreads]),
+                       static_cast<unsigned>(row[kShared]),
+                       row[kPdl] != 0,
+                       params.begin() + at_param,
+                       n_params,
+                       scalars.begin() + at_scalar,
+                       n_scalars,
+                       tmaps.begin() + at_map,
+                       n_tmaps};
+    at_cubin += bytes;
+    at_name = end == std::string_view::npos ? names.size() : end + 1;
+    at_param += n_params;
+    at_scalar += n_scalars;
+    at_map += n_tmaps;
+  }
   return ffi::Error::Success();
 }
 
 ffi::ErrorOr<void*> Operand(ffi::RemainingArgs& args, ffi::RemainingRets& rets, int64_t i) {
+  if (i < 0) return ffi::Unexpected(ffi::Error::InvalidArgument("woa_triton_launch: operand"));
   if (static_cast<size_t>(i) < args.size()) {
     auto buffer = args.get<ffi::AnyBuffer>(i);
     if (buffer.has_error()) return ffi::Unexpected(buffer.error());
@@ -181,20 +252,16 @@ ffi::ErrorOr<void*> Operand(ffi::RemainingArgs& args, ffi::RemainingRets& rets, 
   return (*buffer)->untyped_data();
 }
 
-// launch: {grid_x, grid_y, grid_z, threads per block, dynamic shared bytes}.
-// params, scalars, tmaps: the parameter map (launch_params.h); operands count inputs, then
-// outputs.
+// Operands count inputs, then outputs.
 ffi::Error Launch(CUstream stream, ffi::RemainingArgs args, ffi::RemainingRets rets,
-                  ffi::Span<const uint8_t> cubin, std::string_view name, int64_t digest,
-                  ffi::Span<const int64_t> launch, ffi::Span<const int64_t> params,
+                  ffi::Span<const uint8_t> cubin, std::string_view names,
+                  ffi::Span<const int64_t> rows, ffi::Span<const int64_t> params,
                   ffi::Span<const int64_t> scalars, ffi::Span<const int64_t> tmaps) {
   const Driver& d = GetDriver();
   if (!d.error.empty()) return ffi::Error::Internal("woa_triton_launch: " + d.error);
-  if (launch.size() != 5) {
-    return ffi::Error::InvalidArgument("woa_triton_launch: malformed launch attributes");
-  }
-  CUfunction fn = nullptr;
-  if (ffi::Error err = GetFunction(d, stream, cubin, name, digest, launch[4], &fn);
+  Kernel calls[kMaxKernels];
+  size_t count = 0;
+  if (ffi::Error err = ReadKernels(cubin, names, rows, params, scalars, tmaps, calls, &count);
       err.failure()) {
     return err;
   }
@@ -208,40 +275,42 @@ ffi::Error Launch(CUstream stream, ffi::RemainingArgs args, ffi::RemainingRets r
     *address = *base;
     return true;
   };
-  woa::Packed packed;
-  const woa::PackError packing = woa::PackParams(
-      params.begin(), params.size(), scalars.begin(), scalars.size(), tmaps.begin(),
-      tmaps.size(), d.encode_tiled, operand, &packed);
-  if (packing == woa::PackError::kOperand) return operand_error;
-  if (packing == woa::PackError::kEncode) {
-    return CudaError(d, packed.cuda_error, "cuTensorMapEncodeTiled");
-  }
-  if (packing != woa::PackError::kNone) {
-    return ffi::Error::InvalidArgument(std::string("woa_triton_launch: ") +
-                                       woa::PackErrorText(packing));
-  }
-  const int64_t shared = launch[4];
-  if (CUresult rc = d.launch_kernel(
-          fn, static_cast<unsigned>(launch[0]), static_cast<unsigned>(launch[1]),
-          static_cast<unsigned>(launch[2]), static_cast<unsigned>(launch[3]), 1, 1,
-          static_cast<unsigned>(shared), stream, packed.pointers, nullptr);
-      rc != 0) {
-    return CudaError(d, rc, "cuLaunchKernel");
+  for (size_t i = 0; i < count; ++i) {
+    Kernel& k = calls[i];
+    if (ffi::Error err = GetFunction(d, stream, k, &k.step.function); err.failure()) return err;
+    const woa::LaunchResult done =
+        woa::LaunchStep(d.launch_ex, d.encode_tiled, k.step, stream, operand);
+    if (done.packing == woa::PackError::kOperand) return operand_error;
+    if (done.packing == woa::PackError::kEncode) {
+      return CudaError(d, done.cuda, "cuTensorMapEncodeTiled");
+    }
+    if (done.packing != woa::PackError::kNone) {
+      return ffi::Error::InvalidArgument(std::string("woa_triton_launch: ") +
+                                         woa::PackErrorText(done.packing));
+    }
+    if (done.cuda != CUDA_SUCCESS) return CudaError(d, done.cuda, "cuLaunchKernelEx");
   }
   return ffi::Error::Success();
 }
 
-// Initialize stage: loads the call's kernel, outside any stream capture. It binds the execute
+// Initialize stage: loads the call's kernels, outside any stream capture. It binds the execute
 // stage's operands and attributes (XLA hands both stages the same call frame).
 ffi::Error Load(ffi::RemainingArgs, ffi::RemainingRets, ffi::Span<const uint8_t> cubin,
-                std::string_view name, int64_t digest, ffi::Span<const int64_t> launch,
-                ffi::Span<const int64_t>, ffi::Span<const int64_t>, ffi::Span<const int64_t>) {
+                std::string_view names, ffi::Span<const int64_t> rows,
+                ffi::Span<const int64_t> params, ffi::Span<const int64_t> scalars,
+                ffi::Span<const int64_t> tmaps) {
   const Driver& d = GetDriver();
   if (!d.error.empty()) return ffi::Error::Internal("woa_triton_launch: " + d.error);
-  if (launch.size() != 5) {
-    return ffi::Error::InvalidArgument("woa_triton_launch: malformed launch attributes");
+  Kernel calls[kMaxKernels];
+  size_t count = 0;
+  if (ffi::Error err = ReadKernels(cubin, names, rows, params, scalars, tmaps, calls, &count);
+      err.failure()) {
+    return err;
   }
-  return LoadFunction(d, cubin, name, digest, launch[4]);
+  for (size_t i = 0; i < count; ++i) {
+    if (ffi::Error err = LoadFunction(d, calls[i]); err.failure()) return err;
+  }
+  return ffi::Error::Success();
 }
 
 // Both stages decode the same operands and attributes: XLA hands each stage the same frame.
@@ -251,9 +320,8 @@ auto WithLaunchOperands(Binding binding) {
       .RemainingArgs()
       .RemainingRets()
       .template Attr<ffi::Span<const uint8_t>>("cubin")
-      .template Attr<std::string_view>("name")
-      .template Attr<int64_t>("digest")
-      .template Attr<ffi::Span<const int64_t>>("launch")
+      .template Attr<std::string_view>("names")
+      .template Attr<ffi::Span<const int64_t>>("kernels")
       .template Attr<ffi::Span<const int64_t>>("params")
       .template Attr<ffi::Span<const int64_t>>("scalars")
       .template Attr<ffi::Span<const int64_t>>("tmaps");
