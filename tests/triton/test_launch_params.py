@@ -15,6 +15,7 @@ import pytest
 from torch_bridge.backends.triton import native_build, xla_ffi
 
 _SHIM = r"""
+#include <cstddef>
 #include <cstring>
 #include "launch_params.h"
 
@@ -97,6 +98,16 @@ extern "C" int launch(const int64_t* params, int64_t n, uint64_t operand0, int p
                                            reinterpret_cast<CUstream>(0x5000), operand);
   *cuda = done.cuda;
   return static_cast<int>(done.packing);
+}
+
+// woa::Step's size, then each field's offset, in declaration order.
+extern "C" void step_layout(int64_t* out) {
+  const int64_t values[12] = {
+      sizeof(woa::Step), offsetof(woa::Step, function), offsetof(woa::Step, grid),
+      offsetof(woa::Step, threads), offsetof(woa::Step, shared), offsetof(woa::Step, pdl),
+      offsetof(woa::Step, params), offsetof(woa::Step, n_params), offsetof(woa::Step, scalars),
+      offsetof(woa::Step, n_scalars), offsetof(woa::Step, tmaps), offsetof(woa::Step, n_tmaps)};
+  std::memcpy(out, values, sizeof(values));
 }
 """
 
@@ -203,3 +214,14 @@ def test_a_step_reports_the_launch_error_or_the_packing_error(shim):
     assert _launch(shim, [0], True, result=719)[:2] == (0, 719)
     code, _, log = _launch(shim, [1], True)  # no operand 1: nothing is launched
     assert code == 5 and log[0] == -9  # kOperand
+
+
+def test_the_eager_launchers_steps_have_woa_steps_layout(shim):
+    """``native._Step`` (ctypes) is ``woa::Step`` byte for byte: ``woa_native_launch`` reads
+    the array ``native`` builds as ``woa::Step``s."""
+    from torch_bridge.backends.triton import native
+
+    layout = np.zeros(12, np.int64)
+    shim.step_layout(layout.ctypes.data_as(ctypes.c_void_p))
+    offsets = [getattr(native._Step, name).offset for name, _ in native._Step._fields_]
+    assert [ctypes.sizeof(native._Step), *offsets] == layout.tolist()

@@ -41,14 +41,14 @@ _TENSOR_MAP_BYTES = 128
 
 
 class _Step(ctypes.Structure):
-    """``WoaStep`` of ``native_launch.cc``."""
+    """``woa::Step`` of ``launch_params.h``: one launch of a bound sequence (the arrays are
+    kept with the binding)."""
 
-    _fields_ = [("function", ctypes.c_uint64), ("grid", ctypes.c_uint32 * 3),
-                ("threads", ctypes.c_uint32), ("shared", ctypes.c_uint32),
-                ("pdl", ctypes.c_int32),
-                ("params", ctypes.c_void_p), ("n_params", ctypes.c_int64),
-                ("scalars", ctypes.c_void_p), ("n_scalars", ctypes.c_int64),
-                ("tmaps", ctypes.c_void_p), ("n_tmaps", ctypes.c_int64)]
+    _fields_ = [("function", ctypes.c_void_p), ("grid", ctypes.c_uint * 3),
+                ("threads", ctypes.c_uint), ("shared", ctypes.c_uint), ("pdl", ctypes.c_bool),
+                ("params", ctypes.c_void_p), ("n_params", ctypes.c_size_t),
+                ("scalars", ctypes.c_void_p), ("n_scalars", ctypes.c_size_t),
+                ("tmaps", ctypes.c_void_p), ("n_tmaps", ctypes.c_size_t)]
 
 
 def build() -> pathlib.Path:
@@ -186,8 +186,8 @@ def _step(compiled, grid: tuple[int, ...], args: tuple, keep: list) -> _Step | N
         return None
     keep += [params, scalars, tmaps]
     g = (*grid, 1, 1)[:3]
-    return _Step(function, (ctypes.c_uint32 * 3)(*g), 32 * md.num_warps, md.shared,
-                 int(bool(getattr(md, "launch_pdl", False))), params.ctypes.data, len(params),
+    return _Step(function, (ctypes.c_uint * 3)(*g), 32 * md.num_warps, md.shared,
+                 bool(getattr(md, "launch_pdl", False)), params.ctypes.data, len(params),
                  scalars.ctypes.data, len(scalars), tmaps.ctypes.data, len(tmaps))
 
 

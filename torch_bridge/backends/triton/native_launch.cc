@@ -50,21 +50,6 @@ const Driver& GetDriver() {
 
 extern "C" {
 
-// One kernel launch of a bound sequence; the arrays belong to the caller.
-struct WoaStep {
-  uint64_t function;  // CUfunction
-  uint32_t grid[3];
-  uint32_t threads;
-  uint32_t shared;
-  int32_t pdl;
-  const int64_t* params;
-  int64_t n_params;
-  const int64_t* scalars;
-  int64_t n_scalars;
-  const int64_t* tmaps;
-  int64_t n_tmaps;
-};
-
 // The driver function this library lacks (nullptr: none).
 const char* woa_native_missing() { return GetDriver().missing; }
 
@@ -98,7 +83,7 @@ int64_t woa_native_param_sizes(uint64_t function, int64_t* sizes, int64_t count)
 
 // Launches `steps` in order on `stream`. Operand i is open[i] for i < 4, else fixed[i - 4].
 // Returns 0, a CUresult, or one of our negative codes (woa_native_error).
-int woa_native_launch(const WoaStep* steps, int64_t n_steps, const uint64_t* fixed,
+int woa_native_launch(const woa::Step* steps, int64_t n_steps, const uint64_t* fixed,
                       uint64_t stream, uint64_t open0, uint64_t open1, uint64_t open2,
                       uint64_t open3) {
   const Driver& d = GetDriver();
@@ -110,20 +95,8 @@ int woa_native_launch(const WoaStep* steps, int64_t n_steps, const uint64_t* fix
     return true;
   };
   for (int64_t s = 0; s < n_steps; ++s) {
-    const WoaStep& step = steps[s];
-    const woa::Step launch = {reinterpret_cast<CUfunction>(step.function),
-                              {step.grid[0], step.grid[1], step.grid[2]},
-                              step.threads,
-                              step.shared,
-                              step.pdl != 0,
-                              step.params,
-                              static_cast<size_t>(step.n_params),
-                              step.scalars,
-                              static_cast<size_t>(step.n_scalars),
-                              step.tmaps,
-                              static_cast<size_t>(step.n_tmaps)};
     const woa::LaunchResult done = woa::LaunchStep(
-        d.launch_ex, d.encode_tiled, launch, reinterpret_cast<CUstream>(stream), operand);
+        d.launch_ex, d.encode_tiled, steps[s], reinterpret_cast<CUstream>(stream), operand);
     if (done.packing == woa::PackError::kEncode) return done.cuda;
     if (done.packing != woa::PackError::kNone) return kPackBase - static_cast<int>(done.packing);
     if (done.cuda != CUDA_SUCCESS) return done.cuda;
