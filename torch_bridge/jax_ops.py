@@ -112,7 +112,7 @@ def _wo_a_fp8_on_triton(o, positions, cos_cache, sin_cache, w, w_scale, block: i
                         backend: str | None) -> tuple[bool, bool]:
     """``(on_triton, fused)`` of ``wo_a_fp8``: whether the dispatcher picks triton for both the
     quant and the GEMM, and whether the torch launcher then fuses this chain into one launch
-    (``configs.wo_a_fp8_chosen``)."""
+    (``jax_launch.wo_a_fp8_fits``)."""
     if _use_oracle(backend):
         return False, False
     # The two-step path's checks, so that both paths reject the same inputs the same way.
@@ -130,10 +130,9 @@ def _wo_a_fp8_on_triton(o, positions, cos_cache, sin_cache, w, w_scale, block: i
     if (_dispatch.select("inverse_rope_group_quant", rope, backend).name != "triton"
             or _dispatch.select("batched_gemm_a8w8_mxscale", gemm, backend).name != "triton"):
         return False, False
-    from .backends.triton import configs
+    from .backends.triton import jax_launch
 
-    return True, (configs.wo_a_fp8_blocker(dh, rd, block) is None
-                  and configs.wo_a_fp8_chosen(s, g, n, k, block))
+    return True, jax_launch.wo_a_fp8_fits(s, g, n, k, block, dh, rd)
 
 
 def _torch_wgmma() -> bool:

@@ -187,7 +187,7 @@ def _step(compiled, grid: tuple[int, ...], args: tuple, keep: list) -> _Step | N
     keep += [params, scalars, tmaps]
     g = (*grid, 1, 1)[:3]
     return _Step(function, (ctypes.c_uint * 3)(*g), 32 * md.num_warps, md.shared,
-                 bool(getattr(md, "launch_pdl", False)), params.ctypes.data, len(params),
+                 xla_ffi.programmatic(compiled), params.ctypes.data, len(params),
                  scalars.ctypes.data, len(scalars), tmaps.ctypes.data, len(tmaps))
 
 

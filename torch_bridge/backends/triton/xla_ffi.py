@@ -210,6 +210,11 @@ def plain_launch(compiled) -> bool:
             and not getattr(md, "launch_cooperative_grid", False))
 
 
+def programmatic(compiled) -> bool:
+    """Whether a compiled kernel launches as a programmatic dependent launch (``launch_pdl``)."""
+    return bool(getattr(compiled.metadata, "launch_pdl", False))
+
+
 def tma_encodings(compiled) -> tuple[tuple[int, int, int, tuple[int, ...]], ...]:
     """Per TMA descriptor of a compiled kernel, the encoding Triton chose:
     ``(CUtensorMapDataType, element bytes, swizzle, box)``."""
@@ -241,7 +246,7 @@ def compile_kernel(kernel, args: tuple, dtypes: tuple[str, ...], constexprs: tup
     cubin = compiled.asm["cubin"]
     return Compiled(np.frombuffer(cubin, np.uint8).copy(), md.name,
                     int.from_bytes(hashlib.sha256(cubin).digest()[:8], "little", signed=True),
-                    32 * md.num_warps, md.shared, tma, bool(getattr(md, "launch_pdl", False)))
+                    32 * md.num_warps, md.shared, tma, programmatic(compiled))
 
 
 def lower(launches, arrays: tuple, out_shape: tuple, *, capability: int,
@@ -263,9 +268,8 @@ def lower(launches, arrays: tuple, out_shape: tuple, *, capability: int,
     dtypes = tuple(np.dtype(a.dtype).name for a in (*arrays, *out_shape))
     cubins, names, rows, maps = [], [], [], ([], [], [])
     for launch in launches:
-        constexprs = launch.constexprs
         compiled = compile_kernel(launch.kernel, tuple(launch.args), dtypes,
-                                  tuple(dict(constexprs).items()), launch.num_warps,
+                                  tuple(dict(launch.constexprs).items()), launch.num_warps,
                                   launch.num_stages, capability)
         kernel_map = params(launch.args, compiled.tma)
         cubins.append(compiled.cubin)
