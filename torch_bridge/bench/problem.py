@@ -156,11 +156,12 @@ def _j(t):
 
 def oracle(p: Problem, what: str):
     """The ``woa_jax`` result of ``what`` (quant, quant_cuda_floor, gemm, chain_fp8,
-    chain_bf16), cached on ``p``.
+    chain_fp8_layer, chain_bf16), cached on ``p``.
 
     ``quant_cuda_floor`` is the quant with vLLM's CUDA amax floor (1e-10) instead of AITER's
     (1e-8, ours). The FP8 chain's oracle is the quant oracle's output through the GEMM oracle
-    (the quant is computed once for both checks).
+    (the quant is computed once for both checks); ``chain_fp8_layer`` is the same chain on the
+    fp32 rope tables that ``WoAProjection`` holds (bf16 tables move some fp8 bytes).
     """
     if what in p.cache:
         return p.cache[what]
@@ -180,13 +181,17 @@ def oracle(p: Problem, what: str):
     elif what == "chain_fp8":
         q, sc = oracle(p, "quant")
         r = gemm(q, _j(p.w), sc, _j(p.ws), dtype=jnp.float32)
+    elif what == "chain_fp8_layer":
+        q, sc = jax.jit(woa_jax.inverse_rope_group_quant, static_argnums=(4, 5))(
+            _j(p.o), _j(p.pos), _j(p.cos32), _j(p.sin32), p.g, 128)
+        r = gemm(q, _j(p.w), sc, _j(p.ws), dtype=jnp.float32)
     elif what == "chain_bf16":
         w2, s2 = _j(p.w.flatten(0, 1)), _j(p.ws.flatten(0, 1))
         r = jax.jit(woa_jax.wo_a_bf16, static_argnums=6)(
             _j(p.o), _j(p.pos), _j(p.cos32), _j(p.sin32), w2, s2, p.g)
     else:
         raise ValueError(f"unknown oracle {what!r}; expected quant, quant_cuda_floor, gemm, "
-                         "chain_fp8 or chain_bf16")
+                         "chain_fp8, chain_fp8_layer or chain_bf16")
     p.cache[what] = r
     return r
 

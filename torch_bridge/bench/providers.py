@@ -222,7 +222,7 @@ def chain_bf16_ref(sets, on_gpu):
 def chain_fp8(sets, on_gpu):
     layers = [projection(p, "auto") for p in sets]
     p0 = sets[0]
-    msg = check_close(layers[0](p0.o, p0.pos), p0, "chain_fp8")
+    msg = check_close(layers[0](p0.o, p0.pos), p0, "chain_fp8_layer")
     return ([(lambda f=f, p=p: f(p.o, p.pos)) for f, p in zip(layers, sets, strict=True)],
             f"{msg}, path {layers[0].path}")
 
@@ -236,7 +236,7 @@ def chain_fp8_triton(sets, on_gpu, *, single_kernel=None, config=None):
     if single_kernel is None and config is None:
         layers = [projection(p, "triton") for p in sets]
         p0 = sets[0]
-        msg = check_close(layers[0](p0.o, p0.pos), p0, "chain_fp8")
+        msg = check_close(layers[0](p0.o, p0.pos), p0, "chain_fp8_layer")
         return [(lambda f=f, p=p: f(p.o, p.pos)) for f, p in zip(layers, sets, strict=True)], msg
 
     def chain(p, y):
