@@ -17,12 +17,14 @@ on_cpu = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU rows of t
 def test_cpu_sweep_checks_each_provider_and_writes_the_machine_csv(bench, tmp_path):
     png = tmp_path / "sweep.png"
     rc, rows = bench("--ms", "1", "--reps", "1", "--plot", png, "--providers",
-                     "quant_triton,gemm_triton,gemm_bf16,gemm_scaled_mm,chain_bf16,chain_bf16_ref")
+                     "read_weight,quant_triton,gemm_triton,gemm_bf16,gemm_scaled_mm,chain_bf16,"
+                     "chain_bf16_ref")
     assert rc == 0
     by = {r["provider"]: r for r in rows}
-    assert set(by) == {"quant_triton", "gemm_triton", "gemm_bf16", "gemm_scaled_mm",
-                       "chain_bf16", "chain_bf16_ref"}  # no copy row unless asked for
+    assert set(by) == {"read_weight", "quant_triton", "gemm_triton", "gemm_bf16",
+                       "gemm_scaled_mm", "chain_bf16", "chain_bf16_ref"}  # copy only if asked
     assert by["quant_triton"]["check"] == "bytes exact"
+    assert by["read_weight"]["check"] == "sums exact" and by["read_weight"]["kind"] == "read"
     for name in ("gemm_triton", "gemm_bf16", "chain_bf16", "chain_bf16_ref"):
         assert by[name]["check"].startswith("relerr"), by[name]
         assert by[name]["us"] > 0 and by[name]["timer"] == "wall"
@@ -36,6 +38,25 @@ def test_cpu_sweep_checks_each_provider_and_writes_the_machine_csv(bench, tmp_pa
         assert r["TFLOP/s"] is None and r["pct_ceiling"] is None and r["vs_bf16"] is None
         assert r["clock"] is None and r["G"] == 2 and r["M"] == 1
     assert png.stat().st_size > 0
+
+
+def test_read_weight_check_fails_on_a_wrong_sum(monkeypatch):
+    """The floor row checks what its kernel read: a program that skipped bytes fails it."""
+    from torch_bridge.bench import problem, read_floor
+
+    sweep = problem.Sweep(groups=(2,), ms=(1,), heads_per_group=1, n=256)
+    sets = problem.make_sets(sweep, 2, 1, False, 0)
+    _, msg = read_floor.read_weight(sets, False)
+    assert msg == "sums exact"
+    real = read_floor.read_kernel
+
+    class Short:  # reads one word fewer per program
+        def __getitem__(self, grid):
+            return lambda words, sums, n, **kw: real[grid](words, sums, n - 1, **kw)
+
+    monkeypatch.setattr(read_floor, "read_kernel", Short())
+    with pytest.raises(AssertionError, match="differs from torch's"):
+        read_floor.read_weight(sets, False)
 
 
 @on_cpu

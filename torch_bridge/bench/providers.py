@@ -251,6 +251,12 @@ def chain_fp8_triton(sets, on_gpu, *, single_kernel=None, config=None):
 chain_fp8_triton_2k = functools.partial(chain_fp8_triton, single_kernel=False)
 
 
+def _read_weight(sets, on_gpu):
+    from .read_floor import read_weight
+
+    return read_weight(sets, on_gpu)
+
+
 def _jax_providers() -> list[Provider]:
     from . import jax_providers as jp
 
@@ -264,6 +270,8 @@ def _jax_providers() -> list[Provider]:
 
 PROVIDERS: dict[str, Provider] = {p.name: p for p in [
     Provider("copy", "device-to-device copy (bandwidth ceiling; only when named)", None),
+    Provider("read_weight", "a kernel that only reads the FP8 weight: the decode GEMM's "
+             "memory floor", _read_weight),
     Provider("quant_triton", "Triton inverse RoPE + 1x128 E8M0 quant", quant_triton),
     Provider("gemm_triton", "Triton block-scaled FP8 batched GEMM", gemm_triton),
     Provider("quant_vllm", "vLLM 0.33's fused inverse RoPE + FP8 quant (Triton, PDL), fp32 "

@@ -1,9 +1,9 @@
 """The sweep: every provider checked, then timed, at every (G, M); rows with their metrics.
 
 Metrics are kept only where they mean something: on a GPU, TFLOP/s (GEMM and chains) or GB/s
-(quant, copy), the percentage of the ceiling (the FP8 or BF16 peak, or the copy bandwidth for
-memory-bound rows) and ratios between rows of the same run; on CPU (the Triton interpreter)
-only the wall time and the check.
+(quant, copy, the weight read), the percentage of the ceiling (the FP8 or BF16 peak, or the
+copy bandwidth for memory-bound rows) and ratios between rows of the same run; on CPU (the
+Triton interpreter) only the wall time and the check.
 """
 
 from __future__ import annotations
@@ -59,6 +59,11 @@ def add_metrics(row: dict, sweep: Sweep, copy_gbps: float | None) -> None:
     g, m, us, k, n = row["G"], row["M"], row["us"], sweep.k, sweep.n
     if row["kind"] == "quant":
         row["GB/s"] = (m * g * k * 2 + m * g * k + m * g * k // 128) / us / 1e3
+        if copy_gbps:
+            row["pct_ceiling"] = 100.0 * row["GB/s"] / copy_gbps
+        return
+    if row["kind"] == "read":
+        row["GB/s"] = g * n * k / us / 1e3
         if copy_gbps:
             row["pct_ceiling"] = 100.0 * row["GB/s"] / copy_gbps
         return
