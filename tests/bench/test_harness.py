@@ -40,6 +40,7 @@ def test_cpu_sweep_checks_each_provider_and_writes_the_machine_csv(bench, tmp_pa
     assert png.stat().st_size > 0
 
 
+@on_cpu
 def test_read_weight_check_fails_on_a_wrong_sum(monkeypatch):
     """The floor row checks what its kernel read: a program that skipped bytes fails it."""
     from torch_bridge.bench import problem, read_floor
@@ -50,7 +51,7 @@ def test_read_weight_check_fails_on_a_wrong_sum(monkeypatch):
     assert msg == "sums exact"
     real = read_floor.read_kernel
 
-    class Short:  # reads one word fewer per program
+    class Short:  # leaves the weight's last word unread
         def __getitem__(self, grid):
             return lambda words, sums, n, **kw: real[grid](words, sums, n - 1, **kw)
 

@@ -171,19 +171,18 @@ def oracle(p: Problem, what: str):
     import woa_jax
 
     gemm = jax.jit(woa_jax.batched_gemm_a8w8_mxscale, static_argnames="dtype")
+    quant = jax.jit(woa_jax.inverse_rope_group_quant, static_argnums=(4, 5),
+                    static_argnames="amax_floor")
     if what in ("quant", "quant_cuda_floor"):
         floor = woa_jax.CUDA_AMAX_FLOOR if what == "quant_cuda_floor" else woa_jax.AITER_AMAX_FLOOR
-        r = jax.jit(woa_jax.inverse_rope_group_quant, static_argnums=(4, 5),
-                    static_argnames="amax_floor")(
-            _j(p.o), _j(p.pos), _j(p.cos_bf16), _j(p.sin_bf16), p.g, 128, amax_floor=floor)
+        r = quant(_j(p.o), _j(p.pos), _j(p.cos_bf16), _j(p.sin_bf16), p.g, 128, amax_floor=floor)
     elif what == "gemm":
         r = gemm(_j(p.x), _j(p.w), _j(p.xs), _j(p.ws), dtype=jnp.float32)
     elif what == "chain_fp8":
         q, sc = oracle(p, "quant")
         r = gemm(q, _j(p.w), sc, _j(p.ws), dtype=jnp.float32)
     elif what == "chain_fp8_layer":
-        q, sc = jax.jit(woa_jax.inverse_rope_group_quant, static_argnums=(4, 5))(
-            _j(p.o), _j(p.pos), _j(p.cos32), _j(p.sin32), p.g, 128)
+        q, sc = quant(_j(p.o), _j(p.pos), _j(p.cos32), _j(p.sin32), p.g, 128)
         r = gemm(q, _j(p.w), sc, _j(p.ws), dtype=jnp.float32)
     elif what == "chain_bf16":
         w2, s2 = _j(p.w.flatten(0, 1)), _j(p.ws.flatten(0, 1))

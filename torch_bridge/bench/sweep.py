@@ -57,13 +57,10 @@ def measure_copy(on_gpu: bool, reps: int) -> dict:
 def add_metrics(row: dict, sweep: Sweep, copy_gbps: float | None) -> None:
     """Throughput and % of ceiling of a timed GPU row (``kind``, ``G``, ``M``, ``us``)."""
     g, m, us, k, n = row["G"], row["M"], row["us"], sweep.k, sweep.n
-    if row["kind"] == "quant":
-        row["GB/s"] = (m * g * k * 2 + m * g * k + m * g * k // 128) / us / 1e3
-        if copy_gbps:
-            row["pct_ceiling"] = 100.0 * row["GB/s"] / copy_gbps
-        return
-    if row["kind"] == "read":
-        row["GB/s"] = g * n * k / us / 1e3
+    if row["kind"] in ("quant", "read"):
+        moved = (m * g * k * 2 + m * g * k + m * g * k // 128 if row["kind"] == "quant"
+                 else g * n * k)
+        row["GB/s"] = moved / us / 1e3
         if copy_gbps:
             row["pct_ceiling"] = 100.0 * row["GB/s"] / copy_gbps
         return
