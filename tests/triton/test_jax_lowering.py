@@ -37,41 +37,51 @@ def _gemm_args(m, g):
             jax.ShapeDtypeStruct((g, N // 128, HPG * DH // 128), u8))
 
 
+def _calls(text: str) -> list[str]:
+    return [line for line in text.splitlines() if "custom_call @woa_triton_launch" in line]
+
+
+def _zeros(line: str) -> list[int]:
+    found = re.search(r"zeros = dense<\[?([^\]>]*)\]?>", line).group(1)
+    return [int(v) for v in found.split(", ")] if found else []
+
+
 def test_split_gemm_lowers_with_xla_scratch(lowered):
-    """A split launch (M = 16, G = 2: 8 parts) gets zeroed counters made inside the jit as its
-    last operand, aliased to its last result (XLA knows the kernel writes them), and the fp32
-    parts as one more result; the step returns y only. Two layers: a counters operand each."""
+    """A split launch (M = 16, G = 2: 8 parts) gets one scratch result after y, the fp32 parts
+    and the counters in it, and zeroes the counters itself (``zeros``: operand, offset,
+    bytes); no operand of zeros, no alias; the step returns y only. Two layers: a scratch
+    each."""
     cfg = launch.gemm_config(16, 2, N, HPG * DH, 128)
     tiles = configs.programs(cfg, 16, 2, N)
     assert cfg.split_k == 8 and tiles == 32
+    parts = 8 * 16 * 2 * N * 4
 
     def two_layers(x, w, xs, ws):
         y = jax_launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, dtype=jnp.bfloat16)
         return y + jax_launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, dtype=jnp.bfloat16)
 
     text = lowered(two_layers, *_gemm_args(16, 2))
-    calls = [line for line in text.splitlines() if "custom_call @woa_triton_launch" in line]
+    calls = _calls(text)
     assert len(calls) == 2
     for line in calls:
-        assert ("output_operand_aliases = [#stablehlo.output_operand_alias<output_tuple_indices "
-                "= [2], operand_index = 4, operand_tuple_indices = []>]") in line
-        assert line.endswith(f"tensor<{tiles}xi32>) -> (tensor<16x2x{N}xbf16>, "
-                             f"tensor<8x16x2x{N}xf32>, tensor<{tiles}xi32>)")
-        assert "params = dense<[0, 1, 2, 3, -1, 5, 6, 7]>" in line  # y, parts, counters
-    assert text.count(f"stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> "
-                      f"tensor<{tiles}xi32>") >= 1
+        assert "output_operand_aliases" not in line
+        assert line.endswith(f"-> (tensor<16x2x{N}xbf16>, tensor<{parts + 128}xui8>)")
+        assert "params = dense<[0, 1, 2, 3, -1, 4, 5, -3]>" in line  # y, parts, counters
+        assert _zeros(line) == [5, parts, 4 * tiles]
+    assert "broadcast_in_dim" not in text
 
 
 def test_unsplit_gemm_lowers_without_scratch(lowered):
     text = lowered(lambda *a: jax_launch.batched_gemm_a8w8_mxscale(*a, dtype=jnp.bfloat16),
                    *_gemm_args(16, 16))
-    (line,) = [line for line in text.splitlines() if "custom_call @woa_triton_launch" in line]
-    assert "output_operand_aliases" not in line and "xi32>" not in line
-    assert line.endswith(f"-> tensor<16x16x{N}xbf16>")
+    (line,) = _calls(text)
+    assert "output_operand_aliases" not in line
+    assert line.endswith(f"-> tensor<16x16x{N}xbf16>") and _zeros(line) == []
 
 
 def test_split_chain_lowers_to_one_call_with_xla_scratch(lowered):
-    """The fused chain at M = 1, G = 2 (split K): one custom call, the counters aliased."""
+    """The fused chain at M = 1, G = 2 (split K): one custom call, y then one scratch (the
+    activations, the parts and the counters, which the call zeroes)."""
     cfg = launch.wo_a_fp8_config(1, 2, N, HPG * DH, 128)
     tiles = configs.programs(cfg, 1, 2, N)
     o = jax.ShapeDtypeStruct((1, 2 * HPG, DH), jnp.bfloat16)
@@ -81,15 +91,17 @@ def test_split_chain_lowers_to_one_call_with_xla_scratch(lowered):
     ws = jax.ShapeDtypeStruct((2, N // 128, HPG * DH // 128), jnp.float8_e8m0fnu)
     text = lowered(lambda o, pos, cos, sin, w, ws: jax_launch.wo_a_fp8(
         o, pos, cos, sin, w, ws, 2, amax_floor=1e-8, dtype=jnp.bfloat16), o, pos, cos, cos, w, ws)
-    (line,) = [line for line in text.splitlines() if "custom_call @woa_triton_launch" in line]
-    assert "output_tuple_indices = [4], operand_index = 6" in line
-    assert line.endswith(f"tensor<{cfg.split_k}x1x2x{N}xf32>, tensor<{tiles}xi32>)")
+    (line,) = _calls(text)
+    counters = 2 * HPG * DH + 128 + cfg.split_k * 2 * N * 4
+    assert "output_operand_aliases" not in line
+    assert line.endswith(f"-> (tensor<1x2x{N}xbf16>, tensor<{counters + 128}xui8>)")
+    assert _zeros(line) == [7, counters, 4 * tiles]
 
 
 @pytest.mark.parametrize("m,g,split", [(16, 2, True), (64, 16, False)])
 def test_unfused_chain_lowers_to_one_call_of_two_kernels(lowered, m, g, split):
     """One custom call with two kernel rows (quant, GEMM) and their parameter maps back to
-    back; split, the counters (input 6) are aliased to the last output."""
+    back; its results are y and one scratch; split, the call zeroes the counters in it."""
     o = jax.ShapeDtypeStruct((m, g * HPG, DH), jnp.bfloat16)
     pos = jax.ShapeDtypeStruct((m,), jnp.int32)
     cos = jax.ShapeDtypeStruct((P, RD // 2), jnp.bfloat16)
@@ -98,15 +110,16 @@ def test_unfused_chain_lowers_to_one_call_of_two_kernels(lowered, m, g, split):
     assert not jax_launch.wo_a_fp8_fits(m, g, N, HPG * DH, 128, DH, RD)
     text = lowered(lambda o, pos, cos, sin, w, ws: jax_launch.wo_a_fp8(
         o, pos, cos, sin, w, ws, g, amax_floor=1e-8, dtype=jnp.bfloat16), o, pos, cos, cos, w, ws)
-    (line,) = [line for line in text.splitlines() if "custom_call @woa_triton_launch" in line]
+    (line,) = _calls(text)
     assert 'names = "kernel kernel"' in line
     rows = re.search(r"kernels = dense<\[([^\]]*)\]>", line).group(1).split(", ")
     assert len(rows) == 2 * 11
-    assert ("output_tuple_indices = [4], operand_index = 6" in line) == split
+    assert "output_operand_aliases" not in line
+    assert bool(_zeros(line)) == split and _zeros(line)[:1] == ([7] if split else [])
     results = line.rsplit(" -> ", 1)[1]
-    assert results.count("tensor<") == 3 + 2 * split
-    assert results.startswith(f"(tensor<{m}x{g}x{HPG * DH}xf8E4M3FN>, tensor<{m}x{g}x"
-                              f"{HPG * DH // 128}xui8>, tensor<{m}x{g}x{N}xbf16>")
+    assert results.count("tensor<") == 2
+    assert results.startswith(f"(tensor<{m}x{g}x{N}xbf16>, tensor<") and results.endswith(
+        "xui8>)")
 
 
 _COMPILE_SCRIPT = textwrap.dedent("""
@@ -116,8 +129,7 @@ _COMPILE_SCRIPT = textwrap.dedent("""
     import numpy as np
     from torch_bridge.backends.triton import configs, jax_launch, launch, xla_ffi
 
-    def compiled(call, in_dtypes):  # a split call's counters come in last
-        in_dtypes = [*in_dtypes, *(["int32"] if call.counters else [])]
+    def compiled(call, in_dtypes):
         dtypes = tuple(np.dtype(d).name for d in (*in_dtypes, *(o.dtype for o in call.out_shape)))
         return xla_ffi.compile_triton(call.kernel, call.args, dtypes, dict(call.constexprs),
                                       call.num_warps, call.num_stages, 90)
@@ -169,8 +181,7 @@ _COMPILE_SCRIPT = textwrap.dedent("""
                                            fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8,
                                            dtype=jnp.bfloat16, o_dtype=jnp.bfloat16,
                                            rope_dtype=jnp.bfloat16, wgmma=True, sms=132)
-    names = (*rope, "float8_e4m3fn", "uint8", *(["int32"] if chain.counters else []),
-             *(np.dtype(o.dtype).name for o in chain.out_shape))
+    names = (*rope, "float8_e4m3fn", "uint8", *(np.dtype(o.dtype).name for o in chain.out_shape))
     for step in chain.launches:
         k = xla_ffi.compile_triton(step.kernel, step.args, names, dict(step.constexprs),
                                    step.num_warps, step.num_stages, 90)

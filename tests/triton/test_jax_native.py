@@ -254,6 +254,34 @@ def test_quant_spec_head_kernel(monkeypatch):
     assert _quant_call(9, 1, gs=128, dh=192).kernel is kernels.inverse_rope_group_quant_kernel
 
 
+def _up(nbytes: int) -> int:
+    """``nbytes`` rounded up to a scratch piece's alignment (128 bytes)."""
+    return -(-nbytes // 128) * 128
+
+
+def _assert_split_scratch(call, parts_counters, split, m, g, n, *, index, at, tiles):
+    """Unsplit, ``y`` stands in for split-K's parts and counters (never touched); split, they
+    are pieces of the call's scratch (its last output) from byte ``at``: the fp32 parts, then
+    the int32 counters, which the call zeroes."""
+    parts, counters = parts_counters
+    if split == 1:
+        assert parts == counters and not call.zeros and parts.offset == 0
+        return
+    assert parts == Ref(index, at, "float32")
+    assert counters == Ref(index, at + _up(4 * split * m * g * n), "int32")
+    assert call.scratch and call.zeros == ((counters, 4 * tiles),)
+    assert call.out_shape[-1].dtype == jnp.uint8
+    assert call.out_shape[-1].shape == (counters.offset + _up(4 * tiles),)
+
+
+def test_scratch_lays_out_its_pieces_aligned_in_order():
+    sc = jax_launch.Scratch.of(7, a=((3, 5), jnp.float8_e4m3fn), b=((2,), jnp.int32),
+                               c=((40,), jnp.float32))
+    assert sc.refs == {"a": Ref(7, 0, "float8_e4m3fn"), "b": Ref(7, 128, "int32"),
+                       "c": Ref(7, 256, "float32")}
+    assert (sc.nbytes, sc.shape.shape, sc.shape.dtype) == (512, (512,), jnp.uint8)
+
+
 @pytest.mark.parametrize("m,g", [(1, 2), (16, 2), (64, 2), (1000, 2), (32, 8), (64, 16)])
 def test_gemm_spec_follows_gemm_config(m, g):
     n, k = 1024, 4096
@@ -271,14 +299,9 @@ def test_gemm_spec_follows_gemm_config(m, g):
                                                               cfg.swap_ab)
     assert call.kernel is kernels.batched_gemm_a8w8_mxscale_kernel
     assert cx["SPLIT_K"] == cfg.split_k and (cfg.split_k > 1) == (g == 2 and m <= 64)
-    if cfg.split_k == 1:  # y stands in for split-K's parts and counters, never touched
-        assert call.args == (*map(Ref, range(4)), m, Ref(4), Ref(4), Ref(4))
-        assert call.counters == 0 and len(call.out_shape) == 1
-    else:  # the counters input (4) shifts y to 5; parts and counters follow it
-        assert call.args == (*map(Ref, range(4)), m, Ref(5), Ref(6), Ref(7))
-        assert call.counters == configs.programs(cfg, m, g, n)
-        assert [(t.shape, t.dtype) for t in call.out_shape[1:]] == [
-            ((cfg.split_k, m, g, n), jnp.float32), ((call.counters,), jnp.int32)]
+    assert call.args[:6] == (*map(Ref, range(4)), m, Ref(4))
+    _assert_split_scratch(call, call.args[6:], cfg.split_k, m, g, n, index=5, at=0,
+                          tiles=configs.programs(cfg, m, g, n))
     assert cx["OUT_BF16"] and (call.num_warps, call.num_stages) == (cfg.num_warps,
                                                                     cfg.num_stages)
     if g > 2 and 16 < m <= 64:  # the unswapped 64 x 64 pointer tile, 6 stages
@@ -311,12 +334,12 @@ def test_wgmma_spec_follows_the_torch_launcher(m, g):
     x, w, y, xs, ws, m_arg, programs_arg, parts, counters = call.args
     assert (x.index, x.shape, x.row_stride, x.block) == (0, (m, g * k), g * k, (cfg.block_m, 128))
     assert (w.index, w.shape, w.row_stride, w.block) == (1, (g * n, k), k, (cfg.block_n, 128))
-    split = cfg.split_k > 1
-    assert (y.index, y.shape, y.block) == (4 + split, (m, g * n), (cfg.block_m, cfg.block_n))
+    assert (y.index, y.shape, y.block) == (4, (m, g * n), (cfg.block_m, cfg.block_n))
     assert (xs, ws, m_arg, programs_arg) == (Ref(2), Ref(3), m, programs)
-    # Unsplit, y stands in for the parts and counters (never touched).
-    assert (parts, counters) == ((Ref(6), Ref(7)) if split else (Ref(4), Ref(4)))
-    assert call.counters == (configs.programs(cfg, m, g, n) if split else 0)
+    if cfg.split_k == 1:
+        assert (parts, counters) == (Ref(4), Ref(4))
+    _assert_split_scratch(call, (parts, counters), cfg.split_k, m, g, n, index=5, at=0,
+                          tiles=configs.programs(cfg, m, g, n))
     cx = dict(call.constexprs)
     assert cx["SPLIT_K"] == cfg.split_k
     assert cx["STAGES"] == configs.wgmma_stages(
@@ -393,9 +416,10 @@ def test_chain_is_one_native_call_fused_or_not(native_ok, monkeypatch, s):
 @pytest.mark.parametrize("m,g", [(64, 2), (16, 4), (64, 16), (256, 2)])
 @pytest.mark.parametrize("pdl", [True, False])
 def test_unfused_chain_is_the_quant_then_the_gemm_on_its_outputs(monkeypatch, m, g, pdl):
-    """The unfused chain's call: the quant's outputs are the call's first two, the GEMM reads
-    them and writes y (then split-K's parts and the aliased counters); the GEMM is the quant's
-    programmatic dependent exactly where torch's launcher makes it one."""
+    """The unfused chain's call: the quant writes its outputs into the call's scratch
+    (``x_fp8`` first, then ``x_scale``), the GEMM reads them there and writes y, its own
+    scratch (split K) the scratch's last piece; the GEMM is the quant's programmatic
+    dependent exactly where torch's launcher makes it one."""
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     monkeypatch.setattr(jax_launch, "pdl_ok", lambda: pdl)
     n, k = N, HPG * DH
@@ -409,19 +433,18 @@ def test_unfused_chain_is_the_quant_then_the_gemm_on_its_outputs(monkeypatch, m,
     quant, gemm = chain.launches
     alone = jax_launch.gemm_call(m, g, n, k, 128, n // 128, dtype=jnp.bfloat16, wgmma=True,
                                  sms=132)
-    assert gemm.kernel is alone.kernel and chain.counters == alone.counters
-    n_in = 7 if chain.counters else 6
-    x, xs, y = n_in, n_in + 1, n_in + 2
-    assert [(t.shape, t.dtype) for t in chain.out_shape[:3]] == [
-        ((m, g, k), jnp.float8_e4m3fn), ((m, g, k // 128), jnp.uint8), ((m, g, n), jnp.bfloat16)]
-    assert chain.out_shape[3:] == alone.out_shape[1:]
-    assert [a.index for a in quant.args if isinstance(a, Ref)] == [0, 1, 2, 3, x, xs]
-    where = {0: x, 1: 4, 2: xs, 3: 5}
-    if chain.counters:
-        where.update({4: 6, 5: y, 6: y + 1, 7: y + 2})
-    else:
-        where[4] = y
-    assert gemm.args == alone.renumbered(tuple(where[i] for i in range(len(where)))).args
+    assert gemm.kernel is alone.kernel
+    x, xs = Ref(7, 0, "float8_e4m3fn"), Ref(7, _up(m * g * k), "uint8")
+    gemm_at = xs.offset + _up(m * g * k // 128)
+    gemm_bytes = alone.out_shape[-1].shape[0] if alone.scratch else 0
+    assert chain.scratch and [(t.shape, t.dtype) for t in chain.out_shape] == [
+        ((m, g, n), jnp.bfloat16), ((gemm_at + gemm_bytes,), jnp.uint8)]
+    assert [a for a in quant.args if isinstance(a, Ref)] == [*map(Ref, range(4)), x, xs]
+    where = (x, Ref(4), xs, Ref(5), Ref(6), *((Ref(7, gemm_at, "uint8"),) if alone.scratch
+                                              else ()))
+    assert gemm.args == alone.renumbered(where).args
+    assert chain.zeros == tuple((Ref(7, gemm_at + r.offset, r.dtype), b) for r, b in alone.zeros)
+    assert bool(chain.zeros) == (cfg.split_k > 1)
     assert dict(gemm.constexprs).get("PDL", False) == dependent
     assert dict(quant.constexprs)["PDL"] == (
         pdl and configs.quant_config(m, heads=g * HPG, dependent=dependent).pdl)
@@ -435,21 +458,22 @@ def test_fused_spec_follows_fused_config():
     cfg = launch.wo_a_fp8_config(1, 16, N, HPG * DH, 128)
     cx = dict(call.constexprs)
     assert call.kernel is kernels.wo_a_fp8_kernel and call.scalars == (1, P)
-    assert call.args[8:] == (Ref(6), Ref(7), Ref(8), Ref(8), Ref(8))
+    k = HPG * DH
+    x, xs = Ref(7, 0, "float8_e4m3fn"), Ref(7, 16 * k, "uint8")
+    assert call.args[8:] == (x, xs, Ref(6), Ref(6), Ref(6))  # y stands in for split-K's
     assert call.grid == (N // cfg.block_n, 16, 1)
     assert (call.num_warps, call.num_stages) == (cfg.num_warps, cfg.num_stages)
     assert (cx["BLOCK_M"], cx["BLOCK_N"], cx["SOM"], cx["SWSG"], cx["SYM"]) == (
         cfg.block_m, cfg.block_n, 16 * HPG * DH, N // 128 * HPG * DH // 128, 16 * N)
     assert cx["QUANT_ROWS"] == configs.WO_A_FP8_QUANT_LANES // 128 and cx["OUT_BF16"]
     assert [(t.shape, t.dtype) for t in call.out_shape] == [
-        ((1, 16, HPG * DH), jnp.float8_e4m3fn), ((1, 16, HPG * DH // 128), jnp.uint8),
-        ((1, 16, N), jnp.bfloat16)]
-    assert call.counters == 0  # unsplit: y stands in for the parts and counters
+        ((1, 16, N), jnp.bfloat16), ((16 * k + _up(16 * k // 128),), jnp.uint8)]
+    assert call.scratch and not call.zeros
 
 
 def test_fused_spec_splits_like_the_torch_launcher():
-    """G = 2 at M = 1: the fused kernel splits K as ``wo_a_fp8_config`` says; the counters
-    input (6) shifts the outputs by one, parts and counters follow y."""
+    """G = 2 at M = 1: the fused kernel splits K as ``wo_a_fp8_config`` says; its parts and
+    counters follow the activations in the call's scratch."""
     call = jax_launch.wo_a_fp8_call(1, 2 * HPG, DH, RD, P, 2, N, HPG * DH, 128, N // 128,
                                     fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8,
                                     dtype=jnp.bfloat16, o_dtype=jnp.bfloat16,
@@ -457,10 +481,12 @@ def test_fused_spec_splits_like_the_torch_launcher():
     cfg = launch.wo_a_fp8_config(1, 2, N, HPG * DH, 128)
     assert cfg.split_k > 1 and dict(call.constexprs)["SPLIT_K"] == cfg.split_k
     assert call.grid == (N // cfg.block_n, 2, cfg.split_k)
-    assert call.args[8:] == tuple(map(Ref, range(7, 12)))
-    assert call.counters == configs.programs(cfg, 1, 2, N) == call.grid[0] * call.grid[1]
-    assert [(t.shape, t.dtype) for t in call.out_shape[3:]] == [
-        ((cfg.split_k, 1, 2, N), jnp.float32), ((call.counters,), jnp.int32)]
+    k = HPG * DH
+    assert call.args[8:11] == (Ref(7, 0, "float8_e4m3fn"), Ref(7, 2 * k, "uint8"), Ref(6))
+    tiles = configs.programs(cfg, 1, 2, N)
+    assert tiles == call.grid[0] * call.grid[1]
+    _assert_split_scratch(call, call.args[11:], cfg.split_k, 1, 2, N, index=7,
+                          at=2 * k + _up(2 * k // 128), tiles=tiles)
 
 
 @pytest.mark.parametrize("g", [2, 16])
@@ -478,7 +504,8 @@ def test_jax_launches_what_the_torch_launcher_launches(m, g, wgmma):
     block_m, block_n = (cx["BLOCK_M"], cx["BLOCK_N"]) if "BLOCK_M" in cx else (
         call.args[2].block)  # wgmma: the y descriptor's tile
     assert (block_m, block_n, cx["SPLIT_K"]) == (cfg.block_m, cfg.block_n, cfg.split_k)
-    assert call.counters == (configs.programs(cfg, m, g, n) if cfg.split_k > 1 else 0)
+    assert sum(b for _, b in call.zeros) == (
+        4 * configs.programs(cfg, m, g, n) if cfg.split_k > 1 else 0)
     assert (cfg.split_k > 1) == (g == 2 and m <= (64 if wgmma else 256))
     assert jax_launch.wo_a_fp8_fits(m, g, n, k, 128, DH, RD) == launch.wo_a_fp8_chosen(
         m, g, n, k, 128)

@@ -156,6 +156,20 @@ def test_pointers_and_scalars_fill_their_slots_and_triton_scratch_gets_null_slot
     assert values == [0x2000, 7, 2**40, 0x1000, 0, 0, 0, 0]
 
 
+def test_a_view_into_a_buffer_is_its_operand_plus_the_offset(shim):
+    """A ``Ref`` with an offset (a piece of a call's scratch) packs as -3, its operand and
+    offset among the scalars, and its slot holds the operand's address plus the offset."""
+    args = (xla_ffi.Ref(1, 256, "int32"), 7, xla_ffi.Ref(0), xla_ffi.Ref(1, 4096))
+    assert [a.tolist() for a in xla_ffi.params(args, ())[:2]] == [[-3, -1, 0, -3],
+                                                                  [1, 256, 7, 1, 4096]]
+    code, values, _, _ = _pack(shim, args, operands=(0x1000, 0x20000))
+    assert code == 0 and values[:4] == [0x20100, 7, 0x1000, 0x21000]
+    assert _pack_map(shim, [-3], [1], [], operands=(1, 2))[0] == 2  # kTooFewScalars
+    assert _pack_map(shim, [-3], [5, 0], [], operands=(1, 2))[0] == 5  # kOperand
+    with pytest.raises(ValueError, match="multiple of 16"):
+        xla_ffi.Ref(0, 8)
+
+
 def test_a_descriptor_is_its_tensor_map_then_its_shape_and_strides(shim):
     # x [64, 8192] fp8 viewed in [64, 128] boxes, row stride 8192: Triton's encoding
     # (CUtensorMapDataType 0 = uint8, 1 byte, 128B swizzle = 3).

@@ -12,16 +12,21 @@ wgmma kernel where the torch launcher does, else the pointer kernel, and the fus
 the torch launcher fuses it. Elsewhere the chain is one custom call of two launches, the quant
 and the GEMM, the GEMM its programmatic dependent where torch's launcher makes it one
 (``configs.chain_dependent``): its weight stream overlaps the quant, in a command buffer too.
-A split launch's scratch is XLA's (``KernelCall.counters``): the tile counters are an operand
-of zeros made inside the jit and aliased to an output, and the fp32 parts one more output, so
-XLA owns every byte the kernel writes (command buffers replay it safely). Nothing here touches
-a GPU.
+
+What a call writes besides its result lives in one more output, the call's scratch
+(``Scratch``): the chain's quantized activations and, where K is split, the fp32 parts and the
+tile counters, which the call zeroes before its first launch. XLA owns every byte the kernels
+write, so command buffers replay them safely. One scratch buffer, never a few small ones: XLA
+may place a small dead buffer inside a step's output allocation, whose address changes every
+step, and a command buffer then traces again every call that touches it. Nothing here
+touches a GPU.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any
 
 import jax
@@ -77,9 +82,9 @@ def pdl_ok() -> bool:
 class KernelCall:
     """One launch: the kernel, one entry per runtime parameter (a ``Ref`` to an input or an
     output, inputs first, or an ``int``), its outputs, grid and compile options;
-    ``constexprs`` go to the kernel as keyword metaparams. ``counters`` (split-K only, else 0):
-    the tile counters ``run`` passes as one more input, zeros, aliased to the last output; the
-    two outputs before it are ``y`` and the fp32 parts (``_outputs``)."""
+    ``constexprs`` go to the kernel as keyword metaparams. ``scratch``: the last output is the
+    call's scratch (``Scratch``), not returned by ``run``; ``zeros``: the ``(Ref, bytes)``
+    ranges of it the call zeroes before launching (``xla_ffi.lower``)."""
 
     kernel: Any  # a triton.JITFunction
     args: tuple[Ref | int, ...]
@@ -88,7 +93,8 @@ class KernelCall:
     num_warps: int
     num_stages: int | None
     constexprs: tuple[tuple[str, Any], ...]
-    counters: int = 0
+    scratch: bool = False
+    zeros: tuple[tuple[Ref, int], ...] = ()
 
     @property
     def scalars(self) -> tuple[int, ...]:
@@ -98,52 +104,83 @@ class KernelCall:
     def launches(self) -> tuple[KernelCall, ...]:
         return (self,)
 
-    def renumbered(self, operands: tuple[int, ...]) -> KernelCall:
-        """This launch inside a larger call: its operand ``i`` is that call's ``operands[i]``."""
-        def moved(a):
-            return dataclasses.replace(a, index=operands[a.index]) if isinstance(
-                a, (Ref, xla_ffi.Desc)) else a
-        return dataclasses.replace(self, args=tuple(map(moved, self.args)))
+    def renumbered(self, operands: tuple[Ref, ...]) -> KernelCall:
+        """This launch inside a larger call: its operand ``i`` is that call's ``operands[i]``
+        (a ``Ref``, a view into the larger call's scratch where it has an offset)."""
+        return dataclasses.replace(self, args=tuple(_moved(a, operands) for a in self.args),
+                                   zeros=tuple((_moved(r, operands), n) for r, n in self.zeros))
+
+
+def _moved(a, operands: tuple[Ref, ...]):
+    """``a`` (a ``Ref``, ``Desc`` or scalar) with its operand replaced by ``operands``'."""
+    if isinstance(a, Ref):
+        to = operands[a.index]
+        return Ref(to.index, to.offset + a.offset, a.dtype or to.dtype)
+    if isinstance(a, xla_ffi.Desc):
+        to = operands[a.index]
+        if to.offset:
+            raise ValueError("a TMA descriptor's operand must start its buffer")
+        return dataclasses.replace(a, index=to.index, dtype=a.dtype or to.dtype)
+    return a
 
 
 @dataclasses.dataclass(frozen=True)
 class ChainCall:
     """Launches made by one custom call, in order (``xla_ffi.lower``); their ``Ref`` s count
-    this call's operands. ``out_shape`` and ``counters`` as ``KernelCall``'s."""
+    this call's operands. ``out_shape``, ``scratch`` and ``zeros`` as ``KernelCall``'s."""
 
     launches: tuple[KernelCall, ...]
     out_shape: tuple[jax.ShapeDtypeStruct, ...]
-    counters: int = 0
+    scratch: bool = False
+    zeros: tuple[tuple[Ref, int], ...] = ()
 
 
 def run(call: KernelCall | ChainCall, *arrays) -> tuple[jax.Array, ...]:
-    """Launch ``call`` on ``arrays`` (dense row-major JAX arrays); its outputs, less split-K's
-    scratch. A split launch gets its counters as zeros made here, inside the jit: the kernel
-    leaves them at zero, but only a fresh operand lets XLA own them (and see them written,
-    through the alias)."""
-    aliases = None
-    if call.counters:
-        aliases = {len(arrays): len(call.out_shape) - 1}
-        arrays = (*arrays, jnp.zeros(call.counters, jnp.int32))
+    """Launch ``call`` on ``arrays`` (dense row-major JAX arrays); its outputs, less its
+    scratch."""
     outs = xla_ffi.lower(call.launches, arrays, call.out_shape, capability=capability(),
-                         aliases=aliases)
-    return tuple(outs[:-2] if call.counters else outs)
+                         zeros=call.zeros)
+    return tuple(outs[:-1] if call.scratch else outs)
 
 
-def _outputs(n_in: int, out_shape: tuple, cfg: configs.GemmConfig, m: int, g: int,
-             n: int) -> tuple[tuple, tuple[Ref, ...], int]:
-    """``(out_shape, refs, counters)`` of a launch of ``n_in`` inputs whose last output is ``y``
-    at ``cfg``'s tile: ``refs`` points at each output, then at the parts and the counters.
-    Split, the counters input (``KernelCall.counters``, one per output tile) shifts the
-    outputs by one and two outputs follow ``y``: fp32 ``parts [split_k, M, G, N]`` and the
-    aliased counters; unsplit, ``y`` stands in for both (never touched)."""
+#: Byte alignment of each piece of a call's scratch.
+SCRATCH_ALIGN = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class Scratch:
+    """A call's scratch: one ``uint8`` output (operand ``index``) holding named pieces, each
+    at a multiple of ``SCRATCH_ALIGN`` bytes, the first at 0 (where a TMA descriptor may
+    start); ``refs`` point at them as their own dtypes."""
+
+    index: int
+    nbytes: int
+    refs: dict[str, Ref]
+
+    @classmethod
+    def of(cls, index: int, **pieces: tuple[tuple[int, ...], Any]) -> Scratch:
+        """Lay out ``pieces`` (``name=(shape, dtype)``) in order as operand ``index``."""
+        refs, at = {}, 0
+        for name, (shape, dtype) in pieces.items():
+            refs[name] = Ref(index, at, np.dtype(dtype).name)
+            at += -(-math.prod(shape) * np.dtype(dtype).itemsize // SCRATCH_ALIGN) * SCRATCH_ALIGN
+        return cls(index, at, refs)
+
+    @property
+    def shape(self) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct((self.nbytes,), jnp.uint8)
+
+
+def _split_scratch(index: int, cfg: configs.GemmConfig, m: int, g: int, n: int,
+                   **pieces) -> tuple[Scratch, tuple[tuple[Ref, int], ...]]:
+    """``(scratch, zeros)``: ``pieces`` then, where ``cfg`` splits K, the fp32 ``parts
+    [split_k, M, G, N]`` and one int32 counter per output tile, zeroed by the call."""
     if cfg.split_k == 1:
-        refs = tuple(Ref(n_in + i) for i in range(len(out_shape)))
-        return out_shape, (*refs, refs[-1], refs[-1]), 0
+        return Scratch.of(index, **pieces), ()
     tiles = configs.programs(cfg, m, g, n)
-    out_shape = (*out_shape, jax.ShapeDtypeStruct((cfg.split_k, m, g, n), jnp.float32),
-                 jax.ShapeDtypeStruct((tiles,), jnp.int32))
-    return out_shape, tuple(Ref(n_in + 1 + i) for i in range(len(out_shape))), tiles
+    scratch = Scratch.of(index, **pieces, parts=((cfg.split_k, m, g, n), jnp.float32),
+                         counters=((tiles,), jnp.int32))
+    return scratch, ((scratch.refs["counters"], 4 * tiles),)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -155,9 +192,13 @@ def _target() -> str:
     return "interpreter" if interpreter_on() else "cuda"
 
 
-def _call(plan: plans.Plan, args: tuple, out_shape: tuple, counters: int = 0) -> KernelCall:
+def _call(plan: plans.Plan, args: tuple, out_shape: tuple, scratch: Scratch | None = None,
+          zeros: tuple = ()) -> KernelCall:
+    """``plan``'s launch; ``scratch`` is the last output where given."""
+    if scratch is not None:
+        out_shape = (*out_shape, scratch.shape)
     return KernelCall(plan.kernel, args, out_shape, plan.grid, plan.num_warps, plan.num_stages,
-                      tuple(plan.constexprs.items()), counters)
+                      tuple(plan.constexprs.items()), scratch is not None, zeros)
 
 
 def quant_call(s: int, h: int, dh: int, rd: int, n_pos: int, num_groups: int,
@@ -209,8 +250,8 @@ def gemm_call(m: int, g: int, n: int, k: int, block: int, n_blocks: int, *, dtyp
     The launch shape is ``configs.gemm_config(..., wgmma=wgmma)``'s, K split included: the
     wgmma kernel where it picks it (``sms``: the GPU's SM count, for its persistent grid), else
     the pointer kernel without its TMA field (the TMA kernel does not split; the tile is the
-    same). Split, the outputs end with the parts and the counters (``_outputs``).
-    ``dependent``: the wgmma kernel launches as the quant's programmatic dependent
+    same). Split, the parts and counters are the call's scratch (``_split_scratch``), after
+    ``y``. ``dependent``: the wgmma kernel launches as the quant's programmatic dependent
     (``wo_a_fp8_chain_call``).
     """
     cfg = configs.gemm_config(m, g, n, k, block, wgmma=wgmma)
@@ -218,8 +259,11 @@ def gemm_call(m: int, g: int, n: int, k: int, block: int, n_blocks: int, *, dtyp
         cfg = dataclasses.replace(cfg, pdl=True)
     kb = k // block
     strides = dict(x_scale=plans.dense(m, g, kb), w_scale=plans.dense(g, n_blocks, kb))
-    out_shape, (y, parts, counters), tiles = _outputs(
-        4, (jax.ShapeDtypeStruct((m, g, n), dtype),), cfg, m, g, n)
+    out_shape, y = (jax.ShapeDtypeStruct((m, g, n), dtype),), Ref(4)
+    scratch, zeros, parts, counters = None, (), y, y  # unsplit: never touched
+    if cfg.split_k > 1:
+        scratch, zeros = _split_scratch(5, cfg, m, g, n)
+        parts, counters = scratch.refs["parts"], scratch.refs["counters"]
     if cfg.wgmma:
         from . import wgmma_kernels
 
@@ -231,12 +275,12 @@ def gemm_call(m: int, g: int, n: int, k: int, block: int, n_blocks: int, *, dtyp
                         for index, (shape, view_strides, tile), name in zip(
                             (0, 1, y.index), views, names, strict=True))
         return _call(plan, (x, w, y_desc, Ref(2), Ref(3), m, plan.grid[0], parts, counters),
-                     out_shape, tiles)
+                     out_shape, scratch, zeros)
     plan = plans.gemm_pointer(m, g, n, k, block, cfg, cfg.split_k, x=plans.dense(m, g, k),
                               w=plans.dense(g, n, k), y=plans.dense(m, g, n),
                               out_bf16=np.dtype(dtype) == np.dtype(jnp.bfloat16), **strides)
     x, w, xs, ws = map(Ref, range(4))
-    return _call(plan, (x, w, xs, ws, m, y, parts, counters), out_shape, tiles)
+    return _call(plan, (x, w, xs, ws, m, y, parts, counters), out_shape, scratch, zeros)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,24 +299,25 @@ def wo_a_fp8_call(s: int, h: int, dh: int, rd: int, n_pos: int, g: int, n: int, 
                   rope_dtype) -> KernelCall:
     """The one-launch chain for dense ``o [S, H, Dh]``, positions ``[S]``, cos/sin
     ``[n_pos, rd / 2]``, ``w [G, N, K]``, ``w_scale [G, n_blocks, K / B]`` (uint8). Outputs:
-    the quantized activations ``x_fp8 [S, G, K]``, ``x_scale [S, G, K / B]`` uint8 (scratch)
-    and ``y [S, G, N]`` in ``dtype``, then split-K's scratch where ``configs.wo_a_fp8_config``
-    (the tile) splits (``_outputs``)."""
+    ``y [S, G, N]`` in ``dtype``, then the scratch (``_split_scratch``): the quantized
+    activations ``x_fp8 [S, G, K]`` and ``x_scale [S, G, K / B]`` (uint8), and split-K's parts
+    and counters where ``configs.wo_a_fp8_config`` (the tile) splits."""
     cfg = configs.wo_a_fp8_config(s, g, n, k, block)
     kb = k // block
-    out_shape, (x, xs, y, parts, counters), tiles = _outputs(
-        6, (jax.ShapeDtypeStruct((s, g, k), fp8_dtype),
-            jax.ShapeDtypeStruct((s, g, kb), jnp.uint8),
-            jax.ShapeDtypeStruct((s, g, n), dtype)), cfg, s, g, n)
+    scratch, zeros = _split_scratch(7, cfg, s, g, n, x_fp8=((s, g, k), fp8_dtype),
+                                    x_scale=((s, g, kb), jnp.uint8))
+    refs = scratch.refs
+    parts, counters = (refs["parts"], refs["counters"]) if cfg.split_k > 1 else (Ref(6),) * 2
     plan = plans.wo_a_fp8(
         s, dh, rd, g, n, k, block, cfg, cfg.split_k, o_row=h * dh, cos_row=rd // 2, sin_row=rd // 2,
         w=plans.dense(g, n, k), w_scale=plans.dense(g, n_blocks, kb), y=plans.dense(s, g, n),
         fp8=np.dtype(fp8_dtype).name, amax_floor=amax_floor, o_dtype=np.dtype(o_dtype).name,
         rope_dtype=np.dtype(rope_dtype).name, out_bf16=np.dtype(dtype) == np.dtype(jnp.bfloat16),
         target=_target())
-    o, pos, cos, sin, w, ws = map(Ref, range(6))
-    return _call(plan, (o, pos, cos, sin, w, ws, s, n_pos, x, xs, y, parts, counters), out_shape,
-                 tiles)
+    o, pos, cos, sin, w, ws, y = map(Ref, range(7))
+    return _call(plan, (o, pos, cos, sin, w, ws, s, n_pos, refs["x_fp8"], refs["x_scale"], y,
+                        parts, counters), (jax.ShapeDtypeStruct((s, g, n), dtype),), scratch,
+                 zeros)
 
 
 def wo_a_fp8_chain_call(s: int, h: int, dh: int, rd: int, n_pos: int, g: int, n: int, k: int,
@@ -281,20 +326,25 @@ def wo_a_fp8_chain_call(s: int, h: int, dh: int, rd: int, n_pos: int, g: int, n:
     """The unfused chain as one call: ``quant_call``, then ``gemm_call`` on its outputs, the
     GEMM the quant's programmatic dependent where torch's launcher makes it one
     (``configs.chain_dependent``, ``pdl_ok``). Operands as ``wo_a_fp8_call``'s: inputs ``o``,
-    positions, cos, sin, ``w``, ``w_scale`` (uint8); outputs ``x_fp8``, ``x_scale`` (scratch),
-    ``y``, then the GEMM's split-K scratch (``_outputs``)."""
+    positions, cos, sin, ``w``, ``w_scale`` (uint8); outputs ``y``, then one scratch holding
+    the quant's outputs (``x_fp8`` first, where the GEMM's descriptor may start) and the
+    GEMM's own scratch."""
     dependent = pdl_ok() and configs.chain_dependent(s, g, n, k, block, wgmma=wgmma)
     quant = quant_call(s, h, dh, rd, n_pos, g, block, fp8_dtype=fp8_dtype, amax_floor=amax_floor,
                        o_dtype=o_dtype, rope_dtype=rope_dtype, dependent=dependent)
     gemm = gemm_call(s, g, n, k, block, n_blocks, dtype=dtype, wgmma=wgmma, sms=sms,
                      dependent=dependent)
-    n_in = 6 + bool(gemm.counters)
-    x, xs, y = n_in, n_in + 1, n_in + 2
-    # The GEMM's operands: x, w, x_scale, w_scale, [counters in], y, [parts, counters out].
-    split = (6,) if gemm.counters else ()
-    gemm_operands = (x, 4, xs, 5, *split, y, *((y + 1, y + 2) if gemm.counters else ()))
-    return ChainCall((quant.renumbered((0, 1, 2, 3, x, xs)), gemm.renumbered(gemm_operands)),
-                     (*quant.out_shape, *gemm.out_shape), gemm.counters)
+    pieces = dict(x_fp8=(quant.out_shape[0].shape, fp8_dtype),
+                  x_scale=(quant.out_shape[1].shape, jnp.uint8))
+    if gemm.scratch:
+        pieces["gemm"] = (gemm.out_shape[-1].shape, jnp.uint8)
+    scratch = Scratch.of(7, **pieces)
+    x, xs = scratch.refs["x_fp8"], scratch.refs["x_scale"]
+    # The GEMM's operands: x, w, x_scale, w_scale, y, [its scratch].
+    gemm = gemm.renumbered((x, Ref(4), xs, Ref(5), Ref(6),
+                            *((scratch.refs["gemm"],) if gemm.scratch else ())))
+    return ChainCall((quant.renumbered((*map(Ref, range(4)), x, xs)), gemm),
+                     (gemm.out_shape[0], scratch.shape), True, gemm.zeros)
 
 
 def wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: int, *,
@@ -315,7 +365,7 @@ def wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: int, *,
     else:
         wgmma = wgmma_ok()
         call = wo_a_fp8_chain_call(*shape, **kinds, wgmma=wgmma, sms=sm_count() if wgmma else 0)
-    _, _, y = run(call, o, positions, cos_cache, sin_cache, w, woa_jax.e8m0_bytes(w_scale))
+    (y,) = run(call, o, positions, cos_cache, sin_cache, w, woa_jax.e8m0_bytes(w_scale))
     return y
 
 

@@ -3,7 +3,8 @@
 // parameters packed from the parameter map that xla_ffi.params writes:
 //   params: one entry per kernel parameter: an operand index when >= 0, -1 for the next value of
 //           `scalars`, -2 for the next TMA descriptor of `tmaps` (passed by value; the shape and
-//           strides parameters that follow it are scalars);
+//           strides parameters that follow it are scalars), -3 for a pointer into an operand
+//           (the next two scalars: the operand index and a byte offset);
 //   tmaps:  rows of kTensorMapRow values: operand, CUtensorMapDataType, element bytes, swizzle
 //           (CUtensorMapSwizzle), NaN padding (0/1), rank (<= 2), box[2], shape[2], row stride in
 //           elements (outermost first, as Triton's host descriptors list them).
@@ -116,6 +117,13 @@ PackError PackParams(const int64_t* params, size_t n_params, const int64_t* scal
       PackError e = EncodeTensorMap(encode, row, base, &out->maps[next_map], &out->cuda_error);
       if (e != PackError::kNone) return e;
       out->pointers[i] = &out->maps[next_map++];
+    } else if (p == -3) {
+      if (next_scalar + 2 > n_scalars) return PackError::kTooFewScalars;
+      void* base = nullptr;
+      if (!operand(scalars[next_scalar], &base)) return PackError::kOperand;
+      out->slots[i] = reinterpret_cast<uint64_t>(base) +
+                      static_cast<uint64_t>(scalars[next_scalar + 1]);
+      next_scalar += 2;
     } else {
       void* base = nullptr;
       if (!operand(p, &base)) return PackError::kOperand;

@@ -50,9 +50,17 @@ _POINTER_TYPES = {
 @dataclasses.dataclass(frozen=True)
 class Ref:
     """A kernel parameter bound to an operand: inputs first, then outputs (``index`` counts
-    across both, in ``ffi_call``'s order)."""
+    across both, in ``ffi_call``'s order). ``offset`` and ``dtype`` make it a view into a byte
+    buffer (a call's scratch): the pointer is ``offset`` bytes past the operand's start (a
+    multiple of 16) and points at ``dtype`` elements (a NumPy name) instead of the operand's."""
 
     index: int
+    offset: int = 0
+    dtype: str | None = None
+
+    def __post_init__(self):
+        if self.offset % 16:
+            raise ValueError(f"Ref offset {self.offset} is not a multiple of 16 bytes")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +74,7 @@ class Desc:
     row_stride: int
     block: tuple[int, int]
     layout: Any  # a gluon NVMMASharedLayout
+    dtype: str | None = None  # the elements, where not the operand's (as ``Ref.dtype``)
 
 
 def build() -> pathlib.Path:
@@ -136,12 +145,12 @@ def _specialize(kernel, args: tuple, dtypes: tuple[str, ...], constexprs: dict):
     signature, attrs, cx = {}, {}, dict(constexprs)
     for p, a in zip(runtime, args, strict=True):
         if isinstance(a, Desc):
-            dtype = _POINTER_TYPES[dtypes[a.index]]
+            dtype = _POINTER_TYPES[a.dtype or dtypes[a.index]]
             signature[p.name] = f"tensordesc<{dtype}{list(a.block)},{a.layout!r}>"
             continue
         if isinstance(a, Ref):
-            signature[p.name] = "*" + _POINTER_TYPES[dtypes[a.index]]
-            divisible = True  # XLA buffers are at least 16-byte aligned
+            signature[p.name] = "*" + _POINTER_TYPES[a.dtype or dtypes[a.index]]
+            divisible = True  # XLA buffers are 16-byte aligned, offsets multiples of 16
         elif a == 1:
             cx[p.name] = 1
             continue
@@ -158,7 +167,8 @@ def params(args: tuple, tma: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     """The parameter map (``params``, ``scalars``, ``tmaps``; ``launch_params.h``) of ``args``:
     ``_specialize``'s runtime ones, integers equal to 1 left out as Triton's specialization
     leaves them; ``tma`` is ``tma_encodings`` of the compiled kernel. A descriptor is its
-    tensor map, then its shape (i32) and row strides (i64), as Triton's launcher expands it."""
+    tensor map, then its shape (i32) and row strides (i64), as Triton's launcher expands it;
+    a ``Ref`` with an offset is ``-3`` and its operand and offset among the scalars."""
     params, scalars, tmaps = [], [], []
     descs = iter(tma)
     for a in args:
@@ -168,6 +178,9 @@ def params(args: tuple, tma: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]
             scalars += [*a.shape, a.row_stride, 1]
             tmaps += [a.index, elem_type, elem_size, swizzle, 0, 2, *box, *a.shape,
                       a.row_stride, 1]
+        elif isinstance(a, Ref) and a.offset:
+            params.append(-3)
+            scalars += [a.index, a.offset]
         elif isinstance(a, Ref):
             params.append(a.index)
         elif a != 1:
@@ -250,17 +263,16 @@ def compile_kernel(kernel, args: tuple, dtypes: tuple[str, ...], constexprs: tup
 
 
 def lower(launches, arrays: tuple, out_shape: tuple, *, capability: int,
-          aliases: dict[int, int] | None = None):
+          zeros: tuple[tuple[Ref, int], ...] = ()):
     """``launches``, in order, on ``arrays`` inside ``jax.jit``, as one custom call; the outputs.
 
     Each launch is ``kernel[grid](*args, **constexprs)`` with ``num_warps`` and ``num_stages``
     (attributes of that name; ``jax_launch.KernelCall``). ``args`` has one entry per runtime
     parameter, in order: a ``Ref`` to an input of ``arrays`` or an output of ``out_shape``
     (inputs first), a ``Desc`` over one, or an ``int``. A launch compiled as a programmatic
-    dependent (``PDL``) overlaps the one before it. Outputs start uninitialized: the kernels
-    write them whole, except those aliased to an input (``aliases``, ``{input index: output
-    index}``, as ``ffi_call``'s ``input_output_aliases``): they start with the input's values,
-    in its buffer, so XLA knows the kernels write that buffer.
+    dependent (``PDL``) overlaps the one before it. Outputs start uninitialized, and the
+    kernels write them whole, except ``zeros``: ``(Ref, bytes)`` ranges of outputs the call
+    zeroes on XLA's stream before its first launch (split-K's tile counters).
     """
     import jax
 
@@ -280,6 +292,9 @@ def lower(launches, arrays: tuple, out_shape: tuple, *, capability: int,
         for part, values in zip(maps, kernel_map, strict=True):
             part.append(values)
     params_, scalars, tmaps = (np.concatenate(part).astype(np.int64) for part in maps)
-    return jax.ffi.ffi_call(TARGET, out_shape, input_output_aliases=aliases or None)(
+    zero_rows = np.array([(ref.index, ref.offset, size) for ref, size in zeros],
+                         np.int64).reshape(-1)
+    return jax.ffi.ffi_call(TARGET, out_shape)(
         *arrays, cubin=np.concatenate(cubins), names=" ".join(names),
-        kernels=np.array(rows, np.int64), params=params_, scalars=scalars, tmaps=tmaps)
+        kernels=np.array(rows, np.int64), params=params_, scalars=scalars, tmaps=tmaps,
+        zeros=zero_rows)
