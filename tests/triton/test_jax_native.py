@@ -262,14 +262,14 @@ def _up(nbytes: int) -> int:
 def _assert_split_scratch(call, parts_counters, split, m, g, n, *, index, at, tiles):
     """Unsplit, ``y`` stands in for split-K's parts and counters (never touched); split, they
     are pieces of the call's scratch (its last output) from byte ``at``: the fp32 parts, then
-    the int32 counters, which the call zeroes."""
+    the int32 counters, for a launch before it to zero (``KernelCall.counters``)."""
     parts, counters = parts_counters
     if split == 1:
-        assert parts == counters and not call.zeros and parts.offset == 0
+        assert parts == counters and call.counters is None and parts.offset == 0
         return
     assert parts == Ref(index, at, "float32")
     assert counters == Ref(index, at + _up(4 * split * m * g * n), "int32")
-    assert call.scratch and call.zeros == ((counters, 4 * tiles),)
+    assert call.scratch and call.counters == (counters, tiles)
     assert call.out_shape[-1].dtype == jnp.uint8
     assert call.out_shape[-1].shape == (counters.offset + _up(4 * tiles),)
 
@@ -430,10 +430,10 @@ def test_unfused_chain_is_the_quant_then_the_gemm_on_its_outputs(monkeypatch, m,
     cfg = launch.gemm_config(m, g, n, k, 128, wgmma=True)
     dependent = pdl and cfg.wgmma
     assert dependent == (pdl and configs.chain_dependent(m, g, n, k, 128, wgmma=True))
-    quant, gemm = chain.launches
     alone = jax_launch.gemm_call(m, g, n, k, 128, n // 128, dtype=jnp.bfloat16, wgmma=True,
                                  sms=132)
-    assert gemm.kernel is alone.kernel
+    *zero, quant, gemm = chain.launches
+    assert len(zero) == (alone.counters is not None) and gemm.kernel is alone.kernel
     x, xs = Ref(7, 0, "float8_e4m3fn"), Ref(7, _up(m * g * k), "uint8")
     gemm_at = xs.offset + _up(m * g * k // 128)
     gemm_bytes = alone.out_shape[-1].shape[0] if alone.scratch else 0
@@ -443,8 +443,11 @@ def test_unfused_chain_is_the_quant_then_the_gemm_on_its_outputs(monkeypatch, m,
     where = (x, Ref(4), xs, Ref(5), Ref(6), *((Ref(7, gemm_at, "uint8"),) if alone.scratch
                                               else ()))
     assert gemm.args == alone.renumbered(where).args
-    assert chain.zeros == tuple((Ref(7, gemm_at + r.offset, r.dtype), b) for r, b in alone.zeros)
-    assert bool(chain.zeros) == (cfg.split_k > 1)
+    if zero:  # the GEMM's counters, zeroed before the quant
+        (zero,) = zero
+        ref, tiles = alone.counters
+        assert zero.args == gemm.counters == (Ref(7, gemm_at + ref.offset, "int32"), tiles)
+    assert bool(zero) == (cfg.split_k > 1)
     assert dict(gemm.constexprs).get("PDL", False) == dependent
     assert dict(quant.constexprs)["PDL"] == (
         pdl and configs.quant_config(m, heads=g * HPG, dependent=dependent).pdl)
@@ -468,16 +471,21 @@ def test_fused_spec_follows_fused_config():
     assert cx["QUANT_ROWS"] == configs.WO_A_FP8_QUANT_LANES // 128 and cx["OUT_BF16"]
     assert [(t.shape, t.dtype) for t in call.out_shape] == [
         ((1, 16, N), jnp.bfloat16), ((16 * k + _up(16 * k // 128),), jnp.uint8)]
-    assert call.scratch and not call.zeros
+    assert call.scratch and call.counters is None
 
 
-def test_fused_spec_splits_like_the_torch_launcher():
+@pytest.mark.parametrize("pdl", [True, False])
+def test_fused_spec_splits_like_the_torch_launcher(monkeypatch, pdl):
     """G = 2 at M = 1: the fused kernel splits K as ``wo_a_fp8_config`` says; its parts and
-    counters follow the activations in the call's scratch."""
-    call = jax_launch.wo_a_fp8_call(1, 2 * HPG, DH, RD, P, 2, N, HPG * DH, 128, N // 128,
-                                    fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8,
-                                    dtype=jnp.bfloat16, o_dtype=jnp.bfloat16,
-                                    rope_dtype=jnp.bfloat16)
+    counters follow the activations in the call's scratch, and a one-program launch zeroes
+    the counters first. Where programmatic launches run, the fused kernel starts beside it
+    (``PDL``: it waits before its first ticket)."""
+    monkeypatch.setattr(jax_launch, "pdl_ok", lambda: pdl)
+    chain = jax_launch.wo_a_fp8_call(1, 2 * HPG, DH, RD, P, 2, N, HPG * DH, 128, N // 128,
+                                     fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8,
+                                     dtype=jnp.bfloat16, o_dtype=jnp.bfloat16,
+                                     rope_dtype=jnp.bfloat16)
+    zero, call = chain.launches
     cfg = launch.wo_a_fp8_config(1, 2, N, HPG * DH, 128)
     assert cfg.split_k > 1 and dict(call.constexprs)["SPLIT_K"] == cfg.split_k
     assert call.grid == (N // cfg.block_n, 2, cfg.split_k)
@@ -487,6 +495,20 @@ def test_fused_spec_splits_like_the_torch_launcher():
     assert tiles == call.grid[0] * call.grid[1]
     _assert_split_scratch(call, call.args[11:], cfg.split_k, 1, 2, N, index=7,
                           at=2 * k + _up(2 * k // 128), tiles=tiles)
+    assert chain.scratch and chain.out_shape == call.out_shape
+    assert zero.kernel is kernels.zero_counters_kernel and zero.grid == (1,)
+    assert zero.args == call.counters and not zero.out_shape
+    assert dict(zero.constexprs)["LET_NEXT_START"] == pdl
+    assert dict(call.constexprs).get("PDL", False) == pdl
+
+
+def test_split_gemm_alone_zeroes_its_counters_first():
+    call = jax_launch.gemm_call(16, 2, N, HPG * DH, 128, N // 128, dtype=jnp.bfloat16)
+    zero, gemm = jax_launch._with_zeroed_counters(call).launches
+    assert gemm is call and zero.args == call.counters
+    assert not dict(zero.constexprs)["LET_NEXT_START"]
+    unsplit = jax_launch.gemm_call(16, 16, N, HPG * DH, 128, N // 128, dtype=jnp.bfloat16)
+    assert jax_launch._with_zeroed_counters(unsplit) is unsplit
 
 
 @pytest.mark.parametrize("g", [2, 16])
@@ -504,8 +526,8 @@ def test_jax_launches_what_the_torch_launcher_launches(m, g, wgmma):
     block_m, block_n = (cx["BLOCK_M"], cx["BLOCK_N"]) if "BLOCK_M" in cx else (
         call.args[2].block)  # wgmma: the y descriptor's tile
     assert (block_m, block_n, cx["SPLIT_K"]) == (cfg.block_m, cfg.block_n, cfg.split_k)
-    assert sum(b for _, b in call.zeros) == (
-        4 * configs.programs(cfg, m, g, n) if cfg.split_k > 1 else 0)
+    assert (call.counters or (None, 0))[1] == (
+        configs.programs(cfg, m, g, n) if cfg.split_k > 1 else 0)
     assert (cfg.split_k > 1) == (g == 2 and m <= (64 if wgmma else 256))
     assert jax_launch.wo_a_fp8_fits(m, g, n, k, 128, DH, RD) == launch.wo_a_fp8_chosen(
         m, g, n, k, 128)

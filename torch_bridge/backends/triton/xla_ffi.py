@@ -262,17 +262,15 @@ def compile_kernel(kernel, args: tuple, dtypes: tuple[str, ...], constexprs: tup
                     32 * md.num_warps, md.shared, tma, programmatic(compiled))
 
 
-def lower(launches, arrays: tuple, out_shape: tuple, *, capability: int,
-          zeros: tuple[tuple[Ref, int], ...] = ()):
+def lower(launches, arrays: tuple, out_shape: tuple, *, capability: int):
     """``launches``, in order, on ``arrays`` inside ``jax.jit``, as one custom call; the outputs.
 
     Each launch is ``kernel[grid](*args, **constexprs)`` with ``num_warps`` and ``num_stages``
     (attributes of that name; ``jax_launch.KernelCall``). ``args`` has one entry per runtime
     parameter, in order: a ``Ref`` to an input of ``arrays`` or an output of ``out_shape``
     (inputs first), a ``Desc`` over one, or an ``int``. A launch compiled as a programmatic
-    dependent (``PDL``) overlaps the one before it. Outputs start uninitialized, and the
-    kernels write them whole, except ``zeros``: ``(Ref, bytes)`` ranges of outputs the call
-    zeroes on XLA's stream before its first launch (split-K's tile counters).
+    dependent (``PDL``) overlaps the one before it. Outputs start uninitialized: the kernels
+    write what they read of them first.
     """
     import jax
 
@@ -292,9 +290,6 @@ def lower(launches, arrays: tuple, out_shape: tuple, *, capability: int,
         for part, values in zip(maps, kernel_map, strict=True):
             part.append(values)
     params_, scalars, tmaps = (np.concatenate(part).astype(np.int64) for part in maps)
-    zero_rows = np.array([(ref.index, ref.offset, size) for ref, size in zeros],
-                         np.int64).reshape(-1)
     return jax.ffi.ffi_call(TARGET, out_shape)(
         *arrays, cubin=np.concatenate(cubins), names=" ".join(names),
-        kernels=np.array(rows, np.int64), params=params_, scalars=scalars, tmaps=tmaps,
-        zeros=zero_rows)
+        kernels=np.array(rows, np.int64), params=params_, scalars=scalars, tmaps=tmaps)

@@ -9,8 +9,7 @@
 // a kernel and the dependent that overlaps it, which separate custom calls cannot, since XLA
 // records each call into its own node of a command buffer. A module is loaded once per
 // (kernel, CUDA context); a call costs a map lookup per kernel, the encoding of its TMA
-// descriptors (if any) for this call's buffers, a memset per range it zeroes (split-K's tile
-// counters, in the call's own scratch output), and one cuLaunchKernelEx per kernel. The CUDA
+// descriptors (if any) for this call's buffers, and one cuLaunchKernelEx per kernel. The CUDA
 // driver is opened with dlopen, so building needs only a C++17 compiler, XLA's FFI headers and
 // cuda.h (Triton ships it).
 //
@@ -52,7 +51,6 @@ struct Driver {
   decltype(&cuFuncSetAttribute) func_set_attribute = nullptr;
   decltype(&cuStreamIsCapturing) stream_is_capturing = nullptr;
   decltype(&cuLaunchKernelEx) launch_ex = nullptr;
-  decltype(&cuMemsetD8Async) memset_async = nullptr;
   decltype(&cuGetErrorString) get_error_string = nullptr;
   woa::EncodeTiled encode_tiled = nullptr;
   std::string error;
@@ -73,7 +71,6 @@ const Driver& GetDriver() {
     woa::Resolve(lib, "cuFuncSetAttribute", d.func_set_attribute, missing);
     woa::Resolve(lib, "cuStreamIsCapturing", d.stream_is_capturing, missing);
     woa::Resolve(lib, "cuLaunchKernelEx", d.launch_ex, missing);
-    woa::Resolve(lib, "cuMemsetD8Async", d.memset_async, missing);
     woa::Resolve(lib, "cuGetErrorString", d.get_error_string, missing);
     woa::Resolve(lib, "cuTensorMapEncodeTiled", d.encode_tiled, missing);
     if (missing != nullptr) d.error = std::string("libcuda.so.1 has no ") + missing;
@@ -255,34 +252,11 @@ ffi::ErrorOr<void*> Operand(ffi::RemainingArgs& args, ffi::RemainingRets& rets, 
   return (*buffer)->untyped_data();
 }
 
-// Zeroes the (operand, byte offset, bytes) ranges of `zeros` on stream.
-ffi::Error ZeroRanges(const Driver& d, CUstream stream, ffi::RemainingArgs& args,
-                      ffi::RemainingRets& rets, ffi::Span<const int64_t> zeros) {
-  if (zeros.size() % 3 != 0) {
-    return ffi::Error::InvalidArgument("woa_triton_launch: malformed attributes: zeros");
-  }
-  for (size_t i = 0; i < zeros.size(); i += 3) {
-    auto base = Operand(args, rets, zeros[i]);
-    if (base.has_error()) return base.error();
-    if (zeros[i + 1] < 0 || zeros[i + 2] < 0) {
-      return ffi::Error::InvalidArgument("woa_triton_launch: malformed attributes: zeros");
-    }
-    const auto address = reinterpret_cast<CUdeviceptr>(*base) +
-                         static_cast<CUdeviceptr>(zeros[i + 1]);
-    if (CUresult rc = d.memset_async(address, 0, static_cast<size_t>(zeros[i + 2]), stream);
-        rc != CUDA_SUCCESS) {
-      return CudaError(d, rc, "cuMemsetD8Async");
-    }
-  }
-  return ffi::Error::Success();
-}
-
 // Operands count inputs, then outputs.
 ffi::Error Launch(CUstream stream, ffi::RemainingArgs args, ffi::RemainingRets rets,
                   ffi::Span<const uint8_t> cubin, std::string_view names,
                   ffi::Span<const int64_t> rows, ffi::Span<const int64_t> params,
-                  ffi::Span<const int64_t> scalars, ffi::Span<const int64_t> tmaps,
-                  ffi::Span<const int64_t> zeros) {
+                  ffi::Span<const int64_t> scalars, ffi::Span<const int64_t> tmaps) {
   const Driver& d = GetDriver();
   if (!d.error.empty()) return ffi::Error::Internal("woa_triton_launch: " + d.error);
   Kernel calls[kMaxKernels];
@@ -291,7 +265,6 @@ ffi::Error Launch(CUstream stream, ffi::RemainingArgs args, ffi::RemainingRets r
       err.failure()) {
     return err;
   }
-  if (ffi::Error err = ZeroRanges(d, stream, args, rets, zeros); err.failure()) return err;
   ffi::Error operand_error = ffi::Error::Success();
   auto operand = [&](int64_t i, void** address) {
     auto base = Operand(args, rets, i);
@@ -325,7 +298,7 @@ ffi::Error Launch(CUstream stream, ffi::RemainingArgs args, ffi::RemainingRets r
 ffi::Error Load(ffi::RemainingArgs, ffi::RemainingRets, ffi::Span<const uint8_t> cubin,
                 std::string_view names, ffi::Span<const int64_t> rows,
                 ffi::Span<const int64_t> params, ffi::Span<const int64_t> scalars,
-                ffi::Span<const int64_t> tmaps, ffi::Span<const int64_t>) {
+                ffi::Span<const int64_t> tmaps) {
   const Driver& d = GetDriver();
   if (!d.error.empty()) return ffi::Error::Internal("woa_triton_launch: " + d.error);
   Kernel calls[kMaxKernels];
@@ -351,8 +324,7 @@ auto WithLaunchOperands(Binding binding) {
       .template Attr<ffi::Span<const int64_t>>("kernels")
       .template Attr<ffi::Span<const int64_t>>("params")
       .template Attr<ffi::Span<const int64_t>>("scalars")
-      .template Attr<ffi::Span<const int64_t>>("tmaps")
-      .template Attr<ffi::Span<const int64_t>>("zeros");
+      .template Attr<ffi::Span<const int64_t>>("tmaps");
 }
 
 }  // namespace
