@@ -47,9 +47,10 @@ def _attr(line: str, name: str) -> list[int]:
 
 
 def test_split_gemm_lowers_with_xla_scratch(lowered):
-    """A split launch (M = 16, G = 2: 8 parts) gets one scratch result after y, the fp32 parts
-    and the counters in it, and a first launch of one program that zeroes the counters; no
-    operand of zeros, no alias; the step returns y only. Two layers: a scratch each."""
+    """A split launch (M = 16, G = 2: 8 parts) gets zeroed counters made inside the jit as its
+    last operand, aliased to its last result (XLA knows the kernel writes them), and the fp32
+    parts in one scratch result; the step returns y only. Two layers: a counters operand
+    each."""
     cfg = launch.gemm_config(16, 2, N, HPG * DH, 128)
     tiles = configs.programs(cfg, 16, 2, N)
     assert cfg.split_k == 8 and tiles == 32
@@ -63,25 +64,26 @@ def test_split_gemm_lowers_with_xla_scratch(lowered):
     calls = _calls(text)
     assert len(calls) == 2
     for line in calls:
-        assert "output_operand_aliases" not in line and 'names = "kernel kernel"' in line
-        assert line.endswith(f"-> (tensor<16x2x{N}xbf16>, tensor<{parts + 128}xui8>)")
-        # The zeroing launch's counters, then the GEMM's y, parts and counters.
-        assert _attr(line, "params") == [-3, -1, 0, 1, 2, 3, -1, 4, 5, -3]
-        assert _attr(line, "scalars") == [5, parts, tiles, 16, 5, parts]
-    assert "broadcast_in_dim" not in text
+        assert ("output_operand_aliases = [#stablehlo.output_operand_alias<output_tuple_indices "
+                "= [2], operand_index = 4, operand_tuple_indices = []>]") in line
+        assert line.endswith(f"tensor<{tiles}xi32>) -> (tensor<16x2x{N}xbf16>, "
+                             f"tensor<{parts}xui8>, tensor<{tiles}xi32>)")
+        assert _attr(line, "params") == [0, 1, 2, 3, -1, 5, 6, 4]  # y, parts, counters
+    assert text.count(f"stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> "
+                      f"tensor<{tiles}xi32>") >= 1
 
 
 def test_unsplit_gemm_lowers_without_scratch(lowered):
     text = lowered(lambda *a: jax_launch.batched_gemm_a8w8_mxscale(*a, dtype=jnp.bfloat16),
                    *_gemm_args(16, 16))
     (line,) = _calls(text)
-    assert "output_operand_aliases" not in line and 'names = "kernel"' in line
+    assert "output_operand_aliases" not in line and "xi32>" not in line
     assert line.endswith(f"-> tensor<16x16x{N}xbf16>")
 
 
 def test_split_chain_lowers_to_one_call_with_xla_scratch(lowered):
-    """The fused chain at M = 1, G = 2 (split K): one custom call of the zeroing launch and
-    the fused kernel, y then one scratch (the activations, the parts and the counters)."""
+    """The fused chain at M = 1, G = 2 (split K): one custom call, y, then one scratch (the
+    activations and the parts), then the counters, aliased."""
     cfg = launch.wo_a_fp8_config(1, 2, N, HPG * DH, 128)
     tiles = configs.programs(cfg, 1, 2, N)
     o = jax.ShapeDtypeStruct((1, 2 * HPG, DH), jnp.bfloat16)
@@ -92,18 +94,16 @@ def test_split_chain_lowers_to_one_call_with_xla_scratch(lowered):
     text = lowered(lambda o, pos, cos, sin, w, ws: jax_launch.wo_a_fp8(
         o, pos, cos, sin, w, ws, 2, amax_floor=1e-8, dtype=jnp.bfloat16), o, pos, cos, cos, w, ws)
     (line,) = _calls(text)
-    counters = 2 * HPG * DH + 128 + cfg.split_k * 2 * N * 4
-    assert "output_operand_aliases" not in line and 'names = "kernel kernel"' in line
-    assert line.endswith(f"-> (tensor<1x2x{N}xbf16>, tensor<{counters + 128}xui8>)")
-    assert _attr(line, "params")[:2] == [-3, -1]
-    assert _attr(line, "scalars")[:3] == [7, counters, tiles]
+    scratch = 2 * HPG * DH + 128 + cfg.split_k * 2 * N * 4
+    assert "output_tuple_indices = [2], operand_index = 6" in line
+    assert line.endswith(f"-> (tensor<1x2x{N}xbf16>, tensor<{scratch}xui8>, "
+                         f"tensor<{tiles}xi32>)")
 
 
 @pytest.mark.parametrize("m,g,split", [(16, 2, True), (64, 16, False)])
 def test_unfused_chain_lowers_to_one_call_of_two_kernels(lowered, m, g, split):
-    """One custom call with a kernel row per launch (split: the zeroing one, then the quant
-    and the GEMM) and their parameter maps back to back; its results are y and one
-    scratch."""
+    """One custom call with two kernel rows (quant, GEMM) and their parameter maps back to
+    back; its results are y and one scratch and, split, the counters (input 6), aliased."""
     o = jax.ShapeDtypeStruct((m, g * HPG, DH), jnp.bfloat16)
     pos = jax.ShapeDtypeStruct((m,), jnp.int32)
     cos = jax.ShapeDtypeStruct((P, RD // 2), jnp.bfloat16)
@@ -113,14 +113,12 @@ def test_unfused_chain_lowers_to_one_call_of_two_kernels(lowered, m, g, split):
     text = lowered(lambda o, pos, cos, sin, w, ws: jax_launch.wo_a_fp8(
         o, pos, cos, sin, w, ws, g, amax_floor=1e-8, dtype=jnp.bfloat16), o, pos, cos, cos, w, ws)
     (line,) = _calls(text)
-    launches = 2 + split
-    assert f'names = "{" ".join(["kernel"] * launches)}"' in line
-    assert len(_attr(line, "kernels")) == launches * 11
-    assert "output_operand_aliases" not in line
+    assert 'names = "kernel kernel"' in line
+    assert len(_attr(line, "kernels")) == 2 * 11
+    assert ("output_tuple_indices = [2], operand_index = 6" in line) == split
     results = line.rsplit(" -> ", 1)[1]
-    assert results.count("tensor<") == 2
-    assert results.startswith(f"(tensor<{m}x{g}x{N}xbf16>, tensor<") and results.endswith(
-        "xui8>)")
+    assert results.count("tensor<") == 2 + split
+    assert results.startswith(f"(tensor<{m}x{g}x{N}xbf16>, tensor<")
 
 
 _COMPILE_SCRIPT = textwrap.dedent("""
@@ -130,7 +128,8 @@ _COMPILE_SCRIPT = textwrap.dedent("""
     import numpy as np
     from torch_bridge.backends.triton import configs, jax_launch, launch, xla_ffi
 
-    def compiled(call, in_dtypes):
+    def compiled(call, in_dtypes):  # a split call's counters come in last
+        in_dtypes = [*in_dtypes, *(["int32"] if call.counters else [])]
         dtypes = tuple(np.dtype(d).name for d in (*in_dtypes, *(o.dtype for o in call.out_shape)))
         return xla_ffi.compile_triton(call.kernel, call.args, dtypes, dict(call.constexprs),
                                       call.num_warps, call.num_stages, 90)
@@ -167,25 +166,14 @@ _COMPILE_SCRIPT = textwrap.dedent("""
               "mul.rn.f32" in code)
 
     # Split K (G = 2) on XLA's scratch: the wgmma GEMM and the fused chain take tickets.
-    jax_launch.pdl_ok = lambda: False
     ins = ["float8_e4m3fn"] * 2 + ["uint8"] * 2
     wg = jax_launch.gemm_call(64, 2, 1024, 4096, 128, 8, dtype=jnp.bfloat16, wgmma=True, sms=132)
     chain = jax_launch.wo_a_fp8_call(1, 16, 512, 64, 1024, 2, 1024, 4096, 128, 8,
                                      fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8,
                                      dtype=jnp.bfloat16, o_dtype=jnp.bfloat16,
                                      rope_dtype=jnp.bfloat16)
-    zero, fused = chain.launches
     print("split", *("atom.global" in compiled(c, i).asm["ptx"] for c, i in (
-        (wg, ins), (fused, rope + ["float8_e4m3fn", "uint8"]))))
-    # Beside the zeroing launch (Hopper): the fused kernel waits before its ticket.
-    jax_launch.pdl_ok = lambda: True
-    zero, fused = jax_launch.wo_a_fp8_call(1, 16, 512, 64, 1024, 2, 1024, 4096, 128, 8,
-                                           fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8,
-                                           dtype=jnp.bfloat16, o_dtype=jnp.bfloat16,
-                                           rope_dtype=jnp.bfloat16).launches
-    fk, zk = (compiled(c, rope + ["float8_e4m3fn", "uint8"]) for c in (fused, zero))
-    print("beside", fk.metadata.launch_pdl, "griddepcontrol.wait" in fk.asm["ptx"],
-          zk.metadata.launch_pdl, "griddepcontrol.launch_dependents" in zk.asm["ptx"])
+        (wg, ins), (chain, rope + ["float8_e4m3fn", "uint8"]))))
     # The unfused chain at G = 2, M = 64: the quant and the wgmma GEMM, both programmatic.
     jax_launch.pdl_ok = lambda: True
     configs.quant_config = quant_rule
@@ -193,8 +181,9 @@ _COMPILE_SCRIPT = textwrap.dedent("""
                                            fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8,
                                            dtype=jnp.bfloat16, o_dtype=jnp.bfloat16,
                                            rope_dtype=jnp.bfloat16, wgmma=True, sms=132)
-    names = (*rope, "float8_e4m3fn", "uint8", *(np.dtype(o.dtype).name for o in chain.out_shape))
-    for step in chain.launches[-2:]:  # after the zeroing launch
+    names = (*rope, "float8_e4m3fn", "uint8", *(["int32"] if chain.counters else []),
+             *(np.dtype(o.dtype).name for o in chain.out_shape))
+    for step in chain.launches:
         k = xla_ffi.compile_triton(step.kernel, step.args, names, dict(step.constexprs),
                                    step.num_warps, step.num_stages, 90)
         print("chain", step.kernel.__name__, k.metadata.launch_pdl,
@@ -218,13 +207,12 @@ def test_specs_compile_for_sm90(tmp_path):
     """Every native launch compiles to sm_90 with vectorized ``o`` loads (strides marked
     divisible by 16), wgmma and TMA in the wgmma GEMM, wgmma and the hardware fp8 cast in the
     fused chain, and with fp32 tables the rotation's products rounded by ``mul.rn``; split-K's
-    tickets in the split wgmma GEMM and fused chain, the fused kernel beside its zeroing launch
-    waiting before them; the unfused chain's quant and GEMM compiled
+    tickets in the split wgmma GEMM and fused chain; the unfused chain's quant and GEMM compiled
     as programmatic dependents (``launch_pdl``, ``griddepcontrol.wait``); the GEMM
     lowers to one custom call with the cubin (an ELF) and the descriptors' parameter map. A
     subprocess, since the kernels of this process are interpreted."""
     lines = run_compile_script(_COMPILE_SCRIPT, tmp_path)
-    assert len(lines) == 12, lines
+    assert len(lines) == 11, lines
     assert lines[0].startswith("inverse_rope_group_quant_kernel "), lines
     assert lines[1].startswith("inverse_rope_group_quant_head_kernel "), lines
     assert "ld.global.v4" in lines[0] and "ld.global.v" in lines[1], lines
@@ -233,10 +221,9 @@ def test_specs_compile_for_sm90(tmp_path):
     assert lines[4] == "wgmma True True 3", lines
     assert lines[5].startswith("fused True True") and lines[6] == "fused True True True", lines
     assert lines[7] == "split True True", lines
-    assert lines[8] == "beside True True False True", lines
-    assert lines[9].startswith("chain inverse_rope_group_quant") and lines[9].endswith(
+    assert lines[8].startswith("chain inverse_rope_group_quant") and lines[8].endswith(
         " True True"), lines
-    assert lines[10].startswith("chain batched_gemm_a8w8_mxscale_wgmma") and lines[10].endswith(
+    assert lines[9].startswith("chain batched_gemm_a8w8_mxscale_wgmma") and lines[9].endswith(
         " True True"), lines
-    assert lines[11] == ("lowered 1 True -2, -1, -1, -1, -1, -2, -1, -1, -1, -1, -2, -1, -1, -1, "
+    assert lines[10] == ("lowered 1 True -2, -1, -1, -1, -1, -2, -1, -1, -1, -1, -2, -1, -1, -1, "
                         "-1, 2, 3, -1, -1, 4, 4"), lines  # y stands in for the split scratch

@@ -259,19 +259,18 @@ def _up(nbytes: int) -> int:
     return -(-nbytes // 128) * 128
 
 
-def _assert_split_scratch(call, parts_counters, split, m, g, n, *, index, at, tiles):
-    """Unsplit, ``y`` stands in for split-K's parts and counters (never touched); split, they
-    are pieces of the call's scratch (its last output) from byte ``at``: the fp32 parts, then
-    the int32 counters, for a launch before it to zero (``KernelCall.counters``)."""
-    parts, counters = parts_counters
+def _assert_split(call, y, parts, counters, split, m, g, n, *, n_in, at, tiles):
+    """Unsplit, ``y`` stands in for split-K's parts and counters (never touched). Split, the
+    counters come in last (input ``n_in``, zeros from ``run``), which shifts ``y`` by one, and
+    go out last, aliased (``KernelCall.counters``); the fp32 parts are the scratch's piece at
+    byte ``at``, the scratch the output after ``y``."""
     if split == 1:
-        assert parts == counters and call.counters is None and parts.offset == 0
+        assert parts == counters == y == Ref(n_in) and call.counters == 0
         return
-    assert parts == Ref(index, at, "float32")
-    assert counters == Ref(index, at + _up(4 * split * m * g * n), "int32")
-    assert call.scratch and call.counters == (counters, tiles)
-    assert call.out_shape[-1].dtype == jnp.uint8
-    assert call.out_shape[-1].shape == (counters.offset + _up(4 * tiles),)
+    assert y == Ref(n_in + 1) and counters == Ref(n_in) and call.counters == tiles
+    assert parts == Ref(n_in + 2, at, "float32")
+    assert [(t.shape, t.dtype) for t in call.out_shape[-2:]] == [
+        ((at + _up(4 * split * m * g * n),), jnp.uint8), ((tiles,), jnp.int32)]
 
 
 def test_scratch_lays_out_its_pieces_aligned_in_order():
@@ -299,9 +298,9 @@ def test_gemm_spec_follows_gemm_config(m, g):
                                                               cfg.swap_ab)
     assert call.kernel is kernels.batched_gemm_a8w8_mxscale_kernel
     assert cx["SPLIT_K"] == cfg.split_k and (cfg.split_k > 1) == (g == 2 and m <= 64)
-    assert call.args[:6] == (*map(Ref, range(4)), m, Ref(4))
-    _assert_split_scratch(call, call.args[6:], cfg.split_k, m, g, n, index=5, at=0,
-                          tiles=configs.programs(cfg, m, g, n))
+    assert call.args[:5] == (*map(Ref, range(4)), m) and call.results == 1
+    _assert_split(call, *call.args[5:], cfg.split_k, m, g, n, n_in=4, at=0,
+                  tiles=configs.programs(cfg, m, g, n))
     assert cx["OUT_BF16"] and (call.num_warps, call.num_stages) == (cfg.num_warps,
                                                                     cfg.num_stages)
     if g > 2 and 16 < m <= 64:  # the unswapped 64 x 64 pointer tile, 6 stages
@@ -334,12 +333,11 @@ def test_wgmma_spec_follows_the_torch_launcher(m, g):
     x, w, y, xs, ws, m_arg, programs_arg, parts, counters = call.args
     assert (x.index, x.shape, x.row_stride, x.block) == (0, (m, g * k), g * k, (cfg.block_m, 128))
     assert (w.index, w.shape, w.row_stride, w.block) == (1, (g * n, k), k, (cfg.block_n, 128))
-    assert (y.index, y.shape, y.block) == (4, (m, g * n), (cfg.block_m, cfg.block_n))
+    split = cfg.split_k > 1
+    assert (y.index, y.shape, y.block) == (4 + split, (m, g * n), (cfg.block_m, cfg.block_n))
     assert (xs, ws, m_arg, programs_arg) == (Ref(2), Ref(3), m, programs)
-    if cfg.split_k == 1:
-        assert (parts, counters) == (Ref(4), Ref(4))
-    _assert_split_scratch(call, (parts, counters), cfg.split_k, m, g, n, index=5, at=0,
-                          tiles=configs.programs(cfg, m, g, n))
+    _assert_split(call, Ref(y.index), parts, counters, cfg.split_k, m, g, n, n_in=4, at=0,
+                  tiles=configs.programs(cfg, m, g, n))
     cx = dict(call.constexprs)
     assert cx["SPLIT_K"] == cfg.split_k
     assert cx["STAGES"] == configs.wgmma_stages(
@@ -417,9 +415,9 @@ def test_chain_is_one_native_call_fused_or_not(native_ok, monkeypatch, s):
 @pytest.mark.parametrize("pdl", [True, False])
 def test_unfused_chain_is_the_quant_then_the_gemm_on_its_outputs(monkeypatch, m, g, pdl):
     """The unfused chain's call: the quant writes its outputs into the call's scratch
-    (``x_fp8`` first, then ``x_scale``), the GEMM reads them there and writes y, its own
-    scratch (split K) the scratch's last piece; the GEMM is the quant's programmatic
-    dependent exactly where torch's launcher makes it one."""
+    (``x_fp8`` first, then ``x_scale``), the GEMM reads them there and writes y, its parts
+    (split K) the scratch's last piece and its counters the call's; the GEMM is the quant's
+    programmatic dependent exactly where torch's launcher makes it one."""
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     monkeypatch.setattr(jax_launch, "pdl_ok", lambda: pdl)
     n, k = N, HPG * DH
@@ -430,24 +428,23 @@ def test_unfused_chain_is_the_quant_then_the_gemm_on_its_outputs(monkeypatch, m,
     cfg = launch.gemm_config(m, g, n, k, 128, wgmma=True)
     dependent = pdl and cfg.wgmma
     assert dependent == (pdl and configs.chain_dependent(m, g, n, k, 128, wgmma=True))
+    quant, gemm = chain.launches
     alone = jax_launch.gemm_call(m, g, n, k, 128, n // 128, dtype=jnp.bfloat16, wgmma=True,
                                  sms=132)
-    *zero, quant, gemm = chain.launches
-    assert len(zero) == (alone.counters is not None) and gemm.kernel is alone.kernel
-    x, xs = Ref(7, 0, "float8_e4m3fn"), Ref(7, _up(m * g * k), "uint8")
+    assert gemm.kernel is alone.kernel and chain.counters == alone.counters
+    split = bool(chain.counters)
+    assert split == (cfg.split_k > 1) and chain.results == 1
+    y = 6 + split  # the counters come in after w_scale
+    x, xs = Ref(y + 1, 0, "float8_e4m3fn"), Ref(y + 1, _up(m * g * k), "uint8")
     gemm_at = xs.offset + _up(m * g * k // 128)
-    gemm_bytes = alone.out_shape[-1].shape[0] if alone.scratch else 0
-    assert chain.scratch and [(t.shape, t.dtype) for t in chain.out_shape] == [
-        ((m, g, n), jnp.bfloat16), ((gemm_at + gemm_bytes,), jnp.uint8)]
+    parts = alone.out_shape[1].shape[0] if split else 0
+    assert [(t.shape, t.dtype) for t in chain.out_shape] == [
+        ((m, g, n), jnp.bfloat16), ((gemm_at + parts,), jnp.uint8),
+        *([((chain.counters,), jnp.int32)] if split else [])]
     assert [a for a in quant.args if isinstance(a, Ref)] == [*map(Ref, range(4)), x, xs]
-    where = (x, Ref(4), xs, Ref(5), Ref(6), *((Ref(7, gemm_at, "uint8"),) if alone.scratch
-                                              else ()))
+    where = (x, Ref(4), xs, Ref(5), *((Ref(6),) if split else ()), Ref(y),
+             *((Ref(y + 1, gemm_at, "uint8"), Ref(y + 2)) if split else ()))
     assert gemm.args == alone.renumbered(where).args
-    if zero:  # the GEMM's counters, zeroed before the quant
-        (zero,) = zero
-        ref, tiles = alone.counters
-        assert zero.args == gemm.counters == (Ref(7, gemm_at + ref.offset, "int32"), tiles)
-    assert bool(zero) == (cfg.split_k > 1)
     assert dict(gemm.constexprs).get("PDL", False) == dependent
     assert dict(quant.constexprs)["PDL"] == (
         pdl and configs.quant_config(m, heads=g * HPG, dependent=dependent).pdl)
@@ -464,6 +461,7 @@ def test_fused_spec_follows_fused_config():
     k = HPG * DH
     x, xs = Ref(7, 0, "float8_e4m3fn"), Ref(7, 16 * k, "uint8")
     assert call.args[8:] == (x, xs, Ref(6), Ref(6), Ref(6))  # y stands in for split-K's
+    assert call.counters == 0 and call.results == 1
     assert call.grid == (N // cfg.block_n, 16, 1)
     assert (call.num_warps, call.num_stages) == (cfg.num_warps, cfg.num_stages)
     assert (cx["BLOCK_M"], cx["BLOCK_N"], cx["SOM"], cx["SWSG"], cx["SYM"]) == (
@@ -471,44 +469,24 @@ def test_fused_spec_follows_fused_config():
     assert cx["QUANT_ROWS"] == configs.WO_A_FP8_QUANT_LANES // 128 and cx["OUT_BF16"]
     assert [(t.shape, t.dtype) for t in call.out_shape] == [
         ((1, 16, N), jnp.bfloat16), ((16 * k + _up(16 * k // 128),), jnp.uint8)]
-    assert call.scratch and call.counters is None
 
 
-@pytest.mark.parametrize("pdl", [True, False])
-def test_fused_spec_splits_like_the_torch_launcher(monkeypatch, pdl):
-    """G = 2 at M = 1: the fused kernel splits K as ``wo_a_fp8_config`` says; its parts and
-    counters follow the activations in the call's scratch, and a one-program launch zeroes
-    the counters first. Where programmatic launches run, the fused kernel starts beside it
-    (``PDL``: it waits before its first ticket)."""
-    monkeypatch.setattr(jax_launch, "pdl_ok", lambda: pdl)
-    chain = jax_launch.wo_a_fp8_call(1, 2 * HPG, DH, RD, P, 2, N, HPG * DH, 128, N // 128,
-                                     fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8,
-                                     dtype=jnp.bfloat16, o_dtype=jnp.bfloat16,
-                                     rope_dtype=jnp.bfloat16)
-    zero, call = chain.launches
+def test_fused_spec_splits_like_the_torch_launcher():
+    """G = 2 at M = 1: the fused kernel splits K as ``wo_a_fp8_config`` says; the counters
+    input (6) shifts the outputs by one; the parts follow the activations in the scratch."""
+    call = jax_launch.wo_a_fp8_call(1, 2 * HPG, DH, RD, P, 2, N, HPG * DH, 128, N // 128,
+                                    fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8,
+                                    dtype=jnp.bfloat16, o_dtype=jnp.bfloat16,
+                                    rope_dtype=jnp.bfloat16)
     cfg = launch.wo_a_fp8_config(1, 2, N, HPG * DH, 128)
     assert cfg.split_k > 1 and dict(call.constexprs)["SPLIT_K"] == cfg.split_k
     assert call.grid == (N // cfg.block_n, 2, cfg.split_k)
     k = HPG * DH
-    assert call.args[8:11] == (Ref(7, 0, "float8_e4m3fn"), Ref(7, 2 * k, "uint8"), Ref(6))
+    assert call.args[8:10] == (Ref(8, 0, "float8_e4m3fn"), Ref(8, 2 * k, "uint8"))
     tiles = configs.programs(cfg, 1, 2, N)
     assert tiles == call.grid[0] * call.grid[1]
-    _assert_split_scratch(call, call.args[11:], cfg.split_k, 1, 2, N, index=7,
-                          at=2 * k + _up(2 * k // 128), tiles=tiles)
-    assert chain.scratch and chain.out_shape == call.out_shape
-    assert zero.kernel is kernels.zero_counters_kernel and zero.grid == (1,)
-    assert zero.args == call.counters and not zero.out_shape
-    assert dict(zero.constexprs)["LET_NEXT_START"] == pdl
-    assert dict(call.constexprs).get("PDL", False) == pdl
-
-
-def test_split_gemm_alone_zeroes_its_counters_first():
-    call = jax_launch.gemm_call(16, 2, N, HPG * DH, 128, N // 128, dtype=jnp.bfloat16)
-    zero, gemm = jax_launch._with_zeroed_counters(call).launches
-    assert gemm is call and zero.args == call.counters
-    assert not dict(zero.constexprs)["LET_NEXT_START"]
-    unsplit = jax_launch.gemm_call(16, 16, N, HPG * DH, 128, N // 128, dtype=jnp.bfloat16)
-    assert jax_launch._with_zeroed_counters(unsplit) is unsplit
+    _assert_split(call, *call.args[10:], cfg.split_k, 1, 2, N, n_in=6,
+                  at=2 * k + _up(2 * k // 128), tiles=tiles)
 
 
 @pytest.mark.parametrize("g", [2, 16])
@@ -526,8 +504,7 @@ def test_jax_launches_what_the_torch_launcher_launches(m, g, wgmma):
     block_m, block_n = (cx["BLOCK_M"], cx["BLOCK_N"]) if "BLOCK_M" in cx else (
         call.args[2].block)  # wgmma: the y descriptor's tile
     assert (block_m, block_n, cx["SPLIT_K"]) == (cfg.block_m, cfg.block_n, cfg.split_k)
-    assert (call.counters or (None, 0))[1] == (
-        configs.programs(cfg, m, g, n) if cfg.split_k > 1 else 0)
+    assert call.counters == (configs.programs(cfg, m, g, n) if cfg.split_k > 1 else 0)
     assert (cfg.split_k > 1) == (g == 2 and m <= (64 if wgmma else 256))
     assert jax_launch.wo_a_fp8_fits(m, g, n, k, 128, DH, RD) == launch.wo_a_fp8_chosen(
         m, g, n, k, 128)

@@ -13,15 +13,13 @@ the torch launcher fuses it. Elsewhere the chain is one custom call of two launc
 and the GEMM, the GEMM its programmatic dependent where torch's launcher makes it one
 (``configs.chain_dependent``): its weight stream overlaps the quant, in a command buffer too.
 
-What a call writes besides its result lives in one more output, the call's scratch
-(``Scratch``): the chain's quantized activations and, where K is split, the fp32 parts and the
-tile counters, which a first launch of the call zeroes (``zero_counters_call``; the fused
-kernel starts beside it and waits only before its first ticket). XLA owns every byte the
-kernels write, so command buffers replay them safely. One scratch buffer, never a few small
-ones: XLA may place a small dead buffer inside a step's output allocation, whose address
-changes every step, and a command buffer then traces again every call that touches it. No
-memset either: a memset node between two kernels of a CUDA graph costs more than a kernel
-that zeroes. Nothing here touches a GPU.
+What a call writes besides its result is XLA's too, so command buffers replay it safely: one
+scratch output (``Scratch``) holds the chain's quantized activations and, where K is split,
+the fp32 parts; split-K's tile counters are an operand of zeros made inside the jit and
+aliased to the last output (``run``; XLA zeroes every layer's counters of a step in one
+kernel). One scratch buffer, not a few small ones: XLA may place a small dead buffer inside a
+step's output allocation, whose address changes every step, and a command buffer then
+records again every call that touches it. Nothing here touches a GPU.
 """
 
 from __future__ import annotations
@@ -84,10 +82,10 @@ def pdl_ok() -> bool:
 class KernelCall:
     """One launch: the kernel, one entry per runtime parameter (a ``Ref`` to an input or an
     output, inputs first, or an ``int``), its outputs, grid and compile options;
-    ``constexprs`` go to the kernel as keyword metaparams. ``scratch``: the last output is the
-    call's scratch (``Scratch``), not returned by ``run``; ``counters``: ``(Ref, count)`` of
-    split-K's tile counters in it, which a launch before this one zeroes
-    (``zero_counters_call``)."""
+    ``constexprs`` go to the kernel as keyword metaparams. ``results``: the leading outputs
+    ``run`` returns (``None``: all); the others are the call's scratch (``_layout``).
+    ``counters`` (split-K only, else 0): the tile counters ``run`` passes as one more input,
+    zeros, aliased to the last output."""
 
     kernel: Any  # a triton.JITFunction
     args: tuple[Ref | int, ...]
@@ -96,8 +94,8 @@ class KernelCall:
     num_warps: int
     num_stages: int | None
     constexprs: tuple[tuple[str, Any], ...]
-    scratch: bool = False
-    counters: tuple[Ref, int] | None = None
+    counters: int = 0
+    results: int | None = None
 
     @property
     def scalars(self) -> tuple[int, ...]:
@@ -110,9 +108,7 @@ class KernelCall:
     def renumbered(self, operands: tuple[Ref, ...]) -> KernelCall:
         """This launch inside a larger call: its operand ``i`` is that call's ``operands[i]``
         (a ``Ref``, a view into the larger call's scratch where it has an offset)."""
-        counters = self.counters and (_moved(self.counters[0], operands), self.counters[1])
-        return dataclasses.replace(self, args=tuple(_moved(a, operands) for a in self.args),
-                                   counters=counters)
+        return dataclasses.replace(self, args=tuple(_moved(a, operands) for a in self.args))
 
 
 def _moved(a, operands: tuple[Ref, ...]):
@@ -131,18 +127,26 @@ def _moved(a, operands: tuple[Ref, ...]):
 @dataclasses.dataclass(frozen=True)
 class ChainCall:
     """Launches made by one custom call, in order (``xla_ffi.lower``); their ``Ref`` s count
-    this call's operands. ``out_shape`` and ``scratch`` as ``KernelCall``'s."""
+    this call's operands. ``out_shape``, ``counters`` and ``results`` as ``KernelCall``'s."""
 
     launches: tuple[KernelCall, ...]
     out_shape: tuple[jax.ShapeDtypeStruct, ...]
-    scratch: bool = False
+    counters: int = 0
+    results: int | None = None
 
 
 def run(call: KernelCall | ChainCall, *arrays) -> tuple[jax.Array, ...]:
-    """Launch ``call`` on ``arrays`` (dense row-major JAX arrays); its outputs, less its
-    scratch."""
-    outs = xla_ffi.lower(call.launches, arrays, call.out_shape, capability=capability())
-    return tuple(outs[:-1] if call.scratch else outs)
+    """Launch ``call`` on ``arrays`` (dense row-major JAX arrays); its results. A split launch
+    gets its counters as zeros made here, inside the jit: the kernel leaves them at zero, but
+    only a fresh operand lets XLA own them (and see them written, through the alias). XLA
+    makes the zeros of every layer of a step in one kernel."""
+    aliases = None
+    if call.counters:
+        aliases = {len(arrays): len(call.out_shape) - 1}
+        arrays = (*arrays, jnp.zeros(call.counters, jnp.int32))
+    outs = xla_ffi.lower(call.launches, arrays, call.out_shape, capability=capability(),
+                         aliases=aliases)
+    return tuple(outs[:call.results])
 
 
 #: Byte alignment of each piece of a call's scratch.
@@ -173,38 +177,31 @@ class Scratch:
         return jax.ShapeDtypeStruct((self.nbytes,), jnp.uint8)
 
 
-def _split_scratch(index: int, cfg: configs.GemmConfig, m: int, g: int, n: int,
-                   **pieces) -> tuple[Scratch, tuple[Ref, int] | None]:
-    """``(scratch, counters)``: ``pieces`` then, where ``cfg`` splits K, the fp32 ``parts
-    [split_k, M, G, N]`` and one int32 counter per output tile (``KernelCall.counters``)."""
-    if cfg.split_k == 1:
-        return Scratch.of(index, **pieces), None
-    tiles = configs.programs(cfg, m, g, n)
-    scratch = Scratch.of(index, **pieces, parts=((cfg.split_k, m, g, n), jnp.float32),
-                         counters=((tiles,), jnp.int32))
-    return scratch, (scratch.refs["counters"], tiles)
-
-
-#: Counters a zeroing program stores per loop step.
-ZERO_BLOCK = 1024
-
-
-def zero_counters_call(counters: tuple[Ref, int], *, let_next_start: bool) -> KernelCall:
-    """The one-program launch of ``kernels.zero_counters_kernel`` on ``counters`` (``(Ref,
-    count)``); ``let_next_start``: the next launch is its programmatic dependent."""
-    from . import kernels
-
-    ref, count = counters
-    return KernelCall(kernels.zero_counters_kernel, (ref, count), (), (1,), 4, None,
-                      (("BLOCK", ZERO_BLOCK), ("LET_NEXT_START", let_next_start)))
-
-
-def _with_zeroed_counters(call: KernelCall) -> KernelCall | ChainCall:
-    """``call``, after a launch zeroing its counters where it has any."""
-    if call.counters is None:
-        return call
-    return ChainCall((zero_counters_call(call.counters, let_next_start=False), call),
-                     call.out_shape, call.scratch)
+def _layout(n_in: int, results: tuple, cfg: configs.GemmConfig, m: int, g: int, n: int,
+            **pieces) -> tuple[tuple, dict, int]:
+    """``(out_shape, refs, counters)`` of a launch with ``n_in`` inputs whose outputs start
+    with ``results``. Then, where it has ``pieces`` (``name=(shape, dtype)``) or splits K, one
+    scratch output (``Scratch``): the pieces, then split-K's fp32 ``parts [split_k, M, G, N]``.
+    Split, the counters (one per output tile, ``KernelCall.counters``) come in as one more
+    input, which shifts the outputs by one, and go out last, aliased. ``refs``: ``results``
+    (their ``Ref`` s), each piece, ``parts`` and ``counters`` (unsplit: the first result
+    stands in for both, never touched)."""
+    counters = configs.programs(cfg, m, g, n) if cfg.split_k > 1 else 0
+    first = n_in + bool(counters)
+    refs = {"results": tuple(Ref(first + i) for i in range(len(results)))}
+    out_shape = tuple(results)
+    if counters:
+        pieces = {**pieces, "parts": ((cfg.split_k, m, g, n), jnp.float32)}
+    if pieces:
+        scratch = Scratch.of(first + len(results), **pieces)
+        refs.update(scratch.refs)
+        out_shape += (scratch.shape,)
+    if counters:
+        refs["counters"] = Ref(n_in)
+        out_shape += (jax.ShapeDtypeStruct((counters,), jnp.int32),)
+    else:
+        refs["parts"] = refs["counters"] = refs["results"][0]
+    return out_shape, refs, counters
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,13 +213,10 @@ def _target() -> str:
     return "interpreter" if interpreter_on() else "cuda"
 
 
-def _call(plan: plans.Plan, args: tuple, out_shape: tuple, scratch: Scratch | None = None,
-          counters: tuple[Ref, int] | None = None) -> KernelCall:
-    """``plan``'s launch; ``scratch`` is the last output where given."""
-    if scratch is not None:
-        out_shape = (*out_shape, scratch.shape)
+def _call(plan: plans.Plan, args: tuple, out_shape: tuple, counters: int = 0,
+          results: int | None = None) -> KernelCall:
     return KernelCall(plan.kernel, args, out_shape, plan.grid, plan.num_warps, plan.num_stages,
-                      tuple(plan.constexprs.items()), scratch is not None, counters)
+                      tuple(plan.constexprs.items()), counters, results)
 
 
 def quant_call(s: int, h: int, dh: int, rd: int, n_pos: int, num_groups: int,
@@ -274,21 +268,18 @@ def gemm_call(m: int, g: int, n: int, k: int, block: int, n_blocks: int, *, dtyp
     The launch shape is ``configs.gemm_config(..., wgmma=wgmma)``'s, K split included: the
     wgmma kernel where it picks it (``sms``: the GPU's SM count, for its persistent grid), else
     the pointer kernel without its TMA field (the TMA kernel does not split; the tile is the
-    same). Split, the parts and counters are the call's scratch (``_split_scratch``), after
-    ``y``, the counters for a launch before it to zero (``KernelCall.counters``).
-    ``dependent``: the wgmma kernel launches as the quant's programmatic dependent
-    (``wo_a_fp8_chain_call``).
+    same). Split, the parts are the call's scratch and the counters its last operand
+    (``_layout``). ``dependent``: the wgmma kernel launches as the quant's programmatic
+    dependent (``wo_a_fp8_chain_call``).
     """
     cfg = configs.gemm_config(m, g, n, k, block, wgmma=wgmma)
     if dependent and cfg.wgmma:
         cfg = dataclasses.replace(cfg, pdl=True)
     kb = k // block
     strides = dict(x_scale=plans.dense(m, g, kb), w_scale=plans.dense(g, n_blocks, kb))
-    out_shape, y = (jax.ShapeDtypeStruct((m, g, n), dtype),), Ref(4)
-    scratch, split, parts, counters = None, None, y, y  # unsplit: never touched
-    if cfg.split_k > 1:
-        scratch, split = _split_scratch(5, cfg, m, g, n)
-        parts, counters = scratch.refs["parts"], scratch.refs["counters"]
+    out_shape, refs, counters = _layout(4, (jax.ShapeDtypeStruct((m, g, n), dtype),), cfg, m,
+                                        g, n)
+    (y,), parts, tickets = refs["results"], refs["parts"], refs["counters"]
     if cfg.wgmma:
         from . import wgmma_kernels
 
@@ -299,13 +290,13 @@ def gemm_call(m: int, g: int, n: int, k: int, block: int, n_blocks: int, *, dtyp
                                      wgmma_kernels.smem_layout(tile, name))
                         for index, (shape, view_strides, tile), name in zip(
                             (0, 1, y.index), views, names, strict=True))
-        return _call(plan, (x, w, y_desc, Ref(2), Ref(3), m, plan.grid[0], parts, counters),
-                     out_shape, scratch, split)
+        return _call(plan, (x, w, y_desc, Ref(2), Ref(3), m, plan.grid[0], parts, tickets),
+                     out_shape, counters, 1)
     plan = plans.gemm_pointer(m, g, n, k, block, cfg, cfg.split_k, x=plans.dense(m, g, k),
                               w=plans.dense(g, n, k), y=plans.dense(m, g, n),
                               out_bf16=np.dtype(dtype) == np.dtype(jnp.bfloat16), **strides)
     x, w, xs, ws = map(Ref, range(4))
-    return _call(plan, (x, w, xs, ws, m, y, parts, counters), out_shape, scratch, split)
+    return _call(plan, (x, w, xs, ws, m, y, parts, tickets), out_shape, counters, 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -321,35 +312,27 @@ def wo_a_fp8_fits(s: int, g: int, n: int, k: int, block: int, dh: int, rd: int) 
 
 def wo_a_fp8_call(s: int, h: int, dh: int, rd: int, n_pos: int, g: int, n: int, k: int,
                   block: int, n_blocks: int, *, fp8_dtype, amax_floor: float, dtype, o_dtype,
-                  rope_dtype) -> KernelCall | ChainCall:
+                  rope_dtype) -> KernelCall:
     """The one-launch chain for dense ``o [S, H, Dh]``, positions ``[S]``, cos/sin
     ``[n_pos, rd / 2]``, ``w [G, N, K]``, ``w_scale [G, n_blocks, K / B]`` (uint8). Outputs:
-    ``y [S, G, N]`` in ``dtype``, then the scratch (``_split_scratch``): the quantized
-    activations ``x_fp8 [S, G, K]`` and ``x_scale [S, G, K / B]`` (uint8), and split-K's parts
-    and counters where ``configs.wo_a_fp8_config`` (the tile) splits. Split, the counters are
-    zeroed by a launch before it, which the fused kernel starts beside as its programmatic
-    dependent where ``pdl_ok`` (waiting only before its first ticket)."""
+    ``y [S, G, N]`` in ``dtype``, then the scratch (``_layout``): the quantized activations
+    ``x_fp8 [S, G, K]`` and ``x_scale [S, G, K / B]`` (uint8), and split-K's parts where
+    ``configs.wo_a_fp8_config`` (the tile) splits, then its counters."""
     cfg = configs.wo_a_fp8_config(s, g, n, k, block)
     kb = k // block
-    overlap = cfg.split_k > 1 and pdl_ok()
-    scratch, split = _split_scratch(7, cfg, s, g, n, x_fp8=((s, g, k), fp8_dtype),
-                                    x_scale=((s, g, kb), jnp.uint8))
-    refs = scratch.refs
-    parts, counters = (refs["parts"], refs["counters"]) if split else (Ref(6),) * 2
+    out_shape, refs, counters = _layout(
+        6, (jax.ShapeDtypeStruct((s, g, n), dtype),), cfg, s, g, n,
+        x_fp8=((s, g, k), fp8_dtype), x_scale=((s, g, kb), jnp.uint8))
     plan = plans.wo_a_fp8(
         s, dh, rd, g, n, k, block, cfg, cfg.split_k, o_row=h * dh, cos_row=rd // 2, sin_row=rd // 2,
         w=plans.dense(g, n, k), w_scale=plans.dense(g, n_blocks, kb), y=plans.dense(s, g, n),
         fp8=np.dtype(fp8_dtype).name, amax_floor=amax_floor, o_dtype=np.dtype(o_dtype).name,
         rope_dtype=np.dtype(rope_dtype).name, out_bf16=np.dtype(dtype) == np.dtype(jnp.bfloat16),
-        target=_target(), pdl=overlap)
-    o, pos, cos, sin, w, ws, y = map(Ref, range(7))
-    call = _call(plan, (o, pos, cos, sin, w, ws, s, n_pos, refs["x_fp8"], refs["x_scale"], y,
-                        parts, counters), (jax.ShapeDtypeStruct((s, g, n), dtype),), scratch,
-                 split)
-    if split is None:
-        return call
-    return ChainCall((zero_counters_call(split, let_next_start=overlap), call), call.out_shape,
-                     True)
+        target=_target())
+    o, pos, cos, sin, w, ws = map(Ref, range(6))
+    return _call(plan, (o, pos, cos, sin, w, ws, s, n_pos, refs["x_fp8"], refs["x_scale"],
+                        *refs["results"], refs["parts"], refs["counters"]), out_shape, counters,
+                 1)
 
 
 def wo_a_fp8_chain_call(s: int, h: int, dh: int, rd: int, n_pos: int, g: int, n: int, k: int,
@@ -358,27 +341,27 @@ def wo_a_fp8_chain_call(s: int, h: int, dh: int, rd: int, n_pos: int, g: int, n:
     """The unfused chain as one call: ``quant_call``, then ``gemm_call`` on its outputs, the
     GEMM the quant's programmatic dependent where torch's launcher makes it one
     (``configs.chain_dependent``, ``pdl_ok``). Operands as ``wo_a_fp8_call``'s: inputs ``o``,
-    positions, cos, sin, ``w``, ``w_scale`` (uint8); outputs ``y``, then one scratch holding
-    the quant's outputs (``x_fp8`` first, where the GEMM's descriptor may start) and the
-    GEMM's own scratch. Split, a launch zeroing the GEMM's counters comes first."""
+    positions, cos, sin, ``w``, ``w_scale`` (uint8) and, split, the GEMM's counters; outputs
+    ``y``, then one scratch holding the quant's outputs (``x_fp8`` first, where the GEMM's
+    descriptor may start) and the GEMM's parts, then the counters."""
     dependent = pdl_ok() and configs.chain_dependent(s, g, n, k, block, wgmma=wgmma)
     quant = quant_call(s, h, dh, rd, n_pos, g, block, fp8_dtype=fp8_dtype, amax_floor=amax_floor,
                        o_dtype=o_dtype, rope_dtype=rope_dtype, dependent=dependent)
     gemm = gemm_call(s, g, n, k, block, n_blocks, dtype=dtype, wgmma=wgmma, sms=sms,
                      dependent=dependent)
+    split = bool(gemm.counters)
     pieces = dict(x_fp8=(quant.out_shape[0].shape, fp8_dtype),
                   x_scale=(quant.out_shape[1].shape, jnp.uint8))
-    if gemm.scratch:
-        pieces["gemm"] = (gemm.out_shape[-1].shape, jnp.uint8)
-    scratch = Scratch.of(7, **pieces)
+    if split:  # the GEMM's own scratch (its parts)
+        pieces["gemm"] = (gemm.out_shape[1].shape, jnp.uint8)
+    y = 6 + split
+    scratch = Scratch.of(y + 1, **pieces)
     x, xs = scratch.refs["x_fp8"], scratch.refs["x_scale"]
-    # The GEMM's operands: x, w, x_scale, w_scale, y, [its scratch].
-    gemm = gemm.renumbered((x, Ref(4), xs, Ref(5), Ref(6),
-                            *((scratch.refs["gemm"],) if gemm.scratch else ())))
-    zero = () if gemm.counters is None else (
-        zero_counters_call(gemm.counters, let_next_start=False),)
-    return ChainCall((*zero, quant.renumbered((*map(Ref, range(4)), x, xs)), gemm),
-                     (gemm.out_shape[0], scratch.shape), True)
+    # The GEMM's operands: x, w, x_scale, w_scale, [counters], y, [its scratch, counters out].
+    gemm = gemm.renumbered((x, Ref(4), xs, Ref(5), *(Ref(6),) * split, Ref(y),
+                            *((scratch.refs["gemm"], Ref(y + 2)) if split else ())))
+    return ChainCall((quant.renumbered((*map(Ref, range(4)), x, xs)), gemm),
+                     (gemm.out_shape[0], scratch.shape, *gemm.out_shape[2:]), gemm.counters, 1)
 
 
 def wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: int, *,
@@ -412,6 +395,5 @@ def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, *, dtype):
                      wgmma=wgmma, sms=sm_count() if wgmma else 0)
     if m == 0:
         return jnp.zeros((0, g, n), dtype)
-    (y,) = run(_with_zeroed_counters(call), x, w, woa_jax.e8m0_bytes(x_scale),
-               woa_jax.e8m0_bytes(w_scale))
+    (y,) = run(call, x, w, woa_jax.e8m0_bytes(x_scale), woa_jax.e8m0_bytes(w_scale))
     return y

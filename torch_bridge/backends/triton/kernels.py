@@ -412,8 +412,7 @@ def _gemm_tile(x_ptr, w_ptr, xs_ptr, ws_ptr, M, y_ptr, part_ptr, count_ptr, pid_
               SWG: tl.constexpr, SWN: tl.constexpr, SWSG: tl.constexpr, SWSN: tl.constexpr,
               SYM: tl.constexpr, SYG: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
               SB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr, OUT_BF16: tl.constexpr,
-              WAIT_TICKETS: tl.constexpr = False):
+              SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr, OUT_BF16: tl.constexpr):
     """One output tile (M tile ``pid_m``, N tile ``pid_n``, group ``g``, K part ``pid_k``) of
     ``batched_gemm_a8w8_mxscale_kernel``: the pipelined K loop, promotion per scale block, the
     store.
@@ -422,8 +421,6 @@ def _gemm_tile(x_ptr, w_ptr, xs_ptr, ws_ptr, M, y_ptr, part_ptr, count_ptr, pid_
     G, N]`` and takes a ticket from the tile's counter in ``count_ptr``; the part that arrives
     last adds the parts in K order (so the bits never depend on arrival order), writes ``y``
     and sets the counter back to 0 for the next launch. Counters must start at 0.
-    ``WAIT_TICKETS``: the kernel is ``zero_counters_kernel``'s programmatic dependent and waits
-    for it before its ticket.
     """
     BLOCK_K: tl.constexpr = SB
     KB: tl.constexpr = K // SB
@@ -460,8 +457,6 @@ def _gemm_tile(x_ptr, w_ptr, xs_ptr, ws_ptr, M, y_ptr, part_ptr, count_ptr, pid_
         tl.store(part_ptr + pid_k * part_stride + part_off, out, mask=ok)
         tl.debug_barrier()  # every thread's part is written before the ticket releases it
         tile = (pid_m * ((N + BLOCK_N - 1) // BLOCK_N) + pid_n) * G + g
-        if WAIT_TICKETS:
-            gdc_wait()
         ticket = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel")
         if ticket == SPLIT_K - 1:
             out = tl.load(part_ptr + part_off, mask=ok, other=0.0, cache_modifier=".cg")
@@ -499,7 +494,6 @@ def wo_a_fp8_kernel(
     FP8_MIN_NORMAL_EXP: tl.constexpr, AMAX_FLOOR: tl.constexpr, HW_CAST: tl.constexpr,
     ROUND_PRODUCTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT_K: tl.constexpr, OUT_BF16: tl.constexpr, QUANT_ROWS: tl.constexpr,
-    PDL: tl.constexpr = False,  # zero_counters_kernel's programmatic dependent (_gemm_tile)
 ):
     """The decode chain in one launch: each program first quantizes the activations its tile
     reads, then runs ``batched_gemm_a8w8_mxscale_kernel``'s swapped tile on them.
@@ -545,20 +539,7 @@ def wo_a_fp8_kernel(
     tl.debug_barrier()  # this block's x writes are visible to all its threads
     _gemm_tile(x_ptr, w_ptr, xs_ptr, ws_ptr, M, y_ptr, part_ptr, count_ptr, pid_m, pid % NUM_N,
               g, pid_k, G * K, K, G * KB, KB, SWG, SWN, SWSG, SWSN, SYM, SYG, N, K, SB, BLOCK_M,
-              BLOCK_N, SPLIT_K, True, OUT_BF16, PDL)
-
-
-@triton.jit
-def zero_counters_kernel(count_ptr, n, BLOCK: tl.constexpr, LET_NEXT_START: tl.constexpr):
-    """Zero ``n`` split-K tile counters in one program, for a launch on memory that is not
-    known to be zero (XLA's scratch). ``LET_NEXT_START``: that launch is this one's
-    programmatic dependent and starts now, waiting for these stores before its first ticket
-    (``_gemm_tile``'s ``WAIT_TICKETS``)."""
-    if LET_NEXT_START:
-        gdc_launch_dependents()
-    for start in range(0, n, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        tl.store(count_ptr + offs, 0, mask=offs < n)
+              BLOCK_N, SPLIT_K, True, OUT_BF16)
 
 
 @triton.jit

@@ -123,17 +123,16 @@ def gemm_wgmma(m: int, g: int, n: int, k: int, block: int, cfg: GemmConfig, sms:
 def wo_a_fp8(s: int, dh: int, rd: int, g: int, n: int, k: int, block: int, cfg: GemmConfig,
              split_k: int, *, o_row: int, cos_row: int, sin_row: int, w: tuple, w_scale: tuple,
              y: tuple, fp8: str, amax_floor: float, o_dtype: str, rope_dtype: str,
-             out_bf16: bool, target: str, pdl: bool = False) -> Plan:
-    """The FP8 chain in one launch (``wo_a_fp8_kernel``): grid ``(tiles, G, split_k)``;
-    ``pdl``: the programmatic dependent of the launch zeroing its counters."""
+             out_bf16: bool, target: str) -> Plan:
+    """The FP8 chain in one launch (``wo_a_fp8_kernel``): grid ``(tiles, G, split_k)``."""
     tiles = configs.cdiv(s, cfg.block_m) * configs.cdiv(n, cfg.block_n)
     return Plan(kernels.wo_a_fp8_kernel, (tiles, g, split_k), dict(
         SOM=o_row, SCP=cos_row, SSP=sin_row, SWG=w[0], SWN=w[1], SWSG=w_scale[0],
         SWSN=w_scale[1], SYM=y[0], SYG=y[1], G=g, N=n, K=k, SB=block, DH=dh, RD=rd,
         **_fp8_constants(fp8, amax_floor, o_dtype, rope_dtype, target), BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, SPLIT_K=split_k, OUT_BF16=out_bf16,
-        QUANT_ROWS=configs.WO_A_FP8_QUANT_LANES // block, PDL=pdl), cfg.num_warps,
-        cfg.num_stages, split_k=split_k)
+        QUANT_ROWS=configs.WO_A_FP8_QUANT_LANES // block), cfg.num_warps, cfg.num_stages,
+        split_k=split_k)
 
 
 # ---------------------------------------------------------------------------------------------

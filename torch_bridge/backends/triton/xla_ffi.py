@@ -262,7 +262,8 @@ def compile_kernel(kernel, args: tuple, dtypes: tuple[str, ...], constexprs: tup
                     32 * md.num_warps, md.shared, tma, programmatic(compiled))
 
 
-def lower(launches, arrays: tuple, out_shape: tuple, *, capability: int):
+def lower(launches, arrays: tuple, out_shape: tuple, *, capability: int,
+          aliases: dict[int, int] | None = None):
     """``launches``, in order, on ``arrays`` inside ``jax.jit``, as one custom call; the outputs.
 
     Each launch is ``kernel[grid](*args, **constexprs)`` with ``num_warps`` and ``num_stages``
@@ -270,7 +271,9 @@ def lower(launches, arrays: tuple, out_shape: tuple, *, capability: int):
     parameter, in order: a ``Ref`` to an input of ``arrays`` or an output of ``out_shape``
     (inputs first), a ``Desc`` over one, or an ``int``. A launch compiled as a programmatic
     dependent (``PDL``) overlaps the one before it. Outputs start uninitialized: the kernels
-    write what they read of them first.
+    write them whole, except those aliased to an input (``aliases``, ``{input index: output
+    index}``, as ``ffi_call``'s ``input_output_aliases``): they start with the input's values,
+    in its buffer, so XLA knows the kernels write that buffer.
     """
     import jax
 
@@ -290,6 +293,6 @@ def lower(launches, arrays: tuple, out_shape: tuple, *, capability: int):
         for part, values in zip(maps, kernel_map, strict=True):
             part.append(values)
     params_, scalars, tmaps = (np.concatenate(part).astype(np.int64) for part in maps)
-    return jax.ffi.ffi_call(TARGET, out_shape)(
+    return jax.ffi.ffi_call(TARGET, out_shape, input_output_aliases=aliases or None)(
         *arrays, cubin=np.concatenate(cubins), names=" ".join(names),
         kernels=np.array(rows, np.int64), params=params_, scalars=scalars, tmaps=tmaps)
