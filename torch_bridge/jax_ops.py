@@ -26,9 +26,10 @@ pass ``backend="triton"`` with ``TRITON_INTERPRET=1`` to run the callback route 
 ``wo_a_bf16`` (the BF16 fallback) always takes the callback route to the ``bf16`` backend.
 
 Limits: no autodiff (forward only) and no ``vmap``. Cost: the native route adds one kernel
-launch per op to XLA's own dispatch, plus a counter memset where K is split. The callback
-route re-enters Python on every call that is not recorded (DLPack wrapping, a torch stream
-object, the torch launcher). ``benchmarks/RESULTS.md`` has the figures.
+launch per op to XLA's own dispatch; where K is split, XLA zeroes the counters (one fusion for
+all the layers of a step). The callback route re-enters Python on every call that is not
+recorded (DLPack wrapping, a torch stream object, the torch launcher).
+``benchmarks/RESULTS.md`` has the figures.
 """
 
 from __future__ import annotations
