@@ -277,9 +277,9 @@ def gemm_call(m: int, g: int, n: int, k: int, block: int, n_blocks: int, *, dtyp
         cfg = dataclasses.replace(cfg, pdl=True)
     kb = k // block
     strides = dict(x_scale=plans.dense(m, g, kb), w_scale=plans.dense(g, n_blocks, kb))
-    out_shape, refs, counters = _layout(4, (jax.ShapeDtypeStruct((m, g, n), dtype),), cfg, m,
-                                        g, n)
-    (y,), parts, tickets = refs["results"], refs["parts"], refs["counters"]
+    out_shape, refs, tiles = _layout(4, (jax.ShapeDtypeStruct((m, g, n), dtype),), cfg, m, g,
+                                     n)
+    (y,), parts, counters = refs["results"], refs["parts"], refs["counters"]
     if cfg.wgmma:
         from . import wgmma_kernels
 
@@ -290,13 +290,13 @@ def gemm_call(m: int, g: int, n: int, k: int, block: int, n_blocks: int, *, dtyp
                                      wgmma_kernels.smem_layout(tile, name))
                         for index, (shape, view_strides, tile), name in zip(
                             (0, 1, y.index), views, names, strict=True))
-        return _call(plan, (x, w, y_desc, Ref(2), Ref(3), m, plan.grid[0], parts, tickets),
-                     out_shape, counters, 1)
+        return _call(plan, (x, w, y_desc, Ref(2), Ref(3), m, plan.grid[0], parts, counters),
+                     out_shape, tiles, 1)
     plan = plans.gemm_pointer(m, g, n, k, block, cfg, cfg.split_k, x=plans.dense(m, g, k),
                               w=plans.dense(g, n, k), y=plans.dense(m, g, n),
                               out_bf16=np.dtype(dtype) == np.dtype(jnp.bfloat16), **strides)
     x, w, xs, ws = map(Ref, range(4))
-    return _call(plan, (x, w, xs, ws, m, y, parts, tickets), out_shape, counters, 1)
+    return _call(plan, (x, w, xs, ws, m, y, parts, counters), out_shape, tiles, 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -320,7 +320,7 @@ def wo_a_fp8_call(s: int, h: int, dh: int, rd: int, n_pos: int, g: int, n: int, 
     ``configs.wo_a_fp8_config`` (the tile) splits, then its counters."""
     cfg = configs.wo_a_fp8_config(s, g, n, k, block)
     kb = k // block
-    out_shape, refs, counters = _layout(
+    out_shape, refs, tiles = _layout(
         6, (jax.ShapeDtypeStruct((s, g, n), dtype),), cfg, s, g, n,
         x_fp8=((s, g, k), fp8_dtype), x_scale=((s, g, kb), jnp.uint8))
     plan = plans.wo_a_fp8(
@@ -331,8 +331,7 @@ def wo_a_fp8_call(s: int, h: int, dh: int, rd: int, n_pos: int, g: int, n: int, 
         target=_target())
     o, pos, cos, sin, w, ws = map(Ref, range(6))
     return _call(plan, (o, pos, cos, sin, w, ws, s, n_pos, refs["x_fp8"], refs["x_scale"],
-                        *refs["results"], refs["parts"], refs["counters"]), out_shape, counters,
-                 1)
+                        *refs["results"], refs["parts"], refs["counters"]), out_shape, tiles, 1)
 
 
 def wo_a_fp8_chain_call(s: int, h: int, dh: int, rd: int, n_pos: int, g: int, n: int, k: int,
