@@ -155,11 +155,10 @@ SCRATCH_ALIGN = 128
 
 @dataclasses.dataclass(frozen=True)
 class Scratch:
-    """A call's scratch: one ``uint8`` output (operand ``index``) holding named pieces, each
-    at a multiple of ``SCRATCH_ALIGN`` bytes, the first at 0 (where a TMA descriptor may
-    start); ``refs`` point at them as their own dtypes."""
+    """A call's scratch: one ``uint8`` output holding named pieces, each at a multiple of
+    ``SCRATCH_ALIGN`` bytes, the first at 0 (where a TMA descriptor may start); ``refs`` point
+    at them, in that output, as their own dtypes."""
 
-    index: int
     nbytes: int
     refs: dict[str, Ref]
 
@@ -170,7 +169,7 @@ class Scratch:
         for name, (shape, dtype) in pieces.items():
             refs[name] = Ref(index, at, np.dtype(dtype).name)
             at += -(-math.prod(shape) * np.dtype(dtype).itemsize // SCRATCH_ALIGN) * SCRATCH_ALIGN
-        return cls(index, at, refs)
+        return cls(at, refs)
 
     @property
     def shape(self) -> jax.ShapeDtypeStruct:
