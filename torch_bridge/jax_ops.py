@@ -17,9 +17,10 @@ launches it by one of two routes, chosen at trace time and logged once (logger `
   E8M0) cross the boundary as ``uint8`` and are re-viewed on each side, so the exchange does
   not depend on DLPack's fp8 support. XLA records the callback into its command buffers (CUDA
   graphs) and replays it without Python wherever that is safe (``command_buffer_blocker``):
-  by default, the Triton backend's quant, GEMM and fused chain (one callback where the torch
-  launcher fuses); ``WOA_JAX_COMMAND_BUFFER=0`` opts out. A split-K launch gets its parts and
-  counters from XLA too (``_split_scratch``, ``_wo_a_fp8_callback``).
+  by default, the Triton backend's quant, GEMM and chain (``wo_a_fp8`` is one callback, to
+  the fused kernel or to the quant and the GEMM); ``WOA_JAX_COMMAND_BUFFER=0`` opts out. A
+  split-K launch gets its parts and counters from XLA too (``_split_scratch``,
+  ``_wo_a_fp8_callback``).
 
 On a CPU-only JAX with no backend asked for, the ops return the ``woa_jax`` oracle (pure JAX);
 pass ``backend="triton"`` with ``TRITON_INTERPRET=1`` to run the callback route on CPU.
@@ -197,7 +198,7 @@ RECORDABLE = {
         "the launcher writes only the output XLA hands it and, split, the parts and counters "
         "XLA hands it (_split_scratch)",
     ("wo_a_fp8", "triton"):
-        "the fused launcher writes only the output, the prologue's activations and, split, "
+        "the chain's launcher writes only the output, the quantized activations and, split, "
         "the parts and counters XLA hands it (_wo_a_fp8_callback)",
 }
 
@@ -359,7 +360,8 @@ def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_group
     launcher runs the chain as one fused kernel (``configs.wo_a_fp8_chosen``: DeepSeek V4 at
     M = 1 for G = 16, M <= 8 at G = 2, M <= 4 at G = 4, K split there) and the dispatcher
     picks triton, this launches that kernel too, natively or as one callback on XLA's scratch:
-    the same bits, one launch.
+    the same bits, one launch. Elsewhere on triton the quant and the GEMM are one custom call
+    or one callback, as the torch launcher runs them.
 
     Args:
       o: ``[S, H, Dh]`` bf16; positions ``[>= S]``; cos/sin ``[P, rd / 2]`` (bf16 for AITER bytes).
@@ -394,10 +396,10 @@ def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_group
 
         return jax_launch.wo_a_fp8(o, positions[:o.shape[0]], cos_cache, sin_cache, w, w_scale,
                                    num_groups, amax_floor=amax_floor, dtype=dtype)
-    if fused:
+    if on_triton:
         return _wo_a_fp8_callback(o, positions[:o.shape[0]], cos_cache, sin_cache, w,
                                   woa_jax.e8m0_bytes(w_scale), num_groups, amax_floor, dtype,
-                                  command_buffer)
+                                  command_buffer, fused=fused)
     x, xs = inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, block,
                                      fp8_dtype=w.dtype, amax_floor=amax_floor, backend=backend,
                                      command_buffer=command_buffer)
@@ -416,25 +418,32 @@ def _split_outputs(out_types: tuple, args: tuple, split: int, shape: tuple[int, 
 
 
 def _wo_a_fp8_callback(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: int,
-                       amax_floor: float, dtype, command_buffer: bool | None):
-    """The Triton launcher's fused chain as one callback -> ``y [S, G, N]``: XLA owns every
-    buffer it writes, the prologue's activations and split-K's parts and counters included
-    (outputs after ``y``; the counters are zeros aliased to the last), so it may be
+                       amax_floor: float, dtype, command_buffer: bool | None, *, fused: bool):
+    """The Triton launcher's chain as one callback -> ``y [S, G, N]``: the fused kernel
+    (``fused``), else the quant and the GEMM as the torch launcher runs them (the GEMM its
+    programmatic dependent where it makes one). One callback, not two: a recorded step updates
+    each callback's command on every step its buffers move, so a layer costs one update.
+    XLA owns every buffer it writes, the quantized activations and split-K's parts and counters
+    included (outputs after ``y``; the counters are zeros aliased to the last), so it may be
     recorded."""
     from .backends.triton import configs, launch
 
     s = o.shape[0]
     g, n, k = w.shape
     block = k // w_scale.shape[2]
-    cfg = configs.wo_a_fp8_config(s, g, n, k, block)
+    if fused:
+        cfg = configs.wo_a_fp8_config(s, g, n, k, block)
+        split, tiles = cfg.split_k, configs.programs(cfg, s, g, n)
+    else:
+        cfg = None  # the launcher's own GEMM shape, and its dependent launch
+        split, tiles = _split_scratch(s, g, n, k, block)
     out_types = (jax.ShapeDtypeStruct((s, g, n), dtype),
                  jax.ShapeDtypeStruct((s, g, k), jnp.uint8),
                  jax.ShapeDtypeStruct((s, g, k // block), jnp.uint8))
     args = (o, positions, cos_cache, sin_cache, _fp8_bytes(w), w_scale)
     aliases = None
-    if cfg.split_k > 1:
-        out_types, args, aliases = _split_outputs(out_types, args, cfg.split_k, (s, g, n),
-                                                  configs.programs(cfg, s, g, n))
+    if split > 1:
+        out_types, args, aliases = _split_outputs(out_types, args, split, (s, g, n), tiles)
     f8 = _torch_dtype(w.dtype)
 
     def run(ctx, outs, o_b, pos_b, cos_b, sin_b, w_b, ws_b, *_):
@@ -443,7 +452,7 @@ def _wo_a_fp8_callback(o, positions, cos_cache, sin_cache, w, w_scale, num_group
             launch.wo_a_fp8(_to_torch(o_b), _to_torch(pos_b), _to_torch(cos_b), _to_torch(sin_b),
                             _to_torch(w_b, f8), _to_torch(ws_b), num_groups,
                             amax_floor=amax_floor, dtype=_torch_dtype(dtype), out=y,
-                            single_kernel=True, config=cfg,
+                            single_kernel=fused, config=cfg,
                             scratch=(x_fp8.view(f8), *rest))
 
     return _callback(run, out_types, _records(command_buffer, "wo_a_fp8", "triton"), *args,

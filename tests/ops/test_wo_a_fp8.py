@@ -297,7 +297,7 @@ def test_gpu_chain_with_a_dependent_gemm_gives_the_plain_launches_bits(s, g):
     w, ws = weight.view(g, N, -1), scale.view(g, N // 128, -1)
     expected = _common.pdl_capable(0) and gemm.wgmma_chosen(s, g, N, k, 128)
     assert gemm.chain_dependent(s, g, N, k, 128, o.device) == expected
-    chained = gemm._default_config(s, g, N, k, 128, o.device, True)
+    chained = gemm.default_config(s, g, N, k, 128, o.device, True)
     assert chained.pdl == expected
 
     def plain():

@@ -250,9 +250,80 @@ def test_callback_chain_is_one_fused_launch_on_xla_scratch(monkeypatch, s, split
             np.testing.assert_array_equal(y, want.view(torch.int16).cpu().numpy().view(np.uint16))
 
 
+@pytest.mark.parametrize("s", [3, 16])
+def test_callback_unfused_chain_is_one_callback_on_xla_scratch(monkeypatch, s):
+    """Where the torch launcher runs quant + GEMM, the callback route still makes one callback
+    (a recorded step updates one command per layer, not two), to the chain's launcher, on
+    XLA's buffers for the quantized activations and the GEMM's split-K parts and counters:
+    torch's counter pool is never created, and the bits are the torch launcher's."""
+    import torch
+    from inputs import chain_tensors, jx
+
+    from torch_bridge.backends.triton import jax_launch, launch, split_k
+
+    monkeypatch.setenv("WOA_JAX_NATIVE", "0")
+    monkeypatch.setattr(jax_launch, "wo_a_fp8_fits", lambda *a: False)
+    g, n, k = 2, 128, 1024
+    split = configs.gemm_config(s, g, n, k, 128).split_k > 1
+    o, pos, cos, sin, w, ws = chain_tensors(np.random.default_rng(s), s, g=g, n=n)
+    callbacks = []
+    real_callback = jax_ops._callback
+
+    def spy(fn, out_types, *args, **kwargs):
+        callbacks.append(len(out_types))
+        return real_callback(fn, out_types, *args, **kwargs)
+
+    monkeypatch.setattr(jax_ops, "_callback", spy)
+    pools: dict = {}
+    monkeypatch.setattr(split_k, "COUNTER_POOLS", pools)
+    f = jax.jit(lambda *a: jax_ops.wo_a_fp8(*a, g, backend="triton"))
+    ys = [np.asarray(f(*jx(o, pos.int(), cos, sin, w, ws))).view(np.uint16) for _ in range(2)]
+    assert callbacks == [5 if split else 3], "not one callback to the chain's launcher"
+    assert pools == {}, "the callback took split-K scratch from torch's pool"
+    want = launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, single_kernel=False)
+    for y in ys:
+        np.testing.assert_array_equal(y, want.view(torch.int16).cpu().numpy().view(np.uint16))
+
+
+def test_unfused_chain_scratch_is_checked():
+    """The two-kernel chain's ``scratch=`` must fit it: the quant's two buffers, then the
+    GEMM's parts and counters where it splits K; a fitting one is written in place, with the
+    launcher's own bits."""
+    import torch
+    from inputs import chain_tensors
+
+    from torch_bridge.backends.triton import launch
+
+    s, g, n, k = 3, 2, 128, 1024
+    o, pos, cos, sin, w, ws = chain_tensors(np.random.default_rng(0), s, g=g, n=n)
+    cfg = configs.gemm_config(s, g, n, k, 128)
+    assert cfg.split_k > 1
+    x = torch.empty((s, g, k), dtype=w.dtype, device=o.device)
+    xs = torch.empty((s, g, k // 128), dtype=torch.uint8, device=o.device)
+    parts = torch.empty((cfg.split_k, s, g, n), dtype=torch.float32, device=o.device)
+    counters = torch.zeros(configs.programs(cfg, s, g, n), dtype=torch.int32, device=o.device)
+
+    def call(scratch):
+        return launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, single_kernel=False,
+                               scratch=scratch)
+
+    with pytest.raises(ValueError, match=f"splits K {cfg.split_k} ways, so it takes 4"):
+        call((x, xs))
+    with pytest.raises(ValueError, match="x_scale must be contiguous torch.uint8"):
+        call((x, xs[:, :1], parts, counters))
+    with pytest.raises(ValueError, match="split-K scratch must be"):
+        call((x, xs, parts, counters[:1]))
+    want = launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, single_kernel=False)
+    torch.testing.assert_close(call((x, xs, parts, counters)), want, rtol=0, atol=0)
+    quant = launch.inverse_rope_group_quant(o, pos, cos, sin, g, 128)
+    assert torch.equal(x.view(torch.uint8), quant[0].view(torch.uint8))
+    assert torch.equal(xs, quant[1].view(torch.uint8))
+    assert not counters.any()  # the split launch leaves its counters at zero
+
+
 def test_fused_chain_scratch_is_checked():
-    """The fused launcher's ``scratch=`` must fit its launch: fused only, the prologue's two
-    buffers in the right dtype and shape, split-K's two more where K splits."""
+    """The fused launcher's ``scratch=`` must fit its launch: the prologue's two buffers in the
+    right dtype and shape, split-K's two more where K splits."""
     import torch
     from inputs import chain_tensors
 
@@ -267,12 +338,9 @@ def test_fused_chain_scratch_is_checked():
     parts = torch.empty((cfg.split_k, s, g, n), dtype=torch.float32, device=o.device)
     counters = torch.zeros(configs.programs(cfg, s, g, n), dtype=torch.int32, device=o.device)
 
-    def call(scratch, single_kernel=True):
-        return launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, single_kernel=single_kernel,
-                               scratch=scratch)
+    def call(scratch):
+        return launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, single_kernel=True, scratch=scratch)
 
-    with pytest.raises(ValueError, match="is for the fused kernel"):
-        call((x, xs, parts, counters), single_kernel=False)
     with pytest.raises(ValueError, match="splits K 8 ways, so it takes 4 tensors"):
         call((x, xs))
     with pytest.raises(ValueError, match="x_scale must be contiguous torch.uint8"):

@@ -556,17 +556,17 @@ def test_chain_launches_its_wgmma_gemm_as_the_quants_dependent(monkeypatch, env,
     heads = 8 * g
     assert configs.quant_config(m, heads=heads, dependent=dependent).pdl is (
         dependent or m * heads <= 1024)
-    assert gemm._default_config(m, g, n, k, block, cuda, dependent).pdl is dependent
-    plain = gemm._default_config(m, g, n, k, block, cuda, False)
+    assert gemm.default_config(m, g, n, k, block, cuda, dependent).pdl is dependent
+    plain = gemm.default_config(m, g, n, k, block, cuda, False)
     # Asked for (the chain decides), the launch differs, never the shape: the chain's bits
     # are the GEMM's alone.
-    assert gemm._default_config(m, g, n, k, block, cuda, True) == dataclasses.replace(
+    assert gemm.default_config(m, g, n, k, block, cuda, True) == dataclasses.replace(
         plain, pdl=plain.wgmma)
     # Nowhere else: not on CPU, not where the device takes no programmatic launch.
     assert not gemm.chain_dependent(m, g, n, k, block, torch.device("cpu"))
     monkeypatch.setattr(_common, "_PDL", {("capable", 0): False})
     assert not gemm.chain_dependent(m, g, n, k, block, cuda)
-    assert not gemm._default_config(m, g, n, k, block, cuda, True).pdl
+    assert not gemm.default_config(m, g, n, k, block, cuda, True).pdl
     # A shape that asks for it launches as a dependent on such a device only.
     assert not _common.pdl(0, True)
     monkeypatch.setattr(_common, "_PDL", {("capable", 0): True})

@@ -253,7 +253,7 @@ def _route_kernels(route: str, m: int, g: int, n: int, k: int, block: int, dh: i
 
     if jax_launch.wo_a_fp8_fits(m, g, n, k, block, dh, rd):
         return True, None
-    if route == "callback":  # the torch launchers' quant, then their GEMM
+    if route == "callback":  # the torch launcher's own chain
         return False, None
     cfg = configs.gemm_config(m, g, n, k, block, wgmma=on_gpu and jax_launch.wgmma_ok())
     return False, dataclasses.replace(cfg, tma=False)  # jax_launch.gemm_call's

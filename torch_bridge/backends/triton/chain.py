@@ -37,7 +37,7 @@ from ._common import (
     target,
 )
 from .configs import GemmConfig
-from .gemm import batched_gemm_a8w8_mxscale, chain_dependent
+from .gemm import batched_gemm_a8w8_mxscale, chain_dependent, default_config
 from .quant import inverse_rope_group_quant
 from .split_k import split_scratch
 
@@ -126,9 +126,10 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
         so; ``True`` requires it, ``False`` runs quant + GEMM.
       config: the fused kernel's launch shape (a swapped pointer-load ``GemmConfig``) when it
         runs, else the GEMM's; ``None`` picks by S and G.
-      scratch: for the fused kernel only, the caller's memory in place of the launcher's:
-        the prologue's ``x_fp8 [S, G, K]`` (w's dtype) and ``x_scale [S, G, K / B]`` uint8,
-        contiguous, then split-K's ``(parts, counters)`` where the launch splits K
+      scratch: the caller's memory in place of the launcher's: the quantized activations
+        ``x_fp8 [S, G, K]`` (w's dtype) and ``x_scale [S, G, K / B]`` uint8, contiguous (the
+        fused kernel's prologue writes them, or the quant), then split-K's
+        ``(parts, counters)`` where the GEMM or the fused kernel splits K
         (``split_k.split_scratch``). A caller that owns the memory passes it, as XLA does on
         ``jax_ops``' callback route: a recorded launch must write only memory XLA owns.
 
@@ -153,20 +154,21 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
                          f"{blocker}")
     if single_kernel is None:
         single_kernel = blocker is None and configs.wo_a_fp8_chosen(s, g, n, k, block)
-    if scratch is not None and not single_kernel:
-        raise ValueError("wo_a_fp8(scratch=...) is for the fused kernel; this call runs quant "
-                         "+ GEMM (pass single_kernel=True where the kernel can run)")
     if not single_kernel:
         # An explicit GEMM shape is launched as given, never as a dependent.
         dependent = config is None and chain_dependent(s, g, n, k, block, o.device)
         quant = configs.quant_config(s, heads=h, dependent=dependent)
-        x_fp8, x_scale = inverse_rope_group_quant(o, positions, cos_cache, sin_cache, g, block,
-                                                  amax_floor=amax_floor,
-                                                  x_fp8=torch.empty((s, g, k), dtype=w.dtype,
-                                                                    device=o.device),
-                                                  config=quant)
+        x_fp8 = x_scale = split = None
+        if scratch is not None:
+            gemm = config or default_config(s, g, n, k, block, o.device, dependent)
+            x_fp8, x_scale, split = _prologue_scratch(scratch, (s, g, k), block, w.dtype,
+                                                      o.device, gemm.split_k)
+        x_fp8, x_scale = inverse_rope_group_quant(
+            o, positions, cos_cache, sin_cache, g, block, amax_floor=amax_floor,
+            x_fp8=torch.empty((s, g, k), dtype=w.dtype, device=o.device) if x_fp8 is None
+            else x_fp8, x_scale=x_scale, config=quant)
         return batched_gemm_a8w8_mxscale(x_fp8, w, x_scale, w_scale, dtype=dtype, out=out,
-                                         config=config, dependent=dependent)
+                                         config=config, dependent=dependent, scratch=split)
     cfg = config or configs.wo_a_fp8_config(s, g, n, k, block)
     configs.check_split(cfg, k // block)
     out = output(out, (s, g, n), dtype, o.device)
@@ -190,8 +192,9 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
 
 def _prologue_scratch(scratch: tuple, shape: tuple, block: int, fp8: torch.dtype,
                       device: torch.device, split_k: int) -> tuple:
-    """``(x_fp8, x_scale, (parts, counters) or None)`` of a caller's fused-chain scratch,
-    checked (the split part by ``split_scratch``); ``ValueError`` when it does not fit."""
+    """``(x_fp8, x_scale, (parts, counters) or None)`` of a caller's chain scratch for a launch
+    that splits K ``split_k`` ways, checked (the split part by ``split_scratch``);
+    ``ValueError`` when it does not fit."""
     s, g, k = shape
     want = 4 if split_k > 1 else 2
     if len(scratch) != want:

@@ -211,11 +211,11 @@ def default_launch(x, w, x_scale, w_scale, out, *, dependent: bool = False):
     """``(launch, runtime arguments)`` of the launch ``batched_gemm_a8w8_mxscale`` makes on
     these operands without a config (split-K's scratch the current stream's)."""
     m, g, k = x.shape
-    cfg = _default_config(m, g, w.shape[1], k, k // x_scale.shape[2], x.device, dependent)
+    cfg = default_config(m, g, w.shape[1], k, k // x_scale.shape[2], x.device, dependent)
     return _gemm_launch(x, w, e8m0_bytes(x_scale), e8m0_bytes(w_scale), out, _fields(cfg))
 
 
-def _default_config(m: int, g: int, n: int, k: int, block: int, device: torch.device,
+def default_config(m: int, g: int, n: int, k: int, block: int, device: torch.device,
                     dependent: bool) -> GemmConfig:
     """``configs.gemm_config`` for this device; a programmatic dependent of the chain's quant
     where ``dependent`` (``batched_gemm_a8w8_mxscale``), the device takes one and the GEMM is
@@ -420,7 +420,7 @@ def batched_gemm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.T
     m, g, k = x.shape
     n = w.shape[1]
     block = k // x_scale.shape[2]
-    cfg = config or _default_config(m, g, n, k, block, x.device, dependent)
+    cfg = config or default_config(m, g, n, k, block, x.device, dependent)
     out = output(out, (m, g, n), dtype, x.device)
     x = rows_contiguous(x)
     w = rows_contiguous(w)
