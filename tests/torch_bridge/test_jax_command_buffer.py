@@ -205,29 +205,16 @@ def test_callback_gemm_splits_on_xla_scratch(monkeypatch, recorded):
         np.testing.assert_array_equal(y, want.view(torch.int16).cpu().numpy().view(np.uint16))
 
 
-@pytest.mark.parametrize("split", [True, False])
-@pytest.mark.parametrize("s", [1, 3])
-def test_callback_chain_is_one_fused_launch_on_xla_scratch(monkeypatch, s, split):
-    """Where the torch launcher fuses the chain, the callback route makes one callback, to the
-    fused launcher, on XLA's buffers for the prologue's activations and split-K's parts and
-    counters: torch's counter pool is never created, and the bits are the torch launcher's
-    (fused, and the same as quant + GEMM)."""
-    import dataclasses
-
-    import torch
+def _callback_chain(monkeypatch, s: int, g: int, n: int):
+    """Run ``jax_ops.wo_a_fp8`` twice on the callback route (the split counters must be back
+    at 0 for the second) -> ``(torch inputs, each callback's output count, outputs as
+    uint16)``; fails if a callback took split-K scratch from torch's counter pool."""
     from inputs import chain_tensors, jx
 
-    from torch_bridge.backends.triton import launch, split_k
+    from torch_bridge.backends.triton import split_k
 
     monkeypatch.setenv("WOA_JAX_NATIVE", "0")
-    g, n, k = 2, 128, 1024
-    if not split:  # the launch shape of a chain with enough tiles to leave K whole
-        fused_config = configs.wo_a_fp8_config
-        monkeypatch.setattr(configs, "wo_a_fp8_config", lambda *a: dataclasses.replace(
-            fused_config(*a), split_k=1, num_stages=5))
-    assert configs.wo_a_fp8_chosen(s, g, n, k, 128)
-    assert (configs.wo_a_fp8_config(s, g, n, k, 128).split_k > 1) == split
-    o, pos, cos, sin, w, ws = chain_tensors(np.random.default_rng(s), s, g=g, n=n)
+    tensors = chain_tensors(np.random.default_rng(s), s, g=g, n=n)
     callbacks = []
     real_callback = jax_ops._callback
 
@@ -238,11 +225,36 @@ def test_callback_chain_is_one_fused_launch_on_xla_scratch(monkeypatch, s, split
     monkeypatch.setattr(jax_ops, "_callback", spy)
     pools: dict = {}
     monkeypatch.setattr(split_k, "COUNTER_POOLS", pools)
+    o, pos, cos, sin, w, ws = tensors
     args = jx(o, pos.int(), cos, sin, w, ws)
     f = jax.jit(lambda *a: jax_ops.wo_a_fp8(*a, g, backend="triton"))
-    ys = [np.asarray(f(*args)).view(np.uint16) for _ in range(2)]  # counters back at 0
-    assert callbacks == [5 if split else 3], "not one callback to the fused launcher"
+    ys = [np.asarray(f(*args)).view(np.uint16) for _ in range(2)]
     assert pools == {}, "the callback took split-K scratch from torch's pool"
+    return tensors, callbacks, ys
+
+
+@pytest.mark.parametrize("split", [True, False])
+@pytest.mark.parametrize("s", [1, 3])
+def test_callback_chain_is_one_fused_launch_on_xla_scratch(monkeypatch, s, split):
+    """Where the torch launcher fuses the chain, the callback route makes one callback, to the
+    fused launcher, on XLA's buffers for the prologue's activations and split-K's parts and
+    counters: torch's counter pool is never created, and the bits are the torch launcher's
+    (fused, and the same as quant + GEMM)."""
+    import dataclasses
+
+    import torch
+
+    from torch_bridge.backends.triton import launch
+
+    g, n, k = 2, 128, 1024
+    if not split:  # the launch shape of a chain with enough tiles to leave K whole
+        fused_config = configs.wo_a_fp8_config
+        monkeypatch.setattr(configs, "wo_a_fp8_config", lambda *a: dataclasses.replace(
+            fused_config(*a), split_k=1, num_stages=5))
+    assert configs.wo_a_fp8_chosen(s, g, n, k, 128)
+    assert (configs.wo_a_fp8_config(s, g, n, k, 128).split_k > 1) == split
+    (o, pos, cos, sin, w, ws), callbacks, ys = _callback_chain(monkeypatch, s, g, n)
+    assert callbacks == [5 if split else 3], "not one callback to the fused launcher"
     fused = launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, single_kernel=True)
     two_steps = launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, single_kernel=False)
     for want in (fused, two_steps):
@@ -257,46 +269,33 @@ def test_callback_unfused_chain_is_one_callback_on_xla_scratch(monkeypatch, s):
     XLA's buffers for the quantized activations and the GEMM's split-K parts and counters:
     torch's counter pool is never created, and the bits are the torch launcher's."""
     import torch
-    from inputs import chain_tensors, jx
 
-    from torch_bridge.backends.triton import jax_launch, launch, split_k
+    from torch_bridge.backends.triton import jax_launch, launch
 
-    monkeypatch.setenv("WOA_JAX_NATIVE", "0")
     monkeypatch.setattr(jax_launch, "wo_a_fp8_fits", lambda *a: False)
     g, n, k = 2, 128, 1024
     split = configs.gemm_config(s, g, n, k, 128).split_k > 1
-    o, pos, cos, sin, w, ws = chain_tensors(np.random.default_rng(s), s, g=g, n=n)
-    callbacks = []
-    real_callback = jax_ops._callback
-
-    def spy(fn, out_types, *args, **kwargs):
-        callbacks.append(len(out_types))
-        return real_callback(fn, out_types, *args, **kwargs)
-
-    monkeypatch.setattr(jax_ops, "_callback", spy)
-    pools: dict = {}
-    monkeypatch.setattr(split_k, "COUNTER_POOLS", pools)
-    f = jax.jit(lambda *a: jax_ops.wo_a_fp8(*a, g, backend="triton"))
-    ys = [np.asarray(f(*jx(o, pos.int(), cos, sin, w, ws))).view(np.uint16) for _ in range(2)]
+    (o, pos, cos, sin, w, ws), callbacks, ys = _callback_chain(monkeypatch, s, g, n)
     assert callbacks == [5 if split else 3], "not one callback to the chain's launcher"
-    assert pools == {}, "the callback took split-K scratch from torch's pool"
     want = launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, single_kernel=False)
     for y in ys:
         np.testing.assert_array_equal(y, want.view(torch.int16).cpu().numpy().view(np.uint16))
 
 
-def test_unfused_chain_scratch_is_checked():
-    """The two-kernel chain's ``scratch=`` must fit it: the quant's two buffers, then the
-    GEMM's parts and counters where it splits K; a fitting one is written in place, with the
-    launcher's own bits."""
+@pytest.mark.parametrize("single_kernel", [True, False])
+def test_chain_scratch_is_checked(single_kernel):
+    """The chain launcher's ``scratch=`` must fit its launch, fused or quant + GEMM: the
+    quantized activations' two buffers in the right dtype and shape, split-K's two more where
+    K splits. A fitting one is written in place, with the launcher's own bits (and, on the
+    two-kernel route, the quant's bytes)."""
     import torch
     from inputs import chain_tensors
 
     from torch_bridge.backends.triton import launch
 
-    s, g, n, k = 3, 2, 128, 1024
+    s, g, n, k = (1 if single_kernel else 3), 2, 128, 1024
     o, pos, cos, sin, w, ws = chain_tensors(np.random.default_rng(0), s, g=g, n=n)
-    cfg = configs.gemm_config(s, g, n, k, 128)
+    cfg = (configs.wo_a_fp8_config if single_kernel else configs.gemm_config)(s, g, n, k, 128)
     assert cfg.split_k > 1
     x = torch.empty((s, g, k), dtype=w.dtype, device=o.device)
     xs = torch.empty((s, g, k // 128), dtype=torch.uint8, device=o.device)
@@ -304,44 +303,10 @@ def test_unfused_chain_scratch_is_checked():
     counters = torch.zeros(configs.programs(cfg, s, g, n), dtype=torch.int32, device=o.device)
 
     def call(scratch):
-        return launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, single_kernel=False,
+        return launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, single_kernel=single_kernel,
                                scratch=scratch)
 
-    with pytest.raises(ValueError, match=f"splits K {cfg.split_k} ways, so it takes 4"):
-        call((x, xs))
-    with pytest.raises(ValueError, match="x_scale must be contiguous torch.uint8"):
-        call((x, xs[:, :1], parts, counters))
-    with pytest.raises(ValueError, match="split-K scratch must be"):
-        call((x, xs, parts, counters[:1]))
-    want = launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, single_kernel=False)
-    torch.testing.assert_close(call((x, xs, parts, counters)), want, rtol=0, atol=0)
-    quant = launch.inverse_rope_group_quant(o, pos, cos, sin, g, 128)
-    assert torch.equal(x.view(torch.uint8), quant[0].view(torch.uint8))
-    assert torch.equal(xs, quant[1].view(torch.uint8))
-    assert not counters.any()  # the split launch leaves its counters at zero
-
-
-def test_fused_chain_scratch_is_checked():
-    """The fused launcher's ``scratch=`` must fit its launch: the prologue's two buffers in the
-    right dtype and shape, split-K's two more where K splits."""
-    import torch
-    from inputs import chain_tensors
-
-    from torch_bridge.backends.triton import launch
-
-    s, g, n, k = 1, 2, 128, 1024
-    o, pos, cos, sin, w, ws = chain_tensors(np.random.default_rng(0), s, g=g, n=n)
-    cfg = configs.wo_a_fp8_config(s, g, n, k, 128)
-    assert cfg.split_k > 1
-    x = torch.empty((s, g, k), dtype=w.dtype, device=o.device)
-    xs = torch.empty((s, g, k // 128), dtype=torch.uint8, device=o.device)
-    parts = torch.empty((cfg.split_k, s, g, n), dtype=torch.float32, device=o.device)
-    counters = torch.zeros(configs.programs(cfg, s, g, n), dtype=torch.int32, device=o.device)
-
-    def call(scratch):
-        return launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, single_kernel=True, scratch=scratch)
-
-    with pytest.raises(ValueError, match="splits K 8 ways, so it takes 4 tensors"):
+    with pytest.raises(ValueError, match=f"splits K {cfg.split_k} ways, so it takes 4 tensors"):
         call((x, xs))
     with pytest.raises(ValueError, match="x_scale must be contiguous torch.uint8"):
         call((x, xs.view(torch.float8_e8m0fnu), parts, counters))
@@ -349,9 +314,13 @@ def test_fused_chain_scratch_is_checked():
         call((x[:, :1], xs, parts, counters))
     with pytest.raises(ValueError, match="split-K scratch must be"):
         call((x, xs, parts[:2], counters))
-    want = launch.wo_a_fp8(o, pos, cos, sin, w, ws, g)
+    want = launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, single_kernel=single_kernel)
     torch.testing.assert_close(call((x, xs, parts, counters)), want, rtol=0, atol=0)
     assert not counters.any()  # the split launch leaves its counters at zero
+    if not single_kernel:
+        quant = launch.inverse_rope_group_quant(o, pos, cos, sin, g, 128)
+        assert torch.equal(x.view(torch.uint8), quant[0].view(torch.uint8))
+        assert torch.equal(xs, quant[1].view(torch.uint8))
 
 
 def test_given_scratch_is_checked():
