@@ -476,7 +476,8 @@ _BF16_SCRIPT = textwrap.dedent("""
     ptr_sig = {"o_ptr": "*bf16", "r_ptr": "*bf16", "w_ptr": "*bf16", "M": "i32",
                "y_ptr": "*bf16"}
     one_sig = {"o_ptr": "*bf16", "pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
-               "w_ptr": "*bf16", "M": "i32", "n_pos_rows": "i32", "y_ptr": "*bf16"}
+               "w_ptr": "*bf16", "M": "i32", "n_pos_rows": "i32", "y_ptr": "*bf16",
+               "part_ptr": "*fp32", "count_ptr": "*i32"}
 
     def ptr_cx(cfg, target="cuda"):
         if cfg.rotate:
@@ -484,7 +485,8 @@ _BF16_SCRIPT = textwrap.dedent("""
                 SOM=h * dh, SOH=dh, SCP=rd // 2, SSP=rd // 2, SWG=n * k, SWN=k, SYM=g * n, SYG=n,
                 HPG=k // dh, DH=dh, RD=rd, N=n, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                 BLOCK_K=cfg.block_k, DOT_IN_FP32=False, SETTLE_MMA=target == "cuda",
-                ROUND_PRODUCTS=configs.round_products("bfloat16", "float32", target))
+                ROUND_PRODUCTS=configs.round_products("bfloat16", "float32", target),
+                SPLIT_K=cfg.split_k)
         return ptr_sig, bf16_kernels.wo_a_bf16_kernel, dict(
             SOM=h * dh, SOH=dh, SWG=n * k, SWN=k, SYM=g * n, SYG=n, H=h, DH=dh, RD=rd, N=n, K=k,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT_IN_FP32=False)

@@ -211,6 +211,33 @@ def test_one_launch_chain_matches_the_oracle_and_rotates_with_inverse_ropes_bits
     assert_bitwise_equal(to_numpy(y).view(np.uint16), to_numpy(want).view(np.uint16), name="y")
 
 
+@pytest.mark.parametrize("s", [1, 17])
+def test_one_launch_chain_splits_k_by_heads(rng, s):
+    """``split_k``: each K part takes whole heads and the last part adds the parts in order:
+    within ``gemm_bf16`` of the oracle, the one-hot outputs (one lane times 1, the other
+    parts adding zeros) still ``inverse_rope``'s bits, and the counters back at zero."""
+    from torch_bridge.backends.triton import split_k
+
+    h, dh, rd, g = 8, 128, 64, 2
+    o, pos, cos, sin = rope_tensors(rng, s=s, h=h, dh=dh, rd=rd, rope_dtype=torch.float32)
+    k = h * dh // g
+    weight, scale, w = checkpoint_tensors(rng, g, 48, k)
+    want = woa_jax.wo_a_bf16(*jx(o, pos, cos, sin, weight, scale), g)
+    lanes = torch.cat([torch.arange(0, k, 7), torch.arange(dh - rd, dh)]).to(DEVICE)
+    one_hot = torch.zeros((g, lanes.numel(), k), dtype=torch.bfloat16, device=DEVICE)
+    one_hot[:, torch.arange(lanes.numel()), lanes] = 1
+    rotated = launch.inverse_rope(o, pos, cos, sin).reshape(s, g, k)[:, :, lanes]
+    for split in (2, 4):
+        cfg = Bf16GemmConfig(16, 16, 64, num_stages=2, rotate=True, split_k=split)
+        assert_close(launch.wo_a_bf16(o, pos, cos, sin, w, g, config=cfg), want,
+                     tolerance="gemm_bf16")
+        y = launch.wo_a_bf16(o, pos, cos, sin, one_hot, g, config=cfg)
+        assert_bitwise_equal(to_numpy(y).view(np.uint16), to_numpy(rotated).view(np.uint16),
+                             name=f"y, K in {split}")
+    pool = split_k.COUNTER_POOLS[o.device]
+    assert not pool.counters.any(), "a split launch left a counter set"
+
+
 def test_strided_o_is_read_in_place(rng):
     """Padded token and head strides: the GEMM reads ``o`` where it lies (no copy of ``o``),
     and the TMA config, which needs packed heads, falls back to pointer loads."""
@@ -322,6 +349,11 @@ def test_bad_inputs_give_clear_errors(rng):
         launch.wo_a_bf16(*rope_tensors(rng, s=3, h=1, dh=256, rd=64),
                          checkpoint_tensors(rng, 2, 16, 128)[2], 2,
                          config=Bf16GemmConfig(16, 16, 64, rotate=True))
+    with pytest.raises(ValueError, match="above 1 only with rotate=True"):
+        Bf16GemmConfig(16, 64, split_k=2)
+    with pytest.raises(ValueError, match="split_k 4 must divide the 2 heads of a group"):
+        launch.wo_a_bf16(o, pos, cos, sin, w, g,
+                         config=Bf16GemmConfig(16, 16, 64, rotate=True, split_k=4))
 
 
 @pytest.mark.parametrize("dh,rd", [(128, 64), (96, 32)], ids=["dh-tile", "dh-chunks"])
@@ -463,6 +495,10 @@ def test_gpu_matches_cublas_and_keeps_o(s, g, rope_dtype):
                              name="tails")
         assert_close(y, ref, tolerance="gemm_bf16", name=cfg.label())
     assert_close(launch.wo_a_bf16(o, pos, cos, sin, w, g), ref, tolerance="gemm_bf16")
+    split = Bf16GemmConfig(max(16, min(64, 1 << (s - 1).bit_length())), 64, 64, 4, 8,
+                           rotate=True, split_k=4)
+    assert_close(launch.wo_a_bf16(o, pos, cos, sin, w, g, config=split), ref,
+                 tolerance="gemm_bf16", name=split.label())
 
 
 @gpu

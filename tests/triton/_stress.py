@@ -209,11 +209,12 @@ class GraphCase:
 
 def graph_cases(seed: int) -> list[GraphCase]:
     """Layer calls to capture: the fused FP8 decode chain with split-K (G 2) and without
-    (G 16), the BF16 one-launch chain, and the FP8 chain at prefill (wgmma)."""
+    (G 16), the BF16 one-launch chain without and with split-K (G 2), and the FP8 chain at
+    prefill (wgmma)."""
     import torch_bridge as tb
 
     found = []
-    for g, m, backend in ((2, 16, "auto"), (16, 1, "auto"), (16, 64, "bf16"),
+    for g, m, backend in ((2, 16, "auto"), (16, 1, "auto"), (16, 64, "bf16"), (2, 64, "bf16"),
                           (2, 1024, "auto")):
         w, ws = checkpoint(g, seed + 7 * g)
         _, _, cos, sin = rope_inputs(1, g, seed + 7 * g, rope_dtype=torch.float32)

@@ -315,14 +315,15 @@ def test_every_chosen_shape_is_a_valid_tile(target):
 
 
 def test_the_gemm_from_o_runs_at_decode_and_from_128_tokens_with_tma_loads():
-    """On Hopper the one-launch chain up to 16 tokens (64 at G = 16), the TMA kernel from 128
-    tokens and 2048 (token, group) rows, the rotated copy and cuBLAS between; without TMA loads
-    always the copy. The decode tiles rotate, no other tile does; in one wave of programs they
-    keep more stages in flight."""
+    """On Hopper the one-launch chain up to 16 tokens (64 at G = 16, and at G = 2 with K
+    split), the TMA kernel from 128 tokens and 2048 (token, group) rows, the rotated copy and
+    cuBLAS between; without TMA loads always the copy. The decode tiles rotate, no other tile
+    does; in one wave of programs they keep more stages in flight."""
     for (s, g), want in {(1, 16): True, (16, 2): True, (17, 8): False, (64, 16): True,
-                         (64, 2): False, (65, 16): False, (127, 16): False, (128, 16): True,
-                         (128, 8): False, (256, 8): True, (255, 8): False, (512, 2): False,
-                         (1024, 2): True, (8192, 2): True}.items():
+                         (64, 2): True, (64, 4): False, (65, 2): False, (65, 16): False,
+                         (127, 16): False, (128, 16): True, (128, 8): False, (256, 8): True,
+                         (255, 8): False, (512, 2): False, (1024, 2): True,
+                         (8192, 2): True}.items():
         assert bf16_configs.bf16_gemm_chosen(s, g, 1024, 4096, tma=True, dh=512) == want, (s, g)
         assert not bf16_configs.bf16_gemm_chosen(s, g, 1024, 4096, tma=False, dh=512)
         if want and s <= 64:  # groups inside heads, or no head dim: no one-launch chain
@@ -334,6 +335,26 @@ def test_the_gemm_from_o_runs_at_decode_and_from_128_tokens_with_tma_loads():
     stages = {g: bf16_configs.bf16_gemm_config(1, g, 1024, 4096, 64, "cuda", True)
               for g in (16, 8, 2)}
     assert [(c.block_n, c.num_stages) for c in stages.values()] == [(64, 5), (64, 8), (16, 12)]
+
+
+def test_few_decode_tiles_split_k_by_heads():
+    """From 17 to 64 tokens, where the one-launch chain's 64-row tiles are at most a quarter
+    wave (G = 2), K is split by whole heads into one wave, 8 stages; four times the tiles
+    (G = 4), fewer tokens, more tokens, other targets, and groups that are not whole heads
+    keep K whole."""
+    for s in (17, 32, 33, 64):
+        cfg = bf16_configs.bf16_gemm_config(s, 2, 1024, 4096, 64, "cuda", True, dh=512)
+        assert (cfg.block_n, cfg.split_k, cfg.num_stages, cfg.rotate) == (64, 4, 8, True), s
+        assert configs.programs(configs.GemmConfig(cfg.block_m, cfg.block_n), s, 2, 1024) \
+            * cfg.split_k == configs.ONE_WAVE_TILES
+    assert bf16_configs.bf16_split(64, 2, 1024, 1536, 512) == 1  # 3 heads: no split divides
+    assert bf16_configs.bf16_split(64, 2, 1024, 1024, 512) == 2  # 2 heads
+    for s, g, k, dh, target in ((16, 2, 4096, 512, "cuda"), (65, 2, 4096, 512, "cuda"),
+                                (64, 4, 4096, 512, "cuda"), (64, 2, 4096, None, "cuda"),
+                                (64, 2, 4096, 384, "cuda"), (64, 2, 4096, 512, "hip"),
+                                (64, 2, 4096, 512, "interpreter")):
+        cfg = bf16_configs.bf16_gemm_config(s, g, 1024, k, 64, target, target == "cuda", dh=dh)
+        assert cfg.split_k == 1, (s, g, k, dh, target)
 
 
 def test_hopper_tma_tiles():

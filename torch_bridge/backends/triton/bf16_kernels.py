@@ -28,7 +28,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .kernels import _rotated_bf16, _round_bf16_rne
+from .kernels import _rotated_bf16, _round_bf16_rne, _split_k_store
 
 
 @triton.jit
@@ -155,6 +155,7 @@ def wo_a_bf16_tma_kernel(
 def wo_a_bf16_rotating_kernel(
     o_ptr, pos_ptr, cos_ptr, sin_ptr, w_ptr, M, n_pos_rows,
     y_ptr,
+    part_ptr, count_ptr,  # SPLIT_K > 1 only: fp32 parts [SPLIT_K, M, G, N], int32 counters
     SOM: tl.constexpr, SOH: tl.constexpr,  # o [S, H, Dh] token and head strides (Dh contiguous)
     SCP: tl.constexpr, SSP: tl.constexpr,  # cos/sin [P, RD / 2] row strides
     SWG: tl.constexpr, SWN: tl.constexpr,  # w [G, N, K] strides (K contiguous)
@@ -162,23 +163,33 @@ def wo_a_bf16_rotating_kernel(
     HPG: tl.constexpr, DH: tl.constexpr, RD: tl.constexpr, N: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ROUND_PRODUCTS: tl.constexpr, DOT_IN_FP32: tl.constexpr, SETTLE_MMA: tl.constexpr,
+    SPLIT_K: tl.constexpr = 1,
 ):
     """One ``[BLOCK_M, BLOCK_N]`` tile of group ``program_id(1)``'s ``y = inv_rope(o) @ w^T``.
 
-    Grid ``(cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N), G)``, N tiles fastest; group ``g`` is heads
-    ``[g HPG, (g + 1) HPG)`` (``K = HPG * DH``). The NoPE tiles are multiplied as they lie in
-    ``o``; each rope tile is rotated by -theta in fp32 and rounded to bf16 first, with cos/sin
-    rows at the positions clamped to ``[0, n_pos_rows - 1]``. ``SETTLE_MMA`` (CUDA) completes
-    each rope tile's MMAs before the next tile is rotated (``_settled``).
+    Grid ``(cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N), G, SPLIT_K)``, N tiles fastest; group ``g`` is
+    heads ``[g HPG, (g + 1) HPG)`` (``K = HPG * DH``). The NoPE tiles are multiplied as they lie
+    in ``o``; each rope tile is rotated by -theta in fp32 and rounded to bf16 first, with
+    cos/sin rows at the positions clamped to ``[0, n_pos_rows - 1]``. ``SETTLE_MMA`` (CUDA)
+    completes each rope tile's MMAs before the next tile is rotated (``_settled``).
+
+    ``SPLIT_K > 1`` splits K by whole heads (``SPLIT_K`` divides ``HPG``): K part
+    ``program_id(2)`` takes ``HPG / SPLIT_K`` heads, and the parts meet in
+    ``kernels._split_k_store``, so few tiles (few groups at decode sizes) still fill the GPU
+    without narrowing the tile, which would read ``o`` once per narrow tile.
     """
     NOPE_TILES: tl.constexpr = (DH - RD) // BLOCK_K  # per head
     ROPE_TILES: tl.constexpr = RD // BLOCK_K
     HALF: tl.constexpr = BLOCK_K // 2
+    HEADS: tl.constexpr = HPG // SPLIT_K  # this K part's heads
     g, offs_m, offs_n, offs_k, m_ok, n_ok, w_rows = _tile(w_ptr, M, SWG, SWN, N, BLOCK_M,
                                                           BLOCK_N, BLOCK_K)
-    o_rows = o_ptr + offs_m[:, None] * SOM + g * (HPG * SOH) + offs_k[None, :]
+    pid_k = tl.program_id(2)
+    w_rows += pid_k * (HEADS * DH)
+    o_rows = (o_ptr + offs_m[:, None] * SOM + (g * HPG + pid_k * HEADS) * SOH
+              + offs_k[None, :])
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for t in range(HPG * NOPE_TILES):
+    for t in range(HEADS * NOPE_TILES):
         head = t // NOPE_TILES
         d = (t % NOPE_TILES) * BLOCK_K
         a = tl.load(o_rows + head * SOH + d, mask=m_ok[:, None], other=0.0)
@@ -187,7 +198,7 @@ def wo_a_bf16_rotating_kernel(
     pos = tl.load(pos_ptr + offs_m, mask=m_ok, other=0).to(tl.int64)
     pos = tl.minimum(tl.maximum(pos, 0), n_pos_rows - 1)
     pairs = tl.arange(0, HALF)
-    for t in range(HPG * ROPE_TILES):
+    for t in range(HEADS * ROPE_TILES):
         head = t // ROPE_TILES
         d = (DH - RD) + (t % ROPE_TILES) * BLOCK_K
         col = (t % ROPE_TILES) * HALF + pairs
@@ -199,5 +210,6 @@ def wo_a_bf16_rotating_kernel(
         a = _rotated_bf16(x, c, s, BLOCK_M, BLOCK_K, ROUND_PRODUCTS)
         b = tl.load(w_rows + head * DH + d, mask=n_ok[:, None], other=0.0)
         acc = _settled(_dot(acc, a, b, DOT_IN_FP32), SETTLE_MMA)
-    tl.store(y_ptr + offs_m[:, None] * SYM + g * SYG + offs_n[None, :],
-             _round_bf16_rne(acc).to(tl.bfloat16), mask=m_ok[:, None] & n_ok[None, :])
+    _split_k_store(acc, y_ptr, part_ptr, count_ptr, offs_m, offs_n, g,
+                   m_ok[:, None] & n_ok[None, :], M, pid_k, tl.program_id(0), SYM, SYG, N,
+                   SPLIT_K, True)

@@ -23,6 +23,7 @@ from ...interop import e8m0_bytes
 from . import bf16_configs, configs, native, plans
 from ._common import (
     Launch,
+    current_stream,
     dtype_name,
     last_dims_contiguous,
     launch_for,
@@ -336,24 +337,28 @@ def eager_wo_a_bf16(o, positions, cos_cache, sin_cache, w_bf16, num_groups: int)
         if bf16_configs.bf16_gemm_blocker(dh, rd, k):
             return None
         cfg = bf16_configs.bf16_gemm_config(
-            s, g, n, k, bf16_configs.bf16_block_k_limit(dh, rd, k), target(), tma)
+            s, g, n, k, bf16_configs.bf16_block_k_limit(dh, rd, k), target(), tma, dh=dh)
         if not cfg.rotate or k % dh:  # as wo_a_bf16 picks: groups inside heads take the tails
             cfg = dataclasses.replace(cfg, rotate=False)
             return _eager_tails(o, positions, cos_cache, sin_cache, w_bf16, cfg)
         out = torch.empty_strided(shape, strides, dtype=bf16, device=device)
         run, args = _rotating_launch(o, positions, cos_cache, sin_cache, w_bf16, out,
                                      dataclasses.astuple(cfg))
+        # Split-K's scratch is the current stream's: the launches stay on it.
+        scratch = args[8:] if run.plan.split_k > 1 else None
+        stream = current_stream(device.index) if scratch else None
         bound = native.bind([(run, args)], (o, positions, out))
         if bound is not None:
-            return native.runner(bound, o, positions, None, lambda: (
+            return native.runner(bound, o, positions, stream, lambda: (
                 torch.empty_strided(shape, strides, dtype=bf16, device=device),))
-        bound = run.bind(args, _ROTATING_TENSORS, checked=2)
+        bound = run.bind(args, _ROTATING_TENSORS, stream, checked=2)
         if bound is None:
             return None
 
         def run_one(o, positions):
             out = torch.empty_strided(shape, strides, dtype=bf16, device=device)
-            return out if bound((o, positions, cos_cache, sin_cache, w_bf16, out)) else None
+            return out if bound((o, positions, cos_cache, sin_cache, w_bf16, out,
+                                 *(scratch or (out, out)))) else None
         return run_one
     # The rotated copy [S, H, Dh] as the [G, S, K] view that the op's path multiplies (the
     # same sizes and strides: the same cuBLAS call).
@@ -454,32 +459,41 @@ def _tails_launches(o, positions, cos_cache, sin_cache, w, tails, out,
 def _wo_a_bf16_rotating_op(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
                            sin_cache: torch.Tensor, w: torch.Tensor, out: torch.Tensor,
                            block_m: int, block_n: int, block_k: int, num_warps: int,
-                           num_stages: int) -> None:
+                           num_stages: int, split_k: int) -> None:
     if o.shape[0] == 0:
         return
-    shape = (block_m, block_n, block_k, num_warps, num_stages, False, True)
+    shape = (block_m, block_n, block_k, num_warps, num_stages, False, True, split_k)
     run, args = _rotating_launch(o, positions, cos_cache, sin_cache, w, out, shape)
     with on_device_of(o):
         run(args)
 
 
 def _rotating_launch(o, positions, cos_cache, sin_cache, w, out, shape: tuple):
-    """``(launch, runtime arguments)`` of one call of the one-launch chain; ``shape`` is
-    ``Bf16GemmConfig``'s fields in order."""
+    """``(launch, runtime arguments)`` of one call of the one-launch chain (split-K's scratch
+    taken for it: ``split_scratch``); ``shape`` is ``Bf16GemmConfig``'s fields in order."""
     key = ("wo_a_bf16_rotating", *signature(o), *signature(cos_cache), sin_cache.stride(),
            *signature(w), *signature(out), shape)
     s, _, dh = o.shape
     g, n, k = w.shape
-    run = launch_for(key, lambda: Launch(plans.wo_a_bf16_rotating(
-        s, dh, 2 * cos_cache.shape[1], g, n, k, bf16_configs.Bf16GemmConfig(*shape), o=o.stride(),
-        cos_row=cos_cache.stride(0), sin_row=sin_cache.stride(0), w=w.stride(),
-        y=out.stride(), o_dtype=dtype_name(o.dtype), rope_dtype=dtype_name(cos_cache.dtype),
-        target=target())))
-    return run, (o, positions, cos_cache, sin_cache, w, o.shape[0], cos_cache.shape[0], out)
+    cfg = bf16_configs.Bf16GemmConfig(*shape)
+
+    def make(split: int) -> Launch:
+        return Launch(plans.wo_a_bf16_rotating(
+            s, dh, 2 * cos_cache.shape[1], g, n, k, dataclasses.replace(cfg, split_k=split),
+            o=o.stride(), cos_row=cos_cache.stride(0), sin_row=sin_cache.stride(0),
+            w=w.stride(), y=out.stride(), o_dtype=dtype_name(o.dtype),
+            rope_dtype=dtype_name(cos_cache.dtype), target=target()))
+
+    run = launch_for(key, lambda: make(cfg.split_k))
+    split, parts, counters = split_scratch(out, cfg.split_k, run.grid[0] * run.grid[1])
+    if split != cfg.split_k:  # no counters to be had: the same tile, unsplit
+        run = launch_for((key, split), lambda: make(split))
+    return run, (o, positions, cos_cache, sin_cache, w, o.shape[0], cos_cache.shape[0], out,
+                 parts, counters)
 
 
-#: Where ``_rotating_launch``'s runtime arguments hold the call's tensors.
-_ROTATING_TENSORS = (0, 1, 2, 3, 4, 7)
+#: Where ``_rotating_launch``'s runtime arguments hold the call's tensors (then the scratch).
+_ROTATING_TENSORS = (0, 1, 2, 3, 4, 7, 8, 9)
 
 
 def wo_a_bf16(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
@@ -545,7 +559,7 @@ def wo_a_bf16(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
     if blocker:
         raise ValueError(f"wo_a_bf16 cannot run the BF16 GEMM from o here: {blocker}")
     cfg = config or bf16_configs.bf16_gemm_config(
-        s, g, n, k, bf16_configs.bf16_block_k_limit(dh, rd, k), target(), tma)
+        s, g, n, k, bf16_configs.bf16_block_k_limit(dh, rd, k), target(), tma, dh=dh)
     if cfg.rotate and k % dh:  # a default decode tile, groups inside heads: the tails buffer
         cfg = dataclasses.replace(cfg, rotate=False)
     out = torch.empty((s, g, n), dtype=torch.bfloat16, device=o.device)
@@ -553,7 +567,7 @@ def wo_a_bf16(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
         run_mutating(_wo_a_bf16_rotating_op, (out,), o, rows_contiguous(positions),
                      rows_contiguous(cos_cache), rows_contiguous(sin_cache),
                      rows_contiguous(w_bf16), out, cfg.block_m, cfg.block_n, cfg.block_k,
-                     cfg.num_warps, cfg.num_stages)
+                     cfg.num_warps, cfg.num_stages, cfg.split_k)
         return out
     tails = torch.empty((s, h, rd), dtype=torch.bfloat16, device=o.device)
     run_mutating(_wo_a_bf16_op, (tails, out), o, rows_contiguous(positions),

@@ -417,10 +417,7 @@ def _gemm_tile(x_ptr, w_ptr, xs_ptr, ws_ptr, M, y_ptr, part_ptr, count_ptr, pid_
     ``batched_gemm_a8w8_mxscale_kernel``: the pipelined K loop, promotion per scale block, the
     store.
 
-    ``SPLIT_K > 1`` (serial split-K): each K part parks its fp32 tile in ``part [SPLIT_K, M,
-    G, N]`` and takes a ticket from the tile's counter in ``count_ptr``; the part that arrives
-    last adds the parts in K order (so the bits never depend on arrival order), writes ``y``
-    and sets the counter back to 0 for the next launch. Counters must start at 0.
+    ``SPLIT_K > 1``: serial split-K (``_split_k_store``).
     """
     BLOCK_K: tl.constexpr = SB
     KB: tl.constexpr = K // SB
@@ -450,20 +447,35 @@ def _gemm_tile(x_ptr, w_ptr, xs_ptr, ws_ptr, M, y_ptr, part_ptr, count_ptr, pid_
     else:
         out = acc
     ok = m_ok[:, None] & n_ok[None, :]
+    tile = pid_m * ((N + BLOCK_N - 1) // BLOCK_N) + pid_n
+    _split_k_store(out, y_ptr, part_ptr, count_ptr, offs_m, offs_n, g, ok, M, pid_k, tile, SYM,
+                   SYG, N, SPLIT_K, OUT_BF16)
+
+
+@triton.jit
+def _split_k_store(out, y_ptr, part_ptr, count_ptr, offs_m, offs_n, g, ok, M, pid_k, tile,
+                   SYM: tl.constexpr, SYG: tl.constexpr, N: tl.constexpr,
+                   SPLIT_K: tl.constexpr, OUT_BF16: tl.constexpr):
+    """Store K part ``pid_k`` of output tile ``tile`` (of group ``g``; grid axis 1 is G).
+
+    ``SPLIT_K > 1`` (serial split-K): each K part parks its fp32 tile in ``part [SPLIT_K, M,
+    G, N]`` and takes a ticket from the tile's counter in ``count_ptr``; the part that arrives
+    last adds the parts in K order (so the bits never depend on arrival order), writes ``y``
+    and sets the counter back to 0 for the next launch. Counters must start at 0."""
     if SPLIT_K > 1:
         G = tl.num_programs(1)
         part_off = (offs_m[:, None] * G + g) * N + offs_n[None, :]
         part_stride = G.to(tl.int64) * M * N  # M may arrive as a constexpr 1
         tl.store(part_ptr + pid_k * part_stride + part_off, out, mask=ok)
         tl.debug_barrier()  # every thread's part is written before the ticket releases it
-        tile = (pid_m * ((N + BLOCK_N - 1) // BLOCK_N) + pid_n) * G + g
-        ticket = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel")
+        counter = count_ptr + tile * G + g
+        ticket = tl.atomic_add(counter, 1, sem="acq_rel")
         if ticket == SPLIT_K - 1:
             out = tl.load(part_ptr + part_off, mask=ok, other=0.0, cache_modifier=".cg")
             for k_part in tl.static_range(1, SPLIT_K):
                 out += tl.load(part_ptr + k_part * part_stride + part_off, mask=ok, other=0.0,
                                cache_modifier=".cg")
-            tl.store(count_ptr + tile, 0)
+            tl.store(counter, 0)
             _store_tile(y_ptr, out, offs_m, offs_n, g, ok, SYM, SYG, OUT_BF16)
     else:
         _store_tile(y_ptr, out, offs_m, offs_n, g, ok, SYM, SYG, OUT_BF16)

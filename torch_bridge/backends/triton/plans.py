@@ -157,17 +157,18 @@ def wo_a_bf16_rotating(s: int, dh: int, rd: int, g: int, n: int, k: int,
                        cfg: bf16_configs.Bf16GemmConfig, *, o: tuple, cos_row: int, sin_row: int,
                        w: tuple, y: tuple, o_dtype: str, rope_dtype: str, target: str) -> Plan:
     """The BF16 chain in one launch (``wo_a_bf16_rotating_kernel``): A read from ``o``, its rope
-    tiles rotated in the kernel."""
+    tiles rotated in the kernel, K split ``cfg.split_k`` ways by heads."""
     from . import bf16_kernels
 
     return Plan(bf16_kernels.wo_a_bf16_rotating_kernel,
-                (configs.cdiv(s, cfg.block_m) * configs.cdiv(n, cfg.block_n), g), dict(
-                    SOM=o[0], SOH=o[1], SCP=cos_row, SSP=sin_row, SWG=w[0], SWN=w[1],
-                    SYM=y[0], SYG=y[1], HPG=k // dh, DH=dh, RD=rd, N=n, BLOCK_M=cfg.block_m,
-                    BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                    ROUND_PRODUCTS=configs.round_products(o_dtype, rope_dtype, target),
-                    DOT_IN_FP32=target == "interpreter", SETTLE_MMA=target == "cuda"),
-                cfg.num_warps, cfg.num_stages)
+                (configs.cdiv(s, cfg.block_m) * configs.cdiv(n, cfg.block_n), g, cfg.split_k),
+                dict(SOM=o[0], SOH=o[1], SCP=cos_row, SSP=sin_row, SWG=w[0], SWN=w[1],
+                     SYM=y[0], SYG=y[1], HPG=k // dh, DH=dh, RD=rd, N=n, BLOCK_M=cfg.block_m,
+                     BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                     ROUND_PRODUCTS=configs.round_products(o_dtype, rope_dtype, target),
+                     DOT_IN_FP32=target == "interpreter", SETTLE_MMA=target == "cuda",
+                     SPLIT_K=cfg.split_k),
+                cfg.num_warps, cfg.num_stages, split_k=cfg.split_k)
 
 
 def wo_a_bf16(s: int, h: int, dh: int, rd: int, g: int, n: int, k: int,
