@@ -415,10 +415,7 @@ def _gemm_tile(x_ptr, w_ptr, xs_ptr, ws_ptr, M, y_ptr, part_ptr, count_ptr, pid_
               SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr, OUT_BF16: tl.constexpr):
     """One output tile (M tile ``pid_m``, N tile ``pid_n``, group ``g``, K part ``pid_k``) of
     ``batched_gemm_a8w8_mxscale_kernel``: the pipelined K loop, promotion per scale block, the
-    store.
-
-    ``SPLIT_K > 1``: serial split-K (``_split_k_store``).
-    """
+    store (``_split_k_store``)."""
     BLOCK_K: tl.constexpr = SB
     KB: tl.constexpr = K // SB
     offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -443,25 +440,21 @@ def _gemm_tile(x_ptr, w_ptr, xs_ptr, ws_ptr, M, y_ptr, part_ptr, count_ptr, pid_
         b_s = _e8m0_to_f32(tl.load(ws_rows + kb, mask=n_ok, other=127))
         acc = _scaled_block_mma(acc, a, b, a_s, b_s, SWAP_AB)
     if SWAP_AB:
-        out = tl.trans(acc)
-    else:
-        out = acc
-    ok = m_ok[:, None] & n_ok[None, :]
+        acc = tl.trans(acc)
     tile = pid_m * ((N + BLOCK_N - 1) // BLOCK_N) + pid_n
-    _split_k_store(out, y_ptr, part_ptr, count_ptr, offs_m, offs_n, g, ok, M, pid_k, tile, SYM,
-                   SYG, N, SPLIT_K, OUT_BF16)
+    _split_k_store(acc, y_ptr, part_ptr, count_ptr, offs_m, offs_n, g,
+                   m_ok[:, None] & n_ok[None, :], M, pid_k, tile, SYM, SYG, N, SPLIT_K, OUT_BF16)
 
 
 @triton.jit
 def _split_k_store(out, y_ptr, part_ptr, count_ptr, offs_m, offs_n, g, ok, M, pid_k, tile,
                    SYM: tl.constexpr, SYG: tl.constexpr, N: tl.constexpr,
                    SPLIT_K: tl.constexpr, OUT_BF16: tl.constexpr):
-    """Store K part ``pid_k`` of output tile ``tile`` (of group ``g``; grid axis 1 is G).
-
-    ``SPLIT_K > 1`` (serial split-K): each K part parks its fp32 tile in ``part [SPLIT_K, M,
-    G, N]`` and takes a ticket from the tile's counter in ``count_ptr``; the part that arrives
-    last adds the parts in K order (so the bits never depend on arrival order), writes ``y``
-    and sets the counter back to 0 for the next launch. Counters must start at 0."""
+    """Store K part ``pid_k`` of output tile ``tile`` of group ``g`` (grid axis 1 is G). With
+    ``SPLIT_K > 1`` (serial split-K) each K part parks its fp32 tile in ``part [SPLIT_K, M, G,
+    N]`` and takes a ticket from the tile's counter in ``count_ptr``; the part that arrives last
+    adds the parts in K order (so the bits never depend on arrival order), writes ``y`` and
+    sets the counter back to 0 for the next launch. Counters must start at 0."""
     if SPLIT_K > 1:
         G = tl.num_programs(1)
         part_off = (offs_m[:, None] * G + g) * N + offs_n[None, :]
