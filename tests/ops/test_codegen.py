@@ -33,7 +33,7 @@ _SM90_SCRIPT = textwrap.dedent("""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from torch_bridge.backends.triton import _common, configs, kernels, launch
+    from torch_bridge.backends.triton import _common, configs, kernels, launch, quant_kernels
 
     def defaults(kernel, sig, cx):
         # The constexprs a launcher leaves at their defaults (PDL off).
@@ -106,10 +106,22 @@ _SM90_SCRIPT = textwrap.dedent("""
     cx = dict(H=128, DH=512, RD=64, GS=128, BLOCK_T=qc.block_r, BLOCK_H=qc.block_h,
               **dict(configs.quant_constants("float8_e4m3fn", 1e-8, True)), ROUND_PRODUCTS=0)
     assert cx["HW_CAST"]
-    code = ptx(kernels.inverse_rope_group_quant_head_kernel, sig, cx,
+    code = ptx(quant_kernels.inverse_rope_group_quant_head_kernel, sig, cx,
                ("o_ptr", "pos_ptr", "cos_ptr", "sin_ptr", "stride_os", "stride_cp", "stride_sp",
                 "q_ptr", "s_ptr"), qc.num_warps)
     print("quant", "cvt.rn.satfinite.e4m3x2.f32" in code, "ld.global.v4" in code)
+    # Decode batches: whole head rows, 1 and 2 tokens a program, as programmatic dependents.
+    whole = []
+    for s in (1, 16):
+        qc = launch.quant_config(s, heads=128, dependent=True)
+        assert qc.whole_head and qc.pdl, qc
+        code = ptx(quant_kernels.inverse_rope_group_quant_head_kernel, sig,
+                   dict(cx, BLOCK_T=qc.block_r, BLOCK_H=qc.block_h, WHOLE_HEAD=True, PDL=True),
+                   ("o_ptr", "pos_ptr", "cos_ptr", "sin_ptr", "stride_os", "stride_cp",
+                    "stride_sp", "q_ptr", "s_ptr"), qc.num_warps)
+        whole.append("cvt.rn.satfinite.e4m3x2.f32" in code and "ld.global.v4" in code
+                     and "griddepcontrol.wait" in code)
+    print("quant whole", *whole)
 
     # The fused chain at its G = 2 decode shape: wgmma and serial split-K; fp32 tables, so
     # the rotation's products are rounded by mul.rn (configs.round_products).
@@ -136,16 +148,18 @@ def test_gpu_only_paths_compile_for_sm90(tmp_path):
     """TMA GEMM tiles (large M and the swapped decode tile) use wgmma and the bulk tensor
     copy; the default decode tile without wgmma (64 x 64 pointer loads) uses wgmma fed by
     cp.async; split-K uses wgmma, an acquire-release ticket and L2 reads of the parts; the
-    per-head quant kernel uses the hardware RNE fp8 cast and 16-byte loads. The fused chain uses
+    per-head quant kernel uses the hardware RNE fp8 cast and 16-byte loads, by groups and by
+    whole head rows (waiting for the kernel before it, as a dependent). The fused chain uses
     wgmma, serial split-K, the hardware cast and, with fp32 tables, products rounded apart."""
     lines = run_compile_script(_SM90_SCRIPT, tmp_path)
-    assert len(lines) == 6, lines
+    assert len(lines) == 7, lines
     assert lines[0].startswith("tma ") and lines[0].endswith("True True"), lines
     assert lines[1].startswith("tma ") and lines[1].endswith("True True"), lines
     assert lines[2].startswith("pointer ") and lines[2].endswith("True True"), lines
     assert lines[3].startswith("split ") and lines[3].endswith("True True"), lines
     assert lines[4] == "quant True True", lines
-    assert lines[5].startswith("fused ") and lines[5].endswith("True True True True"), lines
+    assert lines[5] == "quant whole True True", lines
+    assert lines[6].startswith("fused ") and lines[6].endswith("True True True True"), lines
 
 
 _GLUON_SCRIPT = textwrap.dedent("""
@@ -343,7 +357,7 @@ _AMD_SCRIPT = textwrap.dedent("""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from torch_bridge.backends.triton import _common, configs, kernels, launch
+    from torch_bridge.backends.triton import _common, configs, kernels, launch, quant_kernels
 
     def defaults(kernel, sig, cx):
         # The constexprs a launcher leaves at their defaults (PDL off).
@@ -377,12 +391,19 @@ _AMD_SCRIPT = textwrap.dedent("""
                 "stride_sp": "i32"}
         out = {"q_ptr": f"*{fp8}", "s_ptr": "*u8"}
         qc = launch.quant_config(8192)
-        asm = amdgcn(arch, kernels.inverse_rope_group_quant_head_kernel,
+        asm = amdgcn(arch, quant_kernels.inverse_rope_group_quant_head_kernel,
                      {**rope, **rows, **out},
                      dict(H=8 * g, DH=512, RD=64, GS=128, BLOCK_T=qc.block_r,
                           BLOCK_H=qc.block_h, **consts), ("o_ptr", "q_ptr"), qc.num_warps)
         assert consts["ROUND_PRODUCTS"] == 2 and "v_mul_f32" in asm
-        amdgcn(arch, kernels.inverse_rope_group_quant_kernel,
+        qc = launch.quant_config(1, heads=8 * g)
+        asm = amdgcn(arch, quant_kernels.inverse_rope_group_quant_head_kernel,
+                     {**rope, **rows, **out},
+                     dict(H=8 * g, DH=512, RD=64, GS=128, BLOCK_T=qc.block_r,
+                          BLOCK_H=qc.block_h, WHOLE_HEAD=qc.whole_head, **consts),
+                     ("o_ptr", "q_ptr"), qc.num_warps)
+        assert qc.whole_head and "v_mul_f32" in asm
+        amdgcn(arch, quant_kernels.inverse_rope_group_quant_kernel,
                {**rope, "n_rows": "i32", **dict(list(rows.items())[1:]), **out},
                dict(NQ=8 * g * 512 // 32, GS=32, DH=512, RD=64, BLOCK_R=32, **consts))
         rotate = {**rope, "n_rows": "i32", "n_pos_rows": "i32", "stride_os": "i32",

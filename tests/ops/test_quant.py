@@ -56,11 +56,15 @@ gpu = pytest.mark.gpu
 @pytest.mark.parametrize("config", [launch.QuantConfig(8, 2), launch.QuantConfig(32, 2),
                                     launch.QuantConfig(2, 2, block_h=2),
                                     launch.QuantConfig(4, 2, block_h=3),
-                                    launch.QuantConfig(1, 1, block_h=1)],
+                                    launch.QuantConfig(1, 1, block_h=1),
+                                    launch.QuantConfig(1, 1, block_h=1, whole_head=True),
+                                    launch.QuantConfig(2, 1, block_h=2, whole_head=True),
+                                    launch.QuantConfig(4, 2, block_h=1, whole_head=True)],
                          ids=lambda c: c.label())
 def test_quant_bit_exact(rng, gs, g, pos_dtype, config):
     """Both quant kernels (flat rows; per head, where block_h=3 does not divide H=4 and is cut
-    to a divisor, and one (token, head) per program) give the oracle's bytes."""
+    to a divisor, one (token, head) per program, and whole head rows, with masked tokens at
+    2 and 4 a program) give the oracle's bytes."""
     o, pos, cos, sin = rope_tensors(rng, pos_dtype=pos_dtype)
     q, sc = launch.inverse_rope_group_quant(o, pos, cos, sin, g, gs, config=config)
     assert q.dtype == torch.float8_e4m3fn and sc.dtype == torch.uint8
@@ -68,13 +72,16 @@ def test_quant_bit_exact(rng, gs, g, pos_dtype, config):
     assert_quant_equal(q, sc, *woa_jax.inverse_rope_group_quant(*jx(o, pos, cos, sin), g, gs))
 
 
+@pytest.mark.parametrize("whole_head", [False, True])
 @pytest.mark.parametrize("dh,gs", [(128, 128), (128, 64), (192, 64), (256, 32)])
-def test_quant_heads_of_fewer_or_more_groups_than_the_load_window(rng, dh, gs):
+def test_quant_heads_of_fewer_or_more_groups_than_the_load_window(rng, dh, gs, whole_head):
     """The per-head kernel loads up to four groups ahead of its stores: heads of 1, 2, 3 and 8
-    groups give the oracle's bytes too."""
+    groups give the oracle's bytes too, a group or a whole head row at a time (a head of
+    192 lanes, not a power of two, goes by groups)."""
     o, pos, cos, sin = rope_tensors(rng, s=5, dh=dh)
-    cfg = launch.QuantConfig(4, 1, block_h=1)
-    assert launch.quant_launch(5, 4, dh, gs, cfg).per_head
+    cfg = launch.QuantConfig(4, 1, block_h=1, whole_head=whole_head)
+    shape = launch.quant_launch(5, 4, dh, gs, cfg)
+    assert shape.per_head and shape.shape["WHOLE_HEAD"] is (whole_head and dh != 192)
     q, sc = launch.inverse_rope_group_quant(o, pos, cos, sin, 2, gs, config=cfg)
     assert_quant_equal(q, sc, *woa_jax.inverse_rope_group_quant(*jx(o, pos, cos, sin), 2, gs))
 

@@ -82,7 +82,7 @@ def test_custom_ops_opcheck(rng):
     xq = torch.empty((2, 2, 512), dtype=torch.float8_e4m3fn, device=DEVICE)
     xs = torch.empty((2, 2, 4), dtype=torch.uint8, device=DEVICE)
     torch.library.opcheck(torch.ops.woa_triton.inverse_rope_group_quant.default,
-                          (o, pos, cos, sin, xq, xs, 128, 1e-8, 8, 2, 0, False),
+                          (o, pos, cos, sin, xq, xs, 128, 1e-8, 8, 2, 0, False, False),
                           test_utils=("test_faketensor",))
     x, w, xsc, wsc = gemm_tensors(rng, 2, 2, 64, 128)
     y = torch.empty((2, 2, 64), dtype=torch.bfloat16, device=DEVICE)

@@ -289,6 +289,7 @@ def test_gemm_config_rejects_bad_fields(fields, match):
     (dict(block_r=0), "block_r must be a power of two >= 1, got 0"),
     (dict(num_warps=6), "num_warps must be a power of two"),
     (dict(block_h=-1), "block_h must be >= 0"),
+    (dict(whole_head=True), "whole_head needs the per-head kernel"),
 ])
 def test_quant_config_rejects_bad_fields(fields, match):
     with pytest.raises(ValueError, match=match):
@@ -395,6 +396,7 @@ def test_programmatic_dependent_shapes_are_named_and_reach_the_wgmma_kernel():
     cfg = C(64, 64, split_k=4, num_stages=8, wgmma=True, pdl=True)
     assert cfg.label() == "m64n64k4w4st8WP"
     assert configs.QuantConfig(4, 1, 1, pdl=True).label() == "r4w1h1P"
+    assert configs.QuantConfig(1, 1, 1, pdl=True, whole_head=True).label() == "r1w1h1WP"
     scales = (32, 32, 256, 32)
     for shape in (cfg, dataclasses.replace(cfg, pdl=False)):
         launch = configs.wgmma_launch(64, 2, N, K, 128, shape, out_bytes=2, sms=132,
@@ -402,13 +404,20 @@ def test_programmatic_dependent_shapes_are_named_and_reach_the_wgmma_kernel():
         assert launch.constexprs["PDL"] is shape.pdl
 
 
-@pytest.mark.parametrize("s,tokens", [(1, 1), (8, 1), (9, 2), (16, 2), (17, 4), (8192, 4)])
-def test_quant_programs_take_fewer_tokens_in_decode_batches(s, tokens):
-    """One warp per program and head; 1 token a program up to 8, 2 up to 16, then 4, whatever
-    the heads and the launch (torch and JAX launch the same shape)."""
-    for heads, dependent in ((16, False), (128, True), (0, False)):
+@pytest.mark.parametrize("s,heads,tokens,whole", [
+    (1, 16, 1, True), (64, 16, 1, True), (65, 16, 2, True), (128, 16, 2, True),
+    (129, 16, 4, False), (8, 128, 1, True), (16, 128, 2, True), (17, 128, 4, False),
+    (8192, 128, 4, False),
+    (1, 0, 1, False), (9, 0, 2, False), (17, 0, 4, False),  # heads unknown: by tokens alone
+])
+def test_quant_programs_take_whole_head_rows_in_decode_batches(s, heads, tokens, whole):
+    """One warp per program and head, whatever the launch (torch and JAX launch the same
+    shape): whole head rows up to 2048 (token, head) rows, 1 token a program up to 1024;
+    above, a group at a time, 4 tokens a program (by tokens alone where the heads are not
+    given: 1 up to 8, 2 up to 16)."""
+    for dependent in (False, True):
         cfg = configs.quant_config(s, heads=heads, dependent=dependent)
-        assert (cfg.block_r, cfg.num_warps, cfg.block_h) == (tokens, 1, 1)
+        assert (cfg.block_r, cfg.num_warps, cfg.block_h, cfg.whole_head) == (tokens, 1, 1, whole)
 
 
 @pytest.mark.parametrize("s,heads,dependent,pdl", [
@@ -424,4 +433,5 @@ def test_small_quants_and_the_chains_launch_as_programmatic_dependents(s, heads,
     shape is the same either way."""
     cfg = configs.quant_config(s, heads=heads, dependent=dependent)
     assert cfg.pdl is pdl
-    assert dataclasses.replace(cfg, pdl=False) == configs.quant_config(s)
+    plain = configs.quant_config(s, heads=heads)
+    assert dataclasses.replace(cfg, pdl=plain.pdl) == plain

@@ -18,7 +18,15 @@ from inputs import DH, HPG, RD, N, P
 
 import woa_jax
 from torch_bridge import jax_ops
-from torch_bridge.backends.triton import configs, jax_launch, kernels, launch, plans, xla_ffi
+from torch_bridge.backends.triton import (
+    configs,
+    jax_launch,
+    kernels,
+    launch,
+    plans,
+    quant_kernels,
+    xla_ffi,
+)
 from torch_bridge.backends.triton.xla_ffi import Ref
 from woa_jax.testing import assert_bitwise_equal
 
@@ -233,7 +241,7 @@ def test_quant_spec_rows_kernel(monkeypatch):
     monkeypatch.setattr(configs, "quant_config", lambda s, **_: launch.QuantConfig(16, 2))
     call = _quant_call(7, 2)
     nq = 2 * HPG * DH // 128
-    assert call.kernel is kernels.inverse_rope_group_quant_kernel
+    assert call.kernel is quant_kernels.inverse_rope_group_quant_kernel
     assert call.args == (*map(Ref, range(4)), 7 * nq, P, 16 * DH, 32, 32, Ref(4), Ref(5))
     assert call.grid == (-(-7 * nq // 16),) and call.num_warps == 2
     cx = dict(call.constexprs)
@@ -245,13 +253,13 @@ def test_quant_spec_rows_kernel(monkeypatch):
 def test_quant_spec_head_kernel(monkeypatch):
     monkeypatch.setattr(configs, "quant_config", lambda s, **_: launch.QuantConfig(4, block_h=6))
     call = _quant_call(9, 2)  # H = 16: BLOCK_H = gcd(16, 6) = 2
-    assert call.kernel is kernels.inverse_rope_group_quant_head_kernel
+    assert call.kernel is quant_kernels.inverse_rope_group_quant_head_kernel
     assert call.grid == (3 * 8,)  # token blocks x head blocks
     assert call.scalars == (9, P, 16 * DH, 32, 32)
     cx = dict(call.constexprs)
     assert (cx["H"], cx["BLOCK_T"], cx["BLOCK_H"]) == (16, 4, 2)
     # GS not dividing Dh falls back to the rows kernel, as in the torch launcher
-    assert _quant_call(9, 1, gs=128, dh=192).kernel is kernels.inverse_rope_group_quant_kernel
+    assert _quant_call(9, 1, gs=128, dh=192).kernel is quant_kernels.inverse_rope_group_quant_kernel
 
 
 def _up(nbytes: int) -> int:

@@ -128,12 +128,12 @@ def wo_a_fp8_candidates(m: int, g: int, n: int) -> list:
 
 def quant_candidates() -> list:
     """Quant launch shapes worth timing; ``r1w1h1`` is one warp per (token, head), the most
-    programs a decode batch can have."""
+    programs a decode batch can have, ``W`` whole head rows."""
     from torch_bridge.backends.triton.launch import QuantConfig as Q
 
     return [Q(32, 4), Q(8, 4), Q(4, 1, 1), Q(8, 1, 1), Q(16, 1, 1), Q(8, 2, 1), Q(16, 2, 1),
             Q(4, 4, 1), Q(16, 4, 1), Q(8, 4, 4), Q(2, 4, 8), Q(4, 1, 2), Q(4, 2, 2), Q(2, 1, 1),
-            Q(1, 1, 1)]
+            Q(1, 1, 1), *(Q(t, 1, 1, whole_head=True) for t in (1, 2, 4))]
 
 
 def run_tune(sweep: problem.Sweep, *, on_gpu: bool, reps: int, progress, seed: int,

@@ -37,7 +37,8 @@ class QuantConfig:
     """Launch shape of the quant kernel.
 
     ``block_h == 0``: the flat-rows kernel, ``block_r`` quant groups per program. Else the
-    per-head kernel, ``block_r`` tokens x ``block_h`` heads per program.
+    per-head kernel, ``block_r`` tokens x ``block_h`` heads per program, a group at a time, or
+    a head row at a time with ``whole_head`` (where Dh is a power of two; else by groups).
     """
 
     block_r: int = 32
@@ -46,6 +47,7 @@ class QuantConfig:
     #: Launched as a programmatic dependent (CUDA, Hopper on, unless ``WOA_PDL=0``): wait for
     #: the kernel before it, and let the next one launch at once (``quant_config``).
     pdl: bool = False
+    whole_head: bool = False
 
     def __post_init__(self):
         _check_power_of_two(self, "block_r", self.block_r, 1)
@@ -53,15 +55,22 @@ class QuantConfig:
         if self.block_h < 0:
             raise ValueError(f"QuantConfig.block_h must be >= 0 (0: the flat-rows kernel), got "
                              f"{self.block_h}")
+        if self.whole_head and not self.block_h:
+            raise ValueError("QuantConfig.whole_head needs the per-head kernel (block_h >= 1), "
+                             "got block_h=0")
 
     def label(self) -> str:
         return (f"r{self.block_r}w{self.num_warps}" + (f"h{self.block_h}" if self.block_h else "")
-                + ("P" if self.pdl else ""))
+                + ("W" if self.whole_head else "") + ("P" if self.pdl else ""))
 
 
 def quant_config(s: int, *, heads: int = 0, dependent: bool = False) -> QuantConfig:
-    """The quant launch shape for ``s`` tokens: the per-head kernel, one warp a program, one
-    head and ``quant_tokens(s)`` tokens.
+    """The quant launch shape for ``s`` tokens of ``heads`` heads: the per-head kernel, one
+    warp a program and one head. Up to ``WHOLE_HEAD_ROWS`` (token, head) rows it takes whole
+    head rows, 1 token a program up to ``DEPENDENT_QUANT_ROWS`` rows, else 2: such grids run
+    at once, so the kernel lasts as long as one program, and whole rows take the fewest memory
+    instructions. Larger grids (or ``heads`` unknown) take ``quant_tokens(s)`` tokens a group
+    at a time, which keeps more loads in flight per warp.
 
     One warp holds a whole 1 x 128 group per token row, so each thread keeps more loads in
     flight and more programs fit on an SM than with 4 warps or the flat-rows kernel.
@@ -73,7 +82,11 @@ def quant_config(s: int, *, heads: int = 0, dependent: bool = False) -> QuantCon
     dependents, ``benchmarks/RESULTS.md``), and at every size before a GEMM launched as its
     dependent (``dependent``, ``gemm.chain_dependent``).
     """
-    small = 0 < s * heads <= DEPENDENT_QUANT_ROWS
+    rows = s * heads
+    small = 0 < rows <= DEPENDENT_QUANT_ROWS
+    if 0 < rows <= WHOLE_HEAD_ROWS:
+        return QuantConfig(1 if small else 2, 1, block_h=1, pdl=dependent or small,
+                           whole_head=True)
     return QuantConfig(quant_tokens(s), 1, block_h=1, pdl=dependent or small)
 
 
@@ -90,6 +103,8 @@ def quant_tokens(s: int) -> int:
 
 #: (token, head) rows up to which the quant launches as a programmatic dependent on its own.
 DEPENDENT_QUANT_ROWS = 1024
+#: (token, head) rows up to which the quant takes whole head rows (``quant_config``).
+WHOLE_HEAD_ROWS = 2048
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,11 +120,13 @@ class QuantLaunch:
 def quant_launch(s: int, h: int, dh: int, quant_group_size: int,
                  cfg: QuantConfig) -> QuantLaunch:
     """The per-head kernel when ``cfg.block_h`` is set and GS divides Dh (``block_h`` cut to a
-    divisor of H), else the flat-rows kernel."""
+    divisor of H; whole head rows only where Dh is a power of two), else the flat-rows
+    kernel."""
     if cfg.block_h and dh % quant_group_size == 0:
         block_h = math.gcd(h, cfg.block_h)
+        whole = cfg.whole_head and dh & (dh - 1) == 0
         return QuantLaunch(True, (cdiv(s, cfg.block_r) * (h // block_h),), s,
-                           dict(H=h, BLOCK_T=cfg.block_r, BLOCK_H=block_h))
+                           dict(H=h, BLOCK_T=cfg.block_r, BLOCK_H=block_h, WHOLE_HEAD=whole))
     nq = h * dh // quant_group_size
     return QuantLaunch(False, (cdiv(s * nq, cfg.block_r),), s * nq,
                        dict(NQ=nq, BLOCK_R=cfg.block_r))

@@ -2,11 +2,8 @@
 
 Kernels, named after the op they run:
 
-* ``inverse_rope_group_quant_head_kernel``: inverse GPT-J RoPE of each head's rope tail in
-  fp32, then 1 x GS E8M0 (round-up) FP8 group quantization; one pass over ``o``, a (token
-  block, head) per program (docs/NUMERICS.md, the quantization contract).
-  ``inverse_rope_group_quant_kernel`` is the same over flat groups, for head dims that GS does
-  not divide.
+* The quant kernels (inverse RoPE + 1 x GS E8M0 FP8 quantization) are in ``quant_kernels``;
+  their rotation and quantization helpers are here, shared with the fused chain.
 * ``batched_gemm_a8w8_mxscale_kernel``: block-scaled FP8 batched GEMM, fp32 promotion once per
   scale block along K (docs/NUMERICS.md, the GEMM contract), pointer loads, optional split-K
   reduced in the kernel; ``batched_gemm_a8w8_mxscale_tma_kernel``: the same with
@@ -144,27 +141,6 @@ def _rope_cos_sin(lane, row_ok, pos, cos_ptr, sin_ptr, stride_cp, stride_sp,
 
 
 @triton.jit
-def _inverse_rope_group(x, lane0, pos, row_ok, cos_ptr, sin_ptr, stride_cp, stride_sp,
-                        ROPE_FROM: tl.constexpr, ROWS: tl.constexpr, GS: tl.constexpr,
-                        ROUND_PRODUCTS: tl.constexpr):
-    """Inverse RoPE of one 1 x GS group per row, ``x [ROWS, GS]`` fp32 starting at head lane
-    ``lane0``; lanes below ``ROPE_FROM`` pass through unchanged, cos/sin rows are ``pos``.
-
-    Not ``_rope_cos_sin``: here the rotation's select depends on the lane only (rows out of
-    range rotate by cos 1, sin 0 and are never stored); a per-row select added a ``selp`` per
-    rotated value to the per-head kernel's sm_90 code."""
-    lane = lane0 + 2 * tl.arange(0, GS // 2)  # head offset of each pair's even lane
-    is_rope = lane >= ROPE_FROM
-    col = (lane - ROPE_FROM) // 2
-    rope_ok = row_ok[:, None] & is_rope[None, :]
-    c = tl.load(cos_ptr + pos[:, None] * stride_cp + col[None, :], mask=rope_ok,
-                other=1.0).to(tl.float32)
-    s = tl.load(sin_ptr + pos[:, None] * stride_sp + col[None, :], mask=rope_ok,
-                other=0.0).to(tl.float32)
-    return _inverse_rope_pairs(x, c, s, is_rope[None, :], ROWS, GS, ROUND_PRODUCTS)
-
-
-@triton.jit
 def _dependent_start(PDL: tl.constexpr, LET_NEXT_START: tl.constexpr):
     """Under programmatic dependent launch (Hopper on) a kernel may start while the one before
     it on the stream still runs: wait until that kernel has finished and its writes are
@@ -175,55 +151,6 @@ def _dependent_start(PDL: tl.constexpr, LET_NEXT_START: tl.constexpr):
         if LET_NEXT_START:
             gdc_launch_dependents()
         gdc_wait()
-
-
-@triton.jit
-def inverse_rope_group_quant_kernel(
-    o_ptr, pos_ptr, cos_ptr, sin_ptr, n_rows, n_pos_rows, stride_os, stride_cp, stride_sp,
-    q_ptr, s_ptr,  # outputs after inputs and scalars (the order jax_launch passes them in)
-    NQ: tl.constexpr,  # quant groups per token, H * Dh / GS
-    GS: tl.constexpr,
-    DH: tl.constexpr,
-    RD: tl.constexpr,
-    INV_FP8_MAX: tl.constexpr,  # fp32(1 / fp8_max), exactly representable
-    FP8_MAX: tl.constexpr,
-    FP8_MIN_NORMAL_EXP: tl.constexpr,  # -6 for e4m3fn, -7 for e4m3fnuz
-    AMAX_FLOOR: tl.constexpr,  # the fp32-rounded floor
-    HW_CAST: tl.constexpr,  # the target's fp32 -> fp8 cast is RNE (CUDA e4m3fn)
-    ROUND_PRODUCTS: tl.constexpr,  # how the rotation rounds its products (_product)
-    BLOCK_R: tl.constexpr,
-    PDL: tl.constexpr = False,  # launched as a programmatic dependent launch (_dependent_start)
-):
-    """One program quantizes ``BLOCK_R`` consecutive 1 x GS groups of the flat ``[S * NQ, GS]``.
-
-    Row ``r`` is quant group ``r % NQ`` of token ``r // NQ``; its lanes are ``o``'s lanes
-    ``(r % NQ) * GS + [0, GS)`` of that token, so ``x_fp8`` and ``x_scale`` are written with the
-    same flat index as the (contiguous) outputs. A lane meets its GPT-J partner through
-    ``split``/``join`` (cheaper than a second load of ``lane ^ 1``).
-    """
-    HALF: tl.constexpr = GS // 2
-    _dependent_start(PDL, True)
-    pid = tl.program_id(0)
-    rows = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    row_ok = rows < n_rows
-    tok = rows // NQ
-    qg = rows % NQ
-    lanes = tl.arange(0, GS)
-    x = tl.load(o_ptr + tok[:, None] * stride_os + qg[:, None] * GS + lanes[None, :],
-                mask=row_ok[:, None], other=0.0).to(tl.float32)
-    pos = tl.load(pos_ptr + tok, mask=row_ok, other=0).to(tl.int64)
-    pos = tl.minimum(tl.maximum(pos, 0), n_pos_rows - 1)  # AITER's clamp
-    # GPT-J pairs: (even, odd) neighbours; pair p sits at head offset d = (qg*GS + 2p) % DH.
-    pairs = tl.arange(0, HALF)
-    d = (qg[:, None] * GS + 2 * pairs[None, :]) % DH
-    c, s, is_rope = _rope_cos_sin(d, row_ok, pos, cos_ptr, sin_ptr, stride_cp, stride_sp,
-                                  DH - RD)
-    v = _inverse_rope_pairs(x, c, s, is_rope, BLOCK_R, GS, ROUND_PRODUCTS)
-    q, byte = _quantize_group(v, INV_FP8_MAX, FP8_MAX, FP8_MIN_NORMAL_EXP, AMAX_FLOOR, HW_CAST,
-                              q_ptr.dtype.element_ty)
-    out_off = rows[:, None] * GS + lanes[None, :]
-    tl.store(q_ptr + out_off, q, mask=row_ok[:, None])
-    tl.store(s_ptr + rows, byte.to(tl.uint8), mask=row_ok)
 
 
 @triton.jit
@@ -248,75 +175,6 @@ def _quantize_group(v, INV_FP8_MAX: tl.constexpr, FP8_MAX: tl.constexpr,
     if not HW_CAST:  # the interpreter and non-RNE targets: round on the fp32 side first
         q = _round_fp8_rne(q, FP8_MIN_NORMAL_EXP)
     return q.to(FP8_TY), byte
-
-
-@triton.jit
-def inverse_rope_group_quant_head_kernel(
-    o_ptr, pos_ptr, cos_ptr, sin_ptr, n_tokens, n_pos_rows, stride_os, stride_cp, stride_sp,
-    q_ptr, s_ptr,  # outputs after inputs and scalars (the order jax_launch passes them in)
-    H: tl.constexpr, DH: tl.constexpr, RD: tl.constexpr, GS: tl.constexpr,
-    INV_FP8_MAX: tl.constexpr,  # fp32(1 / fp8_max), exactly representable
-    FP8_MAX: tl.constexpr,
-    FP8_MIN_NORMAL_EXP: tl.constexpr,  # -6 for e4m3fn, -7 for e4m3fnuz
-    AMAX_FLOOR: tl.constexpr,  # the fp32-rounded floor
-    HW_CAST: tl.constexpr,  # the target's fp32 -> fp8 cast is RNE (CUDA e4m3fn)
-    ROUND_PRODUCTS: tl.constexpr,  # how the rotation rounds its products (_product)
-    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
-    PDL: tl.constexpr = False,  # launched as a programmatic dependent launch (_dependent_start)
-):
-    """One program quantizes ``BLOCK_T`` tokens x ``BLOCK_H`` heads, one 1 x GS group at a time.
-
-    Which groups hold rope lanes is known at compile time (the last RD lanes of each head), so
-    only those pay for the GPT-J pair split, the cos/sin loads and the rotation; the others are
-    load -> amax -> scale -> store. ``x_fp8 [S, G, D]`` is ``o``'s packed (H, Dh) layout, so a
-    group's output offset is its input offset without the token padding.
-
-    The 1D grid walks heads fastest: programs that run together read one token block's rows
-    end to end, and a token's scale bytes (one sector per group) are complete in L2 before it
-    evicts them.
-
-    Loads run four groups ahead of the stores (``w0`` .. ``w3``): the compiler keeps a load
-    after a store that may alias it, so a load written next to its group would be issued only
-    once the group before it had arrived and been stored, one memory round trip per group.
-    """
-    NG: tl.constexpr = DH // GS
-    ROPE_FROM: tl.constexpr = DH - RD
-    FP8_TY: tl.constexpr = q_ptr.dtype.element_ty
-    HEAD_BLOCKS: tl.constexpr = H // BLOCK_H
-    _dependent_start(PDL, True)
-    pid = tl.program_id(0)
-    toks = (pid // HEAD_BLOCKS).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    tok_ok = toks < n_tokens
-    pos = tl.load(pos_ptr + toks, mask=tok_ok, other=0).to(tl.int64)
-    pos = tl.minimum(tl.maximum(pos, 0), n_pos_rows - 1)  # AITER's clamp
-    lanes = tl.arange(0, GS)
-    for hh in range(BLOCK_H):
-        h = (pid % HEAD_BLOCKS) * BLOCK_H + hh
-        in_row = o_ptr + toks[:, None] * stride_os + h * DH + lanes[None, :]
-        out_row = q_ptr + toks[:, None] * (H * DH) + h * DH
-        s_row = s_ptr + toks * (H * NG) + h * NG
-        w0 = tl.load(in_row, mask=tok_ok[:, None], other=0.0)
-        w1 = w0  # past the last group: never read
-        w2 = w0
-        w3 = w0
-        if NG > 1:
-            w1 = tl.load(in_row + GS, mask=tok_ok[:, None], other=0.0)
-        if NG > 2:
-            w2 = tl.load(in_row + 2 * GS, mask=tok_ok[:, None], other=0.0)
-        if NG > 3:
-            w3 = tl.load(in_row + 3 * GS, mask=tok_ok[:, None], other=0.0)
-        for j in tl.static_range(NG):
-            x = w0.to(tl.float32)
-            w0, w1, w2 = w1, w2, w3
-            if j + 4 < NG:
-                w3 = tl.load(in_row + (j + 4) * GS, mask=tok_ok[:, None], other=0.0)
-            if (j + 1) * GS > ROPE_FROM:  # this group holds rope lanes
-                x = _inverse_rope_group(x, j * GS, pos, tok_ok, cos_ptr, sin_ptr, stride_cp,
-                                        stride_sp, ROPE_FROM, BLOCK_T, GS, ROUND_PRODUCTS)
-            q, byte = _quantize_group(x, INV_FP8_MAX, FP8_MAX, FP8_MIN_NORMAL_EXP, AMAX_FLOOR,
-                                      HW_CAST, FP8_TY)
-            tl.store(out_row + j * GS + lanes[None, :], q, mask=tok_ok[:, None])
-            tl.store(s_row + j, byte.to(tl.uint8), mask=tok_ok)
 
 
 @triton.jit

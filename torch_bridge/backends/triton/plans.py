@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from . import bf16_configs, configs, kernels
+from . import bf16_configs, configs, kernels, quant_kernels
 from .configs import GemmConfig, QuantConfig
 
 
@@ -52,8 +52,8 @@ def quant(s: int, h: int, dh: int, rd: int, quant_group_size: int, cfg: QuantCon
     """``inverse_rope_group_quant`` of ``o [S, H, Dh]`` with a rope tail of ``rd`` lanes;
     ``pdl``: a programmatic dependent launch (``pdl_launches``)."""
     launch = configs.quant_launch(s, h, dh, quant_group_size, cfg)
-    kernel = (kernels.inverse_rope_group_quant_head_kernel if launch.per_head
-              else kernels.inverse_rope_group_quant_kernel)
+    kernel = (quant_kernels.inverse_rope_group_quant_head_kernel if launch.per_head
+              else quant_kernels.inverse_rope_group_quant_kernel)
     return Plan(kernel, launch.grid, dict(
         GS=quant_group_size, DH=dh, RD=rd, **launch.shape,
         **_fp8_constants(fp8, amax_floor, o_dtype, rope_dtype, target), PDL=pdl), cfg.num_warps,

@@ -32,10 +32,11 @@ def _inverse_rope_group_quant_op(o: torch.Tensor, positions: torch.Tensor,
                                  cos_cache: torch.Tensor, sin_cache: torch.Tensor,
                                  x_fp8: torch.Tensor, x_scale: torch.Tensor,
                                  quant_group_size: int, amax_floor: float, block_r: int,
-                                 num_warps: int, block_h: int, pdl: bool) -> None:
+                                 num_warps: int, block_h: int, pdl: bool,
+                                 whole_head: bool) -> None:
     if o.shape[0] == 0:
         return
-    cfg = QuantConfig(block_r, num_warps, block_h, pdl)
+    cfg = QuantConfig(block_r, num_warps, block_h, pdl, whole_head)
     run, args = _quant_launch(o, positions, cos_cache, sin_cache, x_fp8, x_scale,
                               quant_group_size, amax_floor, cfg)
     with on_device_of(o):
@@ -150,5 +151,5 @@ def inverse_rope_group_quant(o: torch.Tensor, positions: torch.Tensor, cos_cache
                  last_dims_contiguous(o), rows_contiguous(positions),
                  rows_contiguous(cos_cache), rows_contiguous(sin_cache), x_fp8, scale_bytes,
                  quant_group_size, float(amax_floor), cfg.block_r, cfg.num_warps, cfg.block_h,
-                 cfg.pdl)
+                 cfg.pdl, cfg.whole_head)
     return x_fp8, x_scale
