@@ -91,7 +91,8 @@ def quant_config(s: int, *, heads: int = 0, dependent: bool = False) -> QuantCon
 
 
 def quant_tokens(s: int) -> int:
-    """Tokens a quant program takes: 1 up to 8 tokens, 2 up to 16, else 4.
+    """Tokens a program of the group-at-a-time quant takes (``quant_config``: grids above
+    ``WHOLE_HEAD_ROWS``, or the heads not given): 1 up to 8 tokens, 2 up to 16, else 4.
 
     A program's masked rows cost as much as its live ones, and a decode batch's programs all
     fit on the GPU at once, so there its time is one program's: the fewer rows a program
