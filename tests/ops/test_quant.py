@@ -172,6 +172,23 @@ def test_gpu_quant_bytes_exact(s, g):
 
 
 @gpu
+@pytest.mark.parametrize("s,g", [(1, 4), (9, 2), (100, 2), (33, 4), (64, 4), (13, 16)])
+def test_gpu_quant_whole_rows_bytes_exact(s, g):
+    """Decode batches of whole head rows, 1 and 2 tokens a program (one masked at odd S), at
+    G 2 / 4 / 16 as the rule launches them: every byte written and the oracle's."""
+    cfg = launch.quant_config(s, heads=g * HPG)
+    assert cfg.whole_head and cfg.block_r == (1 if s * g * HPG <= 1024 else 2), cfg
+    seed = new_seed()
+    o, pos, cos, sin = rope_inputs(s, g, seed)
+    q, sc = poisoned(s, g, HPG * DH)
+    launch.inverse_rope_group_quant(o, pos, cos, sin, g, 128, x_fp8=q, x_scale=sc)
+    rq, rs = quant_oracle(o, pos, cos, sin, g)
+    assert bool((sc != SCALE_POISON).all()), f"seed {seed}: scale bytes left unwritten"
+    assert_bytes_equal(sc, rs, "scale", seed)
+    assert_bytes_equal(q, rq, "fp8", seed)
+
+
+@gpu
 def test_gpu_quant_fp32_rope_fma_differences_are_rare():
     """With fp32 cos/sin the GPU may contract ``a*c + b*s`` into an FMA (one fp32 ulp apart from the
     oracle's separately rounded products). Against the oracle on XLA:CPU (no contraction), such
