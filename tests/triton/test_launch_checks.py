@@ -334,6 +334,7 @@ def test_bound_wgmma_gemm_keeps_descriptor_expansions_per_base_address(monkeypat
     monkeypatch.setattr(gemm, "sm_count", lambda index: 4)
     monkeypatch.setattr(knobs.runtime, "launch_enter_hook", None)
     monkeypatch.setattr(_common.torch.cuda, "current_device", lambda: None)
+    monkeypatch.setattr(_common, "context_current", lambda device: None)  # CPU: no context
     monkeypatch.setattr(_common, "current_stream", lambda *device: 3)
     g, n, k, m = 2, 256, 512, 8
     w, ws = _fp8(g, n, k), torch.full((g, n // 128, k // 128), 127, dtype=torch.uint8)
