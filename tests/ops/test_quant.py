@@ -160,6 +160,11 @@ def test_quant_rejects_bad_output_buffer(rng):
 @pytest.mark.parametrize("g", GROUPS)
 @pytest.mark.parametrize("s", (*TOKENS, 13))  # 13: two-token programs, one row masked
 def test_gpu_quant_bytes_exact(s, g):
+    _check_rule_bytes(s, g)
+
+
+def _check_rule_bytes(s: int, g: int) -> None:
+    """The default launch into poisoned buffers: every byte written and the oracle's."""
     seed = new_seed()
     pos_dtype = torch.int32 if (s + g) % 2 else torch.int64
     o, pos, cos, sin = rope_inputs(s, g, seed, pos_dtype=pos_dtype)
@@ -178,14 +183,7 @@ def test_gpu_quant_whole_rows_bytes_exact(s, g):
     G 2 / 4 / 16 as the rule launches them: every byte written and the oracle's."""
     cfg = launch.quant_config(s, heads=g * HPG)
     assert cfg.whole_head and cfg.block_r == (1 if s * g * HPG <= 1024 else 2), cfg
-    seed = new_seed()
-    o, pos, cos, sin = rope_inputs(s, g, seed)
-    q, sc = poisoned(s, g, HPG * DH)
-    launch.inverse_rope_group_quant(o, pos, cos, sin, g, 128, x_fp8=q, x_scale=sc)
-    rq, rs = quant_oracle(o, pos, cos, sin, g)
-    assert bool((sc != SCALE_POISON).all()), f"seed {seed}: scale bytes left unwritten"
-    assert_bytes_equal(sc, rs, "scale", seed)
-    assert_bytes_equal(q, rq, "fp8", seed)
+    _check_rule_bytes(s, g)
 
 
 @gpu

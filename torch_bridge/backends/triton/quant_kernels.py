@@ -21,16 +21,16 @@ from .kernels import _dependent_start, _inverse_rope_pairs, _quantize_group, _ro
 
 @triton.jit
 def _inverse_rope_group(x, lane0, pos, row_ok, cos_ptr, sin_ptr, stride_cp, stride_sp,
-                        ROPE_FROM: tl.constexpr, ROWS: tl.constexpr, GS: tl.constexpr,
+                        ROPE_FROM: tl.constexpr, ROWS: tl.constexpr, WIDTH: tl.constexpr,
                         ROUND_PRODUCTS: tl.constexpr):
-    """Inverse RoPE of ``GS`` lanes per row (a quant group, or a whole head), ``x [ROWS, GS]``
-    fp32 starting at head lane ``lane0``; lanes below ``ROPE_FROM`` pass through unchanged,
-    cos/sin rows are ``pos``.
+    """Inverse RoPE of ``WIDTH`` lanes per row (a quant group, or a whole head),
+    ``x [ROWS, WIDTH]`` fp32 starting at head lane ``lane0``; lanes below ``ROPE_FROM`` pass
+    through unchanged, cos/sin rows are ``pos``.
 
     Not ``_rope_cos_sin``: here the rotation's select depends on the lane only (rows out of
     range rotate by cos 1, sin 0 and are never stored); a per-row select added a ``selp`` per
     rotated value to the per-head kernel's sm_90 code."""
-    lane = lane0 + 2 * tl.arange(0, GS // 2)  # head offset of each pair's even lane
+    lane = lane0 + 2 * tl.arange(0, WIDTH // 2)  # head offset of each pair's even lane
     is_rope = lane >= ROPE_FROM
     col = (lane - ROPE_FROM) // 2
     rope_ok = row_ok[:, None] & is_rope[None, :]
@@ -38,7 +38,7 @@ def _inverse_rope_group(x, lane0, pos, row_ok, cos_ptr, sin_ptr, stride_cp, stri
                 other=1.0).to(tl.float32)
     s = tl.load(sin_ptr + pos[:, None] * stride_sp + col[None, :], mask=rope_ok,
                 other=0.0).to(tl.float32)
-    return _inverse_rope_pairs(x, c, s, is_rope[None, :], ROWS, GS, ROUND_PRODUCTS)
+    return _inverse_rope_pairs(x, c, s, is_rope[None, :], ROWS, WIDTH, ROUND_PRODUCTS)
 
 
 @triton.jit
@@ -133,7 +133,6 @@ def inverse_rope_group_quant_head_kernel(
     tok_ok = toks < n_tokens
     pos = tl.load(pos_ptr + toks, mask=tok_ok, other=0).to(tl.int64)
     pos = tl.minimum(tl.maximum(pos, 0), n_pos_rows - 1)  # AITER's clamp
-    lanes = tl.arange(0, GS)
     for hh in range(BLOCK_H):
         h = (pid % HEAD_BLOCKS) * BLOCK_H + hh
         out_row = q_ptr + toks[:, None] * (H * DH) + h * DH
@@ -150,6 +149,7 @@ def inverse_rope_group_quant_head_kernel(
             tl.store(s_row[:, None] + tl.arange(0, NG)[None, :],
                      tl.reshape(byte, (BLOCK_T, NG)).to(tl.uint8), mask=tok_ok[:, None])
         else:
+            lanes = tl.arange(0, GS)
             in_row = o_ptr + toks[:, None] * stride_os + h * DH + lanes[None, :]
             w0 = tl.load(in_row, mask=tok_ok[:, None], other=0.0)
             w1 = w0  # past the last group: never read
