@@ -122,6 +122,19 @@ _SM90_SCRIPT = textwrap.dedent("""
         whole.append("cvt.rn.satfinite.e4m3x2.f32" in code and "ld.global.v4" in code
                      and "griddepcontrol.wait" in code)
     print("quant whole", *whole)
+    # DeepGEMM's token-major fp32 scales, by whole rows (decode) and by groups.
+    mn = []
+    for s, whole_head in ((16, True), (8192, False)):
+        qc = launch.quant_config(s, heads=128)
+        assert qc.whole_head is whole_head, qc
+        code = ptx(quant_kernels.inverse_rope_group_quant_head_kernel, dict(sig, s_ptr="*fp32"),
+                   dict(cx, BLOCK_T=qc.block_r, BLOCK_H=qc.block_h, WHOLE_HEAD=whole_head,
+                        PDL=qc.pdl, SCALE_MN_ALIGN=4),
+                   ("o_ptr", "pos_ptr", "cos_ptr", "sin_ptr", "stride_os", "stride_cp",
+                    "stride_sp", "q_ptr", "s_ptr"), qc.num_warps)
+        mn.append("cvt.rn.satfinite.e4m3x2.f32" in code and "ld.global.v4" in code
+                  and "st.global.b32" in code)
+    print("quant mn", *mn)
 
     # The fused chain at its G = 2 decode shape: wgmma and serial split-K; fp32 tables, so
     # the rotation's products are rounded by mul.rn (configs.round_products).
@@ -149,17 +162,19 @@ def test_gpu_only_paths_compile_for_sm90(tmp_path):
     copy; the default decode tile without wgmma (64 x 64 pointer loads) uses wgmma fed by
     cp.async; split-K uses wgmma, an acquire-release ticket and L2 reads of the parts; the
     per-head quant kernel uses the hardware RNE fp8 cast and 16-byte loads, by groups and by
-    whole head rows (waiting for the kernel before it, as a dependent). The fused chain uses
+    whole head rows (waiting for the kernel before it, as a dependent), and writes fp32
+    token-major scales for DeepGEMM either way. The fused chain uses
     wgmma, serial split-K, the hardware cast and, with fp32 tables, products rounded apart."""
     lines = run_compile_script(_SM90_SCRIPT, tmp_path)
-    assert len(lines) == 7, lines
+    assert len(lines) == 8, lines
     assert lines[0].startswith("tma ") and lines[0].endswith("True True"), lines
     assert lines[1].startswith("tma ") and lines[1].endswith("True True"), lines
     assert lines[2].startswith("pointer ") and lines[2].endswith("True True"), lines
     assert lines[3].startswith("split ") and lines[3].endswith("True True"), lines
     assert lines[4] == "quant True True", lines
     assert lines[5] == "quant whole True True", lines
-    assert lines[6].startswith("fused ") and lines[6].endswith("True True True True"), lines
+    assert lines[6] == "quant mn True True", lines
+    assert lines[7].startswith("fused ") and lines[7].endswith("True True True True"), lines
 
 
 _GLUON_SCRIPT = textwrap.dedent("""

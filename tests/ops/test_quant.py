@@ -86,6 +86,41 @@ def test_quant_heads_of_fewer_or_more_groups_than_the_load_window(rng, dh, gs, w
     assert_quant_equal(q, sc, *woa_jax.inverse_rope_group_quant(*jx(o, pos, cos, sin), 2, gs))
 
 
+@pytest.mark.parametrize("s", [1, 5, 8])
+@pytest.mark.parametrize("config", [launch.QuantConfig(1, 1, block_h=1),
+                                    launch.QuantConfig(4, 2, block_h=2),
+                                    launch.QuantConfig(2, 1, block_h=1, whole_head=True),
+                                    launch.QuantConfig(4, 1, block_h=2, whole_head=True)],
+                         ids=lambda c: c.label())
+def test_quant_token_major_fp32_scales(rng, s, config):
+    """``scale_mn_align``: each scale as the fp32 power of two its byte stands for, at
+    ``(g * Ks + j) * S_pad + s`` (S padded to 4; DeepGEMM's sm_90 layout), a group or a whole
+    head at a time; the fp8 bytes and the scale values are the oracle's, the padding is left
+    as it was."""
+    o, pos, cos, sin = rope_tensors(rng, s=s)
+    buf = torch.full((2 * 8, -(-s // 4) * 4), -1.0, dtype=torch.float32, device=DEVICE)
+    view = buf.view(2, 8, -1).permute(2, 0, 1)[:s]
+    q, sc = launch.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, config=config,
+                                            x_scale=view, scale_mn_align=4)
+    assert sc is view
+    rq, rs = woa_jax.inverse_rope_group_quant(*jx(o, pos, cos, sin), 2, 128)
+    want = np.ldexp(np.float32(1), np.asarray(rs).view(np.uint8).astype(np.int32) - 127)
+    np.testing.assert_array_equal(to_numpy(sc), want)
+    np.testing.assert_array_equal(to_numpy(q).view(np.uint8), np.asarray(rq).view(np.uint8))
+    assert bool((buf[:, s:] == -1.0).all()), "padding tokens written"
+
+
+def test_quant_token_major_scales_rejected_where_they_cannot_be_written(rng):
+    """Token-major scales need the per-head kernel and an fp32 buffer of their strides."""
+    o, pos, cos, sin = rope_tensors(rng, s=5)
+    with pytest.raises(ValueError, match="per-head quant kernel"):
+        launch.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, scale_mn_align=4,
+                                        config=launch.QuantConfig(8, 2))
+    row = torch.empty((5, 2, 8), dtype=torch.float32, device=DEVICE)
+    with pytest.raises(ValueError, match=r"x_scale must be fp32 of strides \[1, 64, 8\]"):
+        launch.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, scale_mn_align=4, x_scale=row)
+
+
 def test_strided_positions_are_read_as_values_not_memory(rng):
     """The kernels read positions with unit stride; a strided view (here every other entry of
     a longer vector) must give the bytes of its values, not of its neighbours in memory."""

@@ -82,8 +82,12 @@ def test_custom_ops_opcheck(rng):
     xq = torch.empty((2, 2, 512), dtype=torch.float8_e4m3fn, device=DEVICE)
     xs = torch.empty((2, 2, 4), dtype=torch.uint8, device=DEVICE)
     torch.library.opcheck(torch.ops.woa_triton.inverse_rope_group_quant.default,
-                          (o, pos, cos, sin, xq, xs, 128, 1e-8, 8, 2, 0, False, False),
+                          (o, pos, cos, sin, xq, xs, 128, 1e-8, 8, 2, 0, False, False, 0),
                           test_utils=("test_faketensor",))
+    token_major = quant.token_major_scales((2, 2, 4), 4, torch.device(DEVICE))
+    torch.library.opcheck(torch.ops.woa_triton.inverse_rope_group_quant.default,
+                          (o, pos, cos, sin, xq, token_major, 128, 1e-8, 1, 1, 1, False, True,
+                           4), test_utils=("test_faketensor",))
     x, w, xsc, wsc = gemm_tensors(rng, 2, 2, 64, 128)
     y = torch.empty((2, 2, 64), dtype=torch.bfloat16, device=DEVICE)
     torch.library.opcheck(torch.ops.woa_triton.batched_gemm_a8w8_mxscale.default,

@@ -48,14 +48,23 @@ def _fp8_constants(fp8: str, amax_floor: float, o_dtype: str, rope_dtype: str,
 
 def quant(s: int, h: int, dh: int, rd: int, quant_group_size: int, cfg: QuantConfig, *,
           fp8: str, amax_floor: float, o_dtype: str, rope_dtype: str, target: str,
-          pdl: bool = False) -> Plan:
+          pdl: bool = False, scale_mn_align: int = 0) -> Plan:
     """``inverse_rope_group_quant`` of ``o [S, H, Dh]`` with a rope tail of ``rd`` lanes;
-    ``pdl``: a programmatic dependent launch (``pdl_launches``)."""
+    ``pdl``: a programmatic dependent launch (``pdl_launches``); ``scale_mn_align > 0``: fp32
+    scales, token-major with S padded to that multiple (the per-head kernel's
+    ``_store_scales``)."""
     launch = configs.quant_launch(s, h, dh, quant_group_size, cfg)
     kernel = (quant_kernels.inverse_rope_group_quant_head_kernel if launch.per_head
               else quant_kernels.inverse_rope_group_quant_kernel)
+    shape = dict(launch.shape)
+    if launch.per_head:
+        shape["SCALE_MN_ALIGN"] = scale_mn_align
+    elif scale_mn_align:
+        raise ValueError(f"token-major fp32 scales need the per-head quant kernel: GS "
+                         f"{quant_group_size} must divide Dh {dh} and the config must set "
+                         f"block_h (got {cfg.label()})")
     return Plan(kernel, launch.grid, dict(
-        GS=quant_group_size, DH=dh, RD=rd, **launch.shape,
+        GS=quant_group_size, DH=dh, RD=rd, **shape,
         **_fp8_constants(fp8, amax_floor, o_dtype, rope_dtype, target), PDL=pdl), cfg.num_warps,
         n_work=launch.n_work)
 

@@ -33,25 +33,25 @@ def _inverse_rope_group_quant_op(o: torch.Tensor, positions: torch.Tensor,
                                  x_fp8: torch.Tensor, x_scale: torch.Tensor,
                                  quant_group_size: int, amax_floor: float, block_r: int,
                                  num_warps: int, block_h: int, pdl: bool,
-                                 whole_head: bool) -> None:
+                                 whole_head: bool, scale_mn_align: int) -> None:
     if o.shape[0] == 0:
         return
     cfg = QuantConfig(block_r, num_warps, block_h, pdl, whole_head)
     run, args = _quant_launch(o, positions, cos_cache, sin_cache, x_fp8, x_scale,
-                              quant_group_size, amax_floor, cfg)
+                              quant_group_size, amax_floor, cfg, scale_mn_align)
     with on_device_of(o):
         run(args)
 
 
 def _quant_launch(o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size,
-                  amax_floor, cfg: QuantConfig):
+                  amax_floor, cfg: QuantConfig, scale_mn_align: int = 0):
     """``(launch, runtime arguments)`` of one quant call."""
     key = ("quant", *signature(o), *signature(cos_cache), x_fp8.dtype, quant_group_size,
-           amax_floor, cfg)
+           amax_floor, cfg, scale_mn_align)
     run = launch_for(key, lambda: Launch(plans.quant(
         *o.shape, 2 * cos_cache.shape[1], quant_group_size, cfg, fp8=dtype_name(x_fp8.dtype),
         amax_floor=amax_floor, o_dtype=dtype_name(o.dtype), rope_dtype=dtype_name(cos_cache.dtype),
-        target=target(), pdl=pdl(o.device.index, cfg.pdl))))
+        target=target(), pdl=pdl(o.device.index, cfg.pdl), scale_mn_align=scale_mn_align)))
     return run, (o, positions, cos_cache, sin_cache, run.plan.n_work, cos_cache.shape[0],
                  o.stride(0), cos_cache.stride(0), sin_cache.stride(0), x_fp8, x_scale)
 
@@ -112,7 +112,7 @@ def inverse_rope_group_quant(o: torch.Tensor, positions: torch.Tensor, cos_cache
                              *, amax_floor: float = AITER_AMAX_FLOOR,
                              x_fp8: torch.Tensor | None = None,
                              x_scale: torch.Tensor | None = None,
-                             config: QuantConfig | None = None
+                             config: QuantConfig | None = None, scale_mn_align: int = 0
                              ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused inverse RoPE + 1 x GS E8M0 FP8 quantization (AITER semantics), one read of ``o``.
 
@@ -125,14 +125,19 @@ def inverse_rope_group_quant(o: torch.Tensor, positions: torch.Tensor, cos_cache
       quant_group_size: GS in {32, 64, 128}.
       amax_floor: 1e-8 (AITER) or 1e-10 (vLLM CUDA).
       x_fp8: optional contiguous ``[S, G, D]`` fp8 output (its dtype picks e4m3fn / e4m3fnuz).
-      x_scale: optional contiguous ``[S, G, D / GS]`` uint8 or float8_e8m0fnu output.
+      x_scale: optional contiguous ``[S, G, D / GS]`` uint8 or float8_e8m0fnu output; with
+        ``scale_mn_align``, an fp32 ``[S, G, D / GS]`` view of strides ``token_major_strides``.
       config: launch shape; ``None`` uses ``configs.quant_config(S, heads=H)``.
+      scale_mn_align: ``0`` (the row layout of E8M0 bytes), or the scales as fp32 powers of
+        two, token-major: scale ``(s, g, j)`` at ``(g * D / GS + j) * S_pad + s``, ``S_pad``
+        = S rounded up to a multiple of ``scale_mn_align`` (DeepGEMM's sm_90 layout, 4).
 
     Returns:
       ``(x_fp8 [S, G, D], x_scale [S, G, D / GS])``; the given buffers when passed.
 
     Raises:
-      ValueError: ``x_fp8`` or ``x_scale`` is not a contiguous tensor of its shape.
+      ValueError: ``x_fp8`` or ``x_scale`` is not a tensor of its shape and strides, or
+        token-major scales asked of a head dim that GS does not divide.
     """
     s, h, dh = o.shape
     d = h * dh // num_groups
@@ -140,16 +145,41 @@ def inverse_rope_group_quant(o: torch.Tensor, positions: torch.Tensor, cos_cache
     if x_fp8 is None:
         x_fp8 = torch.empty(shape_q, dtype=torch.float8_e4m3fn, device=o.device)
     if x_scale is None:
-        x_scale = torch.empty(shape_s, dtype=torch.uint8, device=o.device)
+        x_scale = (token_major_scales(shape_s, scale_mn_align, o.device) if scale_mn_align
+                   else torch.empty(shape_s, dtype=torch.uint8, device=o.device))
     for name, t, shape in (("x_fp8", x_fp8, shape_q), ("x_scale", x_scale, shape_s)):
-        if tuple(t.shape) != shape or not t.is_contiguous():
+        if tuple(t.shape) != shape or not (t.is_contiguous() or t is x_scale and scale_mn_align):
             raise ValueError(f"{name} must be a contiguous {list(shape)} tensor, got shape "
                              f"{list(t.shape)} with strides {list(t.stride())}")
+    if scale_mn_align:
+        strides = token_major_strides(shape_s, scale_mn_align)
+        if x_scale.dtype != torch.float32 or any(
+                n > 1 and st != want
+                for n, st, want in zip(shape_s, x_scale.stride(), strides, strict=True)):
+            raise ValueError(f"token-major x_scale must be fp32 of strides {list(strides)}, "
+                             f"got {x_scale.dtype} of strides {list(x_scale.stride())}")
     cfg = config or configs.quant_config(s, heads=h)
-    scale_bytes = e8m0_bytes(x_scale)
-    run_mutating(_inverse_rope_group_quant_op, (x_fp8, scale_bytes),
+    scale_out = x_scale if scale_mn_align else e8m0_bytes(x_scale)
+    run_mutating(_inverse_rope_group_quant_op, (x_fp8, scale_out),
                  last_dims_contiguous(o), rows_contiguous(positions),
-                 rows_contiguous(cos_cache), rows_contiguous(sin_cache), x_fp8, scale_bytes,
+                 rows_contiguous(cos_cache), rows_contiguous(sin_cache), x_fp8, scale_out,
                  quant_group_size, float(amax_floor), cfg.block_r, cfg.num_warps, cfg.block_h,
-                 cfg.pdl, cfg.whole_head)
+                 cfg.pdl, cfg.whole_head, scale_mn_align)
     return x_fp8, x_scale
+
+
+def token_major_strides(shape: tuple[int, int, int], align: int) -> tuple[int, int, int]:
+    """The strides of an ``[S, G, Ks]`` scale view whose ``[G * Ks, S_pad]`` buffer holds
+    each quant group's tokens contiguously, ``S_pad`` = S rounded up to ``align``."""
+    s, _, ks = shape
+    pad = configs.cdiv(max(s, 1), align) * align
+    return (1, ks * pad, pad)
+
+
+def token_major_scales(shape: tuple[int, int, int], align: int,
+                       device: torch.device) -> torch.Tensor:
+    """A new fp32 ``[S, G, Ks]`` scale view of ``token_major_strides`` (padding unset)."""
+    s, g, ks = shape
+    strides = token_major_strides(shape, align)
+    return torch.empty((g * ks, strides[2]), dtype=torch.float32, device=device).view(
+        g, ks, strides[2]).permute(2, 0, 1)[:s]

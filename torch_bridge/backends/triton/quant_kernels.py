@@ -91,6 +91,25 @@ def inverse_rope_group_quant_kernel(
 
 
 @triton.jit
+def _store_scales(s_ptr, byte, toks, groups, n_tokens, NQ: tl.constexpr,
+                  MN_ALIGN: tl.constexpr):
+    """Store the ``[T, n]`` scale bytes of tokens ``toks [T]`` in quant groups ``groups [n]``.
+
+    ``MN_ALIGN == 0``: E8M0 bytes in the row layout ``[S, NQ]``. ``MN_ALIGN > 0``: the fp32
+    value ``2**(byte - 127)`` (the byte shifted into the exponent field, as
+    ``torch_ref.e8m0_decode``) at ``group * S_pad + token``, ``S_pad`` = S rounded up to
+    ``MN_ALIGN``: the token-major layout DeepGEMM's sm_90 kernels read their activation scales
+    in, written here so that no conversion runs between the quant and that GEMM."""
+    tok_ok = (toks < n_tokens)[:, None]
+    if MN_ALIGN == 0:
+        tl.store(s_ptr + toks[:, None] * NQ + groups[None, :], byte.to(tl.uint8), mask=tok_ok)
+    else:
+        ld = (n_tokens + MN_ALIGN - 1) // MN_ALIGN * MN_ALIGN
+        value = (byte.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+        tl.store(s_ptr + groups[None, :] * ld + toks[:, None], value, mask=tok_ok)
+
+
+@triton.jit
 def inverse_rope_group_quant_head_kernel(
     o_ptr, pos_ptr, cos_ptr, sin_ptr, n_tokens, n_pos_rows, stride_os, stride_cp, stride_sp,
     q_ptr, s_ptr,  # outputs after inputs and scalars (the order jax_launch passes them in)
@@ -104,6 +123,7 @@ def inverse_rope_group_quant_head_kernel(
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
     PDL: tl.constexpr = False,  # launched as a programmatic dependent launch (_dependent_start)
     WHOLE_HEAD: tl.constexpr = False,  # a head row at a time (Dh a power of two)
+    SCALE_MN_ALIGN: tl.constexpr = 0,  # > 0: fp32 scales, token-major (_store_scales)
 ):
     """One program quantizes ``BLOCK_T`` tokens x ``BLOCK_H`` heads, one 1 x GS group at a time.
 
@@ -136,7 +156,6 @@ def inverse_rope_group_quant_head_kernel(
     for hh in range(BLOCK_H):
         h = (pid % HEAD_BLOCKS) * BLOCK_H + hh
         out_row = q_ptr + toks[:, None] * (H * DH) + h * DH
-        s_row = s_ptr + toks * (H * NG) + h * NG
         if WHOLE_HEAD:
             head = tl.arange(0, DH)
             x = tl.load(o_ptr + toks[:, None] * stride_os + h * DH + head[None, :],
@@ -146,8 +165,8 @@ def inverse_rope_group_quant_head_kernel(
             q, byte = _quantize_group(tl.reshape(x, (BLOCK_T * NG, GS)), INV_FP8_MAX, FP8_MAX,
                                       FP8_MIN_NORMAL_EXP, AMAX_FLOOR, HW_CAST, FP8_TY)
             tl.store(out_row + head[None, :], tl.reshape(q, (BLOCK_T, DH)), mask=tok_ok[:, None])
-            tl.store(s_row[:, None] + tl.arange(0, NG)[None, :],
-                     tl.reshape(byte, (BLOCK_T, NG)).to(tl.uint8), mask=tok_ok[:, None])
+            _store_scales(s_ptr, tl.reshape(byte, (BLOCK_T, NG)), toks,
+                          h * NG + tl.arange(0, NG), n_tokens, H * NG, SCALE_MN_ALIGN)
         else:
             lanes = tl.arange(0, GS)
             in_row = o_ptr + toks[:, None] * stride_os + h * DH + lanes[None, :]
@@ -172,4 +191,5 @@ def inverse_rope_group_quant_head_kernel(
                 q, byte = _quantize_group(x, INV_FP8_MAX, FP8_MAX, FP8_MIN_NORMAL_EXP, AMAX_FLOOR,
                                           HW_CAST, FP8_TY)
                 tl.store(out_row + j * GS + lanes[None, :], q, mask=tok_ok[:, None])
-                tl.store(s_row + j, byte.to(tl.uint8), mask=tok_ok)
+                _store_scales(s_ptr, tl.reshape(byte, (BLOCK_T, 1)), toks,
+                              h * NG + j + tl.arange(0, 1), n_tokens, H * NG, SCALE_MN_ALIGN)
