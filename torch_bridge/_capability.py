@@ -16,8 +16,8 @@ import re
 
 #: Environment variables read by ``torch_bridge`` (name -> meaning), for documentation and errors.
 ENV_VARS: dict[str, str] = {
-    "WOA_BACKEND": "auto (default), aiter, triton, torch or bf16: the backend every op uses "
-                   "unless the call passes backend=",
+    "WOA_BACKEND": "auto (default), aiter, triton, deepgemm, torch or bf16: the backend every op "
+                   "uses unless the call passes backend=",
     "WOA_USE_AITER": "1 (default) or 0: 0 keeps backend='auto' off AITER and makes an explicit "
                      "aiter request fail with that reason",
     "WOA_USE_TRITON": "1 (default) or 0: the same switch for the Triton backend",

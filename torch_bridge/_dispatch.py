@@ -34,11 +34,11 @@ Op = Literal["inverse_rope_group_quant", "batched_gemm_a8w8_mxscale", "wo_a"]
 BackendOp = Literal["inverse_rope_group_quant", "batched_gemm_a8w8_mxscale", "wo_a_fp8",
                     "wo_a_bf16"]
 #: The ``backend=`` argument of every entry point (and the values of ``WOA_BACKEND``).
-BackendName = Literal["auto", "aiter", "triton", "torch", "bf16"]
-BACKENDS: tuple[str, ...] = ("aiter", "triton", "torch", "bf16")
+BackendName = Literal["auto", "aiter", "triton", "deepgemm", "torch", "bf16"]
+BACKENDS: tuple[str, ...] = ("aiter", "triton", "deepgemm", "torch", "bf16")
 #: Backend name -> module (or package) under ``torch_bridge.backends``.
-BACKEND_MODULES: dict[str, str] = {"aiter": "aiter", "triton": "triton", "torch": "torch_ref",
-                                   "bf16": "bf16"}
+BACKEND_MODULES: dict[str, str] = {"aiter": "aiter", "triton": "triton", "deepgemm": "deepgemm",
+                                   "torch": "torch_ref", "bf16": "bf16"}
 #: The two ops that make up the FP8 ``wo_a`` chain on one backend.
 FP8_CHAIN: tuple[str, str] = ("inverse_rope_group_quant", "batched_gemm_a8w8_mxscale")
 
@@ -192,7 +192,7 @@ class _Unusable:
 
 def _load(name: str) -> Backend:
     module = f"torch_bridge.backends.{BACKEND_MODULES[name]}"
-    label = {"aiter": "AITER", "bf16": "BF16"}.get(name, name.capitalize())
+    label = {"aiter": "AITER", "bf16": "BF16", "deepgemm": "DeepGEMM"}.get(name, name.capitalize())
     try:
         be = importlib.import_module(module).BACKEND
     except ImportError as e:

@@ -43,6 +43,16 @@ def test_peer_rows_skip_without_a_gpu_saying_why(bench):
     assert all(r["us"] is None for r in rows)
 
 
+@on_cpu
+def test_deepgemm_backend_rows_skip_without_it_saying_why(bench):
+    rc, rows = bench("--ms", "1", "--reps", "1", "--providers",
+                     "gemm_deepgemm_op,chain_fp8_deepgemm")
+    assert rc == 0
+    for r in rows:
+        assert r["us"] is None and r["check"].startswith(
+            "skipped: the deepgemm backend cannot run here: "), r
+
+
 def test_missing_vllm_file_is_a_skip_naming_the_path(tmp_path, monkeypatch):
     monkeypatch.setenv("WOA_PEERS_DIR", str(tmp_path))
     assert peers.peers_dir() == tmp_path
@@ -143,12 +153,13 @@ def test_vllm_quant_file_runs_under_the_interpreter(run_python, tmp_path):
 def test_vs_peer_divides_ours_by_the_peer_row():
     rows = {name: {"kind": PROVIDERS[name].kind, "us": us} for name, us in
             [("quant_triton", 3.0), ("quant_vllm", 4.0), ("chain_fp8", 10.0),
-             ("chain_fp8_triton", 9.0), ("chain_peer", 12.0), ("gemm_triton", 5.0),
-             ("gemm_deepgemm", None)]}
+             ("chain_fp8_triton", 9.0), ("chain_fp8_deepgemm", 6.0), ("chain_peer", 12.0),
+             ("gemm_triton", 5.0), ("gemm_deepgemm", None)]}
     sweep.add_ratios(rows)
     assert rows["quant_triton"]["vs_peer"] == 0.75
     assert rows["chain_fp8"]["vs_peer"] == 10.0 / 12.0
     assert rows["chain_fp8_triton"]["vs_peer"] == 0.75
+    assert rows["chain_fp8_deepgemm"]["vs_peer"] == 0.5
     assert {n for n, r in rows.items() if "vs_peer" in r} == set(sweep.PEER_OF)
     assert "vs_deepgemm" not in rows["gemm_triton"]  # the peer row was skipped
 

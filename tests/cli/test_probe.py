@@ -14,7 +14,8 @@ def test_probe_table_lists_every_backend_per_op(woa, reads_well):
     # Rows start at column 0; a wrapped "why" continues on indented lines.
     rows = [line.split() for line in proc.stdout.splitlines() if line[:1].strip()]
     for op in ("inverse_rope_group_quant", "batched_gemm_a8w8_mxscale", "wo_a"):
-        assert {r[1] for r in rows if r[:1] == [op]} == {"aiter", "triton", "torch", "bf16"}
+        assert {r[1] for r in rows if r[:1] == [op]} == {"aiter", "triton", "deepgemm", "torch",
+                                                           "bf16"}
     # Without a GPU or interpreter, Triton says why; the pure-torch reference always runs.
     triton = next(r for r in rows if r[:2] == ["inverse_rope_group_quant", "triton"])
     assert triton[2] == "no"

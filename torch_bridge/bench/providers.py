@@ -195,6 +195,38 @@ def projection(p: Problem, backend: str):
                          backend=backend)
 
 
+def gemm_deepgemm_op(sets, on_gpu):
+    """The public op on the deepgemm backend: its E8M0 scales converted on each call."""
+    import torch_bridge as tb
+
+    _deepgemm_backend_here()
+
+    def gemm(p, out):
+        return tb.batched_gemm_a8w8_mxscale(p.x, p.w, p.xs, p.ws, backend="deepgemm", out=out)
+
+    outs = [_out(p) for p in sets]
+    msg = check_close(gemm(sets[0], outs[0]), sets[0], "gemm")
+    return [(lambda p=p, y=y: gemm(p, y)) for p, y in zip(sets, outs, strict=True)], msg
+
+
+def chain_fp8_deepgemm(sets, on_gpu):
+    """``WoAProjection(backend="deepgemm")``: our quant writing DeepGEMM's scales, then its
+    einsum."""
+    _deepgemm_backend_here()
+    layers = [projection(p, "deepgemm") for p in sets]
+    p0 = sets[0]
+    msg = check_close(layers[0](p0.o, p0.pos), p0, "chain_fp8_layer")
+    return [(lambda f=f, p=p: f(p.o, p.pos)) for f, p in zip(layers, sets, strict=True)], msg
+
+
+def _deepgemm_backend_here() -> None:
+    from torch_bridge import _dispatch
+
+    ok, why = _dispatch.get_backend("deepgemm").is_available()
+    if not ok:
+        raise Skip(f"the deepgemm backend cannot run here: {why}")
+
+
 def chain_bf16(sets, on_gpu):
     layers = [projection(p, "bf16") for p in sets]
     msg = check_close(layers[0](sets[0].o, sets[0].pos), sets[0], "chain_bf16")
@@ -278,6 +310,8 @@ PROVIDERS: dict[str, Provider] = {p.name: p for p in [
              "scales in DeepGEMM's layout", quant_vllm),
     Provider("gemm_deepgemm", "DeepGEMM fp8_einsum('bhr,hdr->bhd'), scales in its layout",
              gemm_deepgemm),
+    Provider("gemm_deepgemm_op", "batched_gemm_a8w8_mxscale(backend='deepgemm'): DeepGEMM "
+             "through the public op", gemm_deepgemm_op),
     Provider("gemm_scaled_mm", "torch._scaled_mm blockwise, one call per group", gemm_scaled_mm),
     Provider("gemm_bf16", "torch bf16 einsum of the dequantized operands", gemm_bf16),
     Provider("chain_bf16", "WoAProjection(backend='bf16'): the shipped fallback, copying o",
@@ -292,6 +326,8 @@ PROVIDERS: dict[str, Provider] = {p.name: p for p in [
              chain_fp8_triton),
     Provider("chain_fp8_triton_2k", "Triton quant + GEMM, always two kernels",
              chain_fp8_triton_2k),
+    Provider("chain_fp8_deepgemm", "WoAProjection(backend='deepgemm'): Triton quant + "
+             "DeepGEMM", chain_fp8_deepgemm),
     Provider("chain_peer", "vLLM 0.33's quant + DeepGEMM fp8_einsum, PDL: vLLM's Hopper chain",
              chain_peer),
     *_jax_providers(),

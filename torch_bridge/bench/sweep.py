@@ -77,13 +77,14 @@ def add_metrics(row: dict, sweep: Sweep, copy_gbps: float | None) -> None:
 
 #: The peer row each of our rows is divided by in ``vs_peer``.
 PEER_OF = {"quant_triton": "quant_vllm", "chain_fp8": "chain_peer",
-           "chain_fp8_triton": "chain_peer"}
+           "chain_fp8_triton": "chain_peer", "chain_fp8_deepgemm": "chain_peer"}
 
 
 def add_ratios(by_provider: dict[str, dict]) -> None:
     """Same-run ratios: ``vs_bf16`` (BF16 time / this, FP8 rows against the shipped fallback
     or cuBLAS bf16), ``vs_ref`` (this / the in-place reference BF16 chain, for the shipped
-    fallback rows), ``vs_deepgemm`` (this / DeepGEMM, for the Triton GEMM) and ``vs_peer``
+    fallback rows), ``vs_deepgemm`` (this / DeepGEMM, for the Triton GEMM and the public op
+    on the deepgemm backend) and ``vs_peer``
     (this / its ``PEER_OF`` row: vLLM's quant, vLLM's quant + DeepGEMM)."""
     def us(name):
         r = by_provider.get(name)
@@ -98,7 +99,7 @@ def add_ratios(by_provider: dict[str, dict]) -> None:
                 row["vs_bf16"] = base / row["us"]
         if name in ("chain_bf16", "chain_bf16_inplace") and us("chain_bf16_ref"):
             row["vs_ref"] = row["us"] / us("chain_bf16_ref")
-        if name == "gemm_triton" and us("gemm_deepgemm"):
+        if name in ("gemm_triton", "gemm_deepgemm_op") and us("gemm_deepgemm"):
             row["vs_deepgemm"] = row["us"] / us("gemm_deepgemm")
         if name in PEER_OF and us(PEER_OF[name]):
             row["vs_peer"] = row["us"] / us(PEER_OF[name])

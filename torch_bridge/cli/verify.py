@@ -24,7 +24,7 @@ from .errors import ExitCode, NotVerifiedError, UsageError, exit_codes_help
 from .inspect import fp8_eligibility
 from .probe import device_info, versions
 
-_FP8_BACKENDS = ("aiter", "triton", "torch")
+_FP8_BACKENDS = ("aiter", "triton", "deepgemm", "torch")
 #: Ratio written to ``config.json``'s ``compress_ratios`` for a kept compressed-attention layer.
 _COMPRESS_RATIO = 4
 
