@@ -96,7 +96,8 @@ weight_scales = _WeightScales()
 
 
 def _activation_scales(x_scale):
-    """E8M0 ``[M, G, Ks]`` bytes as DeepGEMM's fp32 token-major scales (two small kernels)."""
+    """E8M0 ``[M, G, Ks]`` bytes as DeepGEMM's fp32 token-major scales (a few small kernels
+    per call: the FP8 chain writes them so in its quant instead)."""
     import torch
 
     from .torch_ref import e8m0_decode
@@ -190,8 +191,8 @@ def _einsum(x, x_scale_f32, w, w_scale, dtype, out):
     y = out
     if y is None or not y.is_contiguous():
         y = torch.empty((m, g, w.shape[1]), dtype=torch.bfloat16, device=x.device)
-    deep_gemm().fp8_einsum(EINSUM, (x.contiguous(), x_scale_f32), (w, weight_scales(w_scale)), y,
-                           recipe=RECIPE)
+    deep_gemm().fp8_einsum(EINSUM, (x.contiguous(), x_scale_f32),
+                           (w.contiguous(), weight_scales(w_scale)), y, recipe=RECIPE)
     if out is not None and y is not out:
         out.copy_(y)
         return out
