@@ -8,8 +8,9 @@
 #   bash benchmarks/device_run.sh tp       # 2 GPUs: NCCL TP check and TP2 vs TP1
 #   bash benchmarks/device_run.sh jax_step # jitted 8- and 61-layer steps, G = $WOA_STEP_GROUPS (16)
 #                                          # (WOA_STEP_LAYERS, WOA_STEP_MS: fewer per call)
-#   bash benchmarks/device_run.sh decode   # G 2/4 decode batches beside DeepGEMM and vLLM (after
-#                                          # source out/peers/device_peers.sh), the wgmma tiles
+#   bash benchmarks/device_run.sh decode   # G 2/4 decode batches beside DeepGEMM and vLLM, and
+#                                          # the deepgemm backend's rows (with the peers set up
+#                                          # as benchmarks/README.md, Peers says), the wgmma tiles
 #                                          # (WOA_DECODE_GROUPS, WOA_DECODE_MS: other shapes)
 #   bash benchmarks/device_run.sh capture  # which launches XLA records in command buffers, and
 #                                          # the native step with and without them
@@ -86,7 +87,7 @@ decode)
   groups=${WOA_DECODE_GROUPS:-2,4} ms=${WOA_DECODE_MS:-1,4,8,16,64,128,256}
   # chain_fp8_triton_2k beside the layer: the fused kernel's rule is checked in the same run.
   timeout 300 $BENCH --groups "$groups" --ms "$ms" --reps 10 --providers \
-    quant_triton,quant_vllm,gemm_triton,gemm_deepgemm,chain_fp8,chain_fp8_triton_2k,chain_peer \
+    quant_triton,quant_vllm,gemm_triton,gemm_deepgemm,gemm_deepgemm_op,chain_fp8,chain_fp8_triton_2k,chain_fp8_deepgemm,chain_peer \
     > "$OUT/decode.log" 2>&1
   grep -E "│ +[0-9]+ │" "$OUT/decode.log" | cut -c1-160
   timeout 150 $BENCH --tune --tune-kinds gemm-split --groups "$groups" --ms 64,128,256 --reps 10 \
