@@ -43,6 +43,7 @@ def deep_gemm():
     return dg
 
 
+@functools.cache
 def scale_align() -> int:
     """Tokens per padded column of the token-major fp32 scales (DeepGEMM's TMA alignment)."""
     return int(deep_gemm().get_tma_aligned_size(1, 4))
@@ -133,6 +134,7 @@ class _DeepGemmBackend:
     def cache_clear(self) -> None:
         self.is_available.cache_clear()
         deep_gemm.cache_clear()
+        scale_align.cache_clear()
         weight_scales.clear()
 
     def supports(self, op: str, case: Case) -> tuple[bool, str]:
