@@ -220,11 +220,14 @@ def chain_fp8_deepgemm(sets, on_gpu):
 
 
 def _deepgemm_backend_here() -> None:
+    """Skip where the backend cannot run; else set DeepGEMM's process-wide PDL switch to its
+    default (off), which the backend leaves as the process has it and ``chain_peer`` turns on."""
     from torch_bridge import _dispatch
 
     ok, why = _dispatch.get_backend("deepgemm").is_available()
     if not ok:
         raise Skip(f"the deepgemm backend cannot run here: {why}")
+    peers.deep_gemm(pdl=False)
 
 
 def chain_bf16(sets, on_gpu):
