@@ -6,6 +6,7 @@ GPU axis: ``tests/ops/test_deepgemm.py``."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import types
 
@@ -224,3 +225,56 @@ def test_weight_scales_decoded_once_per_tensor(rng, einsum_calls):
     assert len(deepgemm.weight_scales._made) == 1
     _dispatch.reset_caches()
     assert not deepgemm.weight_scales._made
+
+
+# -- through the public entry points ------------------------------------------------------------
+
+
+@pytest.fixture
+def named_here(monkeypatch, einsum_calls):
+    """The backend as an sm_90 machine would offer it, on this machine's interpreted CPU
+    tensors: its own device rule reads them as cuda; the quant's stays the Triton backend's."""
+    monkeypatch.setattr(deepgemm, "interpreter_on", lambda: False)
+    monkeypatch.setattr(_capability, "gpu_arch", lambda *a: "sm_90")
+    real = deepgemm.BACKEND.supports
+
+    def supports(op, case):
+        if op == "inverse_rope_group_quant":
+            return _dispatch.get_backend("triton").supports(op, case)
+        return real(op, dataclasses.replace(case, device_type="cuda"))
+
+    monkeypatch.setattr(deepgemm.BACKEND, "supports", supports)
+    _dispatch.reset_caches()
+    yield einsum_calls
+    _dispatch.reset_caches()
+
+
+def test_layer_function_and_ops_named_deepgemm(rng, named_here):
+    """``WoAProjection``, ``wo_a_fp8`` and both ops with ``backend="deepgemm"`` run on it (one
+    einsum per GEMM, the layer's chain with the quant's scales in DeepGEMM's layout), with the
+    reference chain's bits; auto still takes another backend."""
+    g, s = 2, 5
+    o, pos, cos, sin, w, ws = chain_tensors(rng, s, g=g, n=256)
+    weight, scale = w.flatten(0, 1), ws.flatten(0, 1)
+    x, xs = REF.inverse_rope_group_quant(o, pos, cos, sin, g, 128)
+    want = REF.batched_gemm_a8w8_mxscale(x, w, xs.view(torch.uint8), ws, dtype=torch.bfloat16)
+
+    layer = tb.WoAProjection(weight, scale, g, cos, sin, backend="deepgemm")
+    assert torch.equal(layer(o, pos), want) and layer.path == "deepgemm"
+    assert torch.equal(tb.wo_a_fp8(o, pos, cos, sin, weight, scale, g, backend="deepgemm"),
+                       want)
+    q, qs = tb.inverse_rope_group_quant(o, pos, cos, sin, g, 128, backend="deepgemm")
+    assert torch.equal(q.view(torch.uint8), x.view(torch.uint8))
+    assert torch.equal(tb.batched_gemm_a8w8_mxscale(q, w, qs, ws, backend="deepgemm"), want)
+    assert len(named_here) == 3
+    assert tb.WoAProjection(weight, scale, g, cos, sin).path != "deepgemm"
+
+
+def test_function_form_fp32_output_raises_on_deepgemm(rng, named_here):
+    """The function form's fp32 output, which DeepGEMM's einsum cannot write, is refused
+    with the reason before the quant runs."""
+    o, pos, cos, sin, w, ws = chain_tensors(rng, 3, g=2, n=128)
+    with pytest.raises(BackendUnavailableError, match="DeepGEMM's einsum writes bf16"):
+        tb.wo_a_fp8(o, pos, cos, sin, w.flatten(0, 1), ws.flatten(0, 1), 2,
+                    backend="deepgemm", dtype=torch.float32)
+    assert not named_here  # refused before anything ran

@@ -165,7 +165,8 @@ class _DeepGemmBackend:
 
     def batched_gemm_a8w8_mxscale(self, x, w, x_scale, w_scale, *, dtype=None, out=None):
         """``y [M, G, N] = x [M, G, K] . w [G, N, K]^T`` by ``deep_gemm.fp8_einsum``."""
-        return _einsum(x, _activation_scales(x_scale), w, w_scale, dtype, out)
+        _check_bf16(dtype)
+        return _einsum(x, _activation_scales(x_scale), w, w_scale, out)
 
     def wo_a_fp8(self, o, positions, cos_cache, sin_cache, w, w_scale, num_groups: int, *,
                  amax_floor: float, dtype=None, out=None):
@@ -175,20 +176,26 @@ class _DeepGemmBackend:
 
         from .triton.launch import inverse_rope_group_quant
 
+        _check_bf16(dtype)
         s, h, dh = o.shape
         x = torch.empty((s, num_groups, h * dh // num_groups), dtype=w.dtype, device=o.device)
         x, xs = inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups,
                                          RECIPE[1], amax_floor=amax_floor, x_fp8=x,
                                          scale_mn_align=scale_align())
-        return _einsum(x, xs, w, w_scale, dtype, out)
+        return _einsum(x, xs, w, w_scale, out)
 
 
-def _einsum(x, x_scale_f32, w, w_scale, dtype, out):
+def _check_bf16(dtype) -> None:
     import torch
 
     if dtype not in (None, torch.bfloat16):
         raise _dispatch.BackendUnavailableError(
             f"backend 'deepgemm' cannot write {dtype}: DeepGEMM's einsum writes bf16")
+
+
+def _einsum(x, x_scale_f32, w, w_scale, out):
+    import torch
+
     m, g, _ = x.shape
     y = out
     if y is None or not y.is_contiguous():
