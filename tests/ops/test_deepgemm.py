@@ -50,7 +50,7 @@ def test_gpu_deepgemm_gemm_op(m, g):
     x, w, xs, ws = gemm_inputs(m, g, N, K, seed)
     y = tb.batched_gemm_a8w8_mxscale(x, w, xs, ws, backend="deepgemm")
     err = relerr(y, gemm_oracle(x, w, xs, ws))
-    assert err <= TOLERANCES["gemm_bf16"], f"seed {seed}: {err}"
+    assert err <= TOLERANCES["gemm_bf16"].rel, f"seed {seed}: {err}"
     cfg = launch.gemm_config(m, g, N, K, 128, wgmma=launch.wgmma_available(None)[0])
     if cfg.split_k == 1:
         ours = tb.batched_gemm_a8w8_mxscale(x, w, xs, ws, backend="triton")
@@ -71,7 +71,7 @@ def test_gpu_deepgemm_layer_eager_and_graph(s, g):
     y = layer(o, pos)
     assert layer.path == "deepgemm"
     err = relerr(y, chain_oracle(o, pos, cos, sin, weight, scale, g))
-    assert err <= TOLERANCES["gemm_bf16"], f"seed {seed}: {err}"
+    assert err <= TOLERANCES["gemm_bf16"].rel, f"seed {seed}: {err}"
     x, xs = tb.inverse_rope_group_quant(o, pos, cos, sin, g, 128, backend="triton")
     two_ops = tb.batched_gemm_a8w8_mxscale(x, weight.view(g, N, K), xs,
                                            scale.view(g, N // 128, K // 128),
