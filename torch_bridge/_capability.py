@@ -114,24 +114,36 @@ def aiter_version() -> str | None:
     A source checkout on ``PYTHONPATH`` has no distribution metadata; its generated
     ``aiter/_version.py`` is read as text, because importing it would run ``aiter/__init__``.
     """
+    return _package_version("amd-aiter", "aiter", "_version.py")
+
+
+@functools.cache
+def deep_gemm_version() -> str | None:
+    """DeepGEMM's version without importing it (its import sets up CUDA compilation): the
+    ``deep_gemm`` distribution, else the ``__version__`` line of the package's ``__init__.py``
+    (a package folder on ``PYTHONPATH``)."""
+    return _package_version("deep_gemm", "deep_gemm", "__init__.py")
+
+
+def _package_version(dist: str, module: str, version_file: str) -> str | None:
     try:
-        return importlib.metadata.version("amd-aiter")
+        return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         pass
-    spec = importlib.util.find_spec("aiter") if module_found("aiter") else None
+    spec = importlib.util.find_spec(module) if module_found(module) else None
     if spec is None or not spec.origin:
         return None
-    version_file = pathlib.Path(spec.origin).parent / "_version.py"
-    if not version_file.is_file():
+    path = pathlib.Path(spec.origin).parent / version_file
+    if not path.is_file():
         return None
     match = re.search(r"""__version__\s*=\s*(?:version\s*=\s*)?["']([^"']+)["']""",
-                      version_file.read_text(errors="replace"))
+                      path.read_text(errors="replace"))
     return match.group(1) if match else None
 
 
 def cache_clear() -> None:
     """Forget every cached probe (tests, or after changing the environment)."""
-    for probe in (is_rocm_build, gpu_arch, module_found, aiter_version):
+    for probe in (is_rocm_build, gpu_arch, module_found, aiter_version, deep_gemm_version):
         clear = getattr(probe, "cache_clear", None)  # tests may have swapped a probe out
         if clear is not None:
             clear()

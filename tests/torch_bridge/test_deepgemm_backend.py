@@ -278,3 +278,19 @@ def test_function_form_fp32_output_raises_on_deepgemm(rng, named_here):
         tb.wo_a_fp8(o, pos, cos, sin, w.flatten(0, 1), ws.flatten(0, 1), 2,
                     backend="deepgemm", dtype=torch.float32)
     assert not named_here  # refused before anything ran
+
+
+def test_version_from_the_package_folder_without_importing(tmp_path, monkeypatch):
+    """``woa probe`` reports DeepGEMM's version from a package folder on the path (how the
+    wheel's folder is carried) without running its ``__init__``."""
+    pkg = tmp_path / "deep_gemm"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise RuntimeError('imported')\n__version__ = '2.6.1'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "deep_gemm", raising=False)
+    _capability.cache_clear()
+    assert _capability.deep_gemm_version() == "2.6.1"
+    assert "deep_gemm" not in sys.modules
+    from torch_bridge.cli.probe import versions
+
+    assert versions()["deep_gemm"] == "2.6.1"

@@ -30,6 +30,7 @@ def versions() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             out[dist] = None
     out["aiter"] = _capability.aiter_version()
+    out["deep_gemm"] = _capability.deep_gemm_version()
     return out
 
 
