@@ -73,7 +73,7 @@ class _WeightScales:
         from ..ops import ready_everywhere
         from .torch_ref import e8m0_decode
 
-        key = (str(w_scale.device), w_scale.data_ptr(), tuple(w_scale.shape),
+        key = (w_scale.device, w_scale.data_ptr(), tuple(w_scale.shape),
                tuple(w_scale.stride()))
         with self._lock:
             hit = self._made.get(key)
@@ -96,9 +96,9 @@ class _WeightScales:
 weight_scales = _WeightScales()
 
 
-def _activation_scales(x_scale):
-    """E8M0 ``[M, G, Ks]`` bytes as DeepGEMM's fp32 token-major scales (a few small kernels
-    per call: the FP8 chain writes them so in its quant instead)."""
+def activation_scales(x_scale):
+    """E8M0 ``[M, G, Ks]`` bytes as DeepGEMM's fp32 token-major scales, an ``[M, G, Ks]`` view
+    (a few small kernels per call: the FP8 chain writes them so in its quant instead)."""
     import torch
 
     from .torch_ref import e8m0_decode
@@ -166,7 +166,7 @@ class _DeepGemmBackend:
     def batched_gemm_a8w8_mxscale(self, x, w, x_scale, w_scale, *, dtype=None, out=None):
         """``y [M, G, N] = x [M, G, K] . w [G, N, K]^T`` by ``deep_gemm.fp8_einsum``."""
         _check_bf16(dtype)
-        return _einsum(x, _activation_scales(x_scale), w, w_scale, out)
+        return _einsum(x, activation_scales(x_scale), w, w_scale, out)
 
     def wo_a_fp8(self, o, positions, cos_cache, sin_cache, w, w_scale, num_groups: int, *,
                  amax_floor: float, dtype=None, out=None):

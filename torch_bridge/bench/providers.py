@@ -13,6 +13,8 @@ import dataclasses
 import functools
 from collections.abc import Callable
 
+from torch_bridge.backends import deepgemm
+
 from . import peers
 from .problem import Problem, Skip, check_close, check_quant_bytes, check_quant_near
 
@@ -71,19 +73,14 @@ def gemm_triton(sets, on_gpu, *, config=None):
     return [(lambda p=p, y=y: gemm(p, y)) for p, y in zip(sets, outs, strict=True)], msg
 
 
-#: DeepGEMM's sm_90 recipe: per-token 1 x 128 activation and 128 x 128 weight scale blocks.
-_DG_RECIPE = (1, 128, 128)
-
-
 def _dg_activation_scales(dg, xs):
-    """E8M0 activation scales ``[M, G, K / 128]`` as DeepGEMM's fp32 MN-major, TMA-aligned
-    tensor (what vLLM's quant writes), so that ``fp8_einsum`` transforms nothing when timed."""
-    from torch_bridge.backends.torch_ref import e8m0_decode
-
-    sf = dg.get_mn_major_tma_aligned_tensor(e8m0_decode(xs).transpose(0, 1).contiguous())
-    if dg.get_mn_major_tma_aligned_tensor(sf).data_ptr() != sf.data_ptr():
+    """E8M0 activation scales ``[M, G, K / 128]`` in DeepGEMM's fp32 layout (what vLLM's quant
+    writes), checked so that ``fp8_einsum`` transforms nothing when timed."""
+    sf = deepgemm.activation_scales(xs)
+    by_group = sf.transpose(0, 1)
+    if dg.get_mn_major_tma_aligned_tensor(by_group).data_ptr() != by_group.data_ptr():
         raise AssertionError("DeepGEMM would transform its own activation-scale layout again")
-    return sf.transpose(0, 1)
+    return sf
 
 
 def gemm_deepgemm(sets, on_gpu):
@@ -94,7 +91,7 @@ def gemm_deepgemm(sets, on_gpu):
                  _out(p)) for p in sets]
 
     def run(x, xs, w, ws, y):
-        dg.fp8_einsum("bhr,hdr->bhd", (x, xs), (w, ws), y, recipe=_DG_RECIPE)
+        dg.fp8_einsum(deepgemm.EINSUM, (x, xs), (w, ws), y, recipe=deepgemm.RECIPE)
         return y
 
     msg = check_close(run(*prepared[0]), sets[0], "gemm")
@@ -135,7 +132,7 @@ def chain_peer(sets, on_gpu):
     def chain(p, quant_call, ws):
         x, xs = quant_call()
         z = torch.empty((p.m, p.g, p.w.shape[1]), dtype=torch.bfloat16, device=x.device)
-        dg.fp8_einsum("bhr,hdr->bhd", (x, xs), (p.w, ws), z, recipe=_DG_RECIPE)
+        dg.fp8_einsum(deepgemm.EINSUM, (x, xs), (p.w, ws), z, recipe=deepgemm.RECIPE)
         return z
 
     prepared = [(p, _vllm_quant_call(quant, p), e8m0_decode(p.ws).contiguous()) for p in sets]
