@@ -25,6 +25,15 @@ from inputs import checkpoint, rope_inputs
 GROUPS = (16, 2)
 TOKENS = (1, 16, 64, 1024)
 INPUT_SETS = 2
+#: Where the optional ``deepgemm`` backend joins in, if it can run: TP8's decode batches (each
+#: new shape costs DeepGEMM a JIT compile of tens of seconds).
+DEEPGEMM_SHAPES = ((2, 16), (2, 64))
+
+
+def deepgemm_here() -> bool:
+    from torch_bridge.backends import deepgemm
+
+    return deepgemm.BACKEND.is_available()[0]
 
 
 @dataclass
@@ -63,9 +72,10 @@ def _differing(a, b) -> str:
 
 def build_cases(seed: int, groups=GROUPS, tokens=TOKENS) -> list[Case]:
     """Every public entry point at every (G, M), with per-thread output buffers where a call
-    takes them."""
+    takes them; the ``deepgemm`` backend's at ``DEEPGEMM_SHAPES`` where it can run."""
     import torch_bridge as tb
 
+    deep_shapes = DEEPGEMM_SHAPES if deepgemm_here() else ()
     cases: list[Case] = []
     mine = threading.local()
 
@@ -114,6 +124,14 @@ def build_cases(seed: int, groups=GROUPS, tokens=TOKENS) -> list[Case]:
             add("inverse_rope_group_quant into buffers", quant_into)
             add("batched_gemm_a8w8_mxscale", lambda i, q=quant, wg=wg, wsg=wsg:
                 (tb.batched_gemm_a8w8_mxscale(q[i][0], wg, q[i][1], wsg),))
+            if (g, m) in deep_shapes:
+                layer = tb.WoAProjection(w, ws, g, cos, sin, backend="deepgemm")
+                add("WoAProjection deepgemm", lambda i, s=sets, f=layer: (f(*s[i]),))
+                add("wo_a_fp8 deepgemm", lambda i, s=sets, a=(cos, sin, w, ws, g):
+                    (tb.wo_a_fp8(*s[i], *a, backend="deepgemm"),))
+                add("batched_gemm_a8w8_mxscale deepgemm", lambda i, q=quant, wg=wg, wsg=wsg:
+                    (tb.batched_gemm_a8w8_mxscale(q[i][0], wg, q[i][1], wsg,
+                                                  backend="deepgemm"),))
 
             def gemm_into(i, q=quant, wg=wg, wsg=wsg, key=("y", g, m),
                           shape=(m, g, w.shape[0] // g)):
@@ -209,13 +227,16 @@ class GraphCase:
 
 def graph_cases(seed: int) -> list[GraphCase]:
     """Layer calls to capture: the fused FP8 decode chain with split-K (G 2) and without
-    (G 16), the BF16 one-launch chain without and with split-K (G 2), and the FP8 chain at
-    prefill (wgmma)."""
+    (G 16), the BF16 one-launch chain without and with split-K (G 2), the FP8 chain at
+    prefill (wgmma), and the ``deepgemm`` backend's chain where it can run."""
     import torch_bridge as tb
 
     found = []
-    for g, m, backend in ((2, 16, "auto"), (16, 1, "auto"), (16, 64, "bf16"), (2, 64, "bf16"),
-                          (2, 1024, "auto")):
+    layers = [(2, 16, "auto"), (16, 1, "auto"), (16, 64, "bf16"), (2, 64, "bf16"),
+              (2, 1024, "auto")]
+    if deepgemm_here():
+        layers += [(g, m, "deepgemm") for g, m in DEEPGEMM_SHAPES[-1:]]
+    for g, m, backend in layers:
         w, ws = checkpoint(g, seed + 7 * g)
         _, _, cos, sin = rope_inputs(1, g, seed + 7 * g, rope_dtype=torch.float32)
         layer = tb.WoAProjection(w, ws, g, cos, sin, backend=backend)
