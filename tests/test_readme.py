@@ -1,4 +1,5 @@
-"""The README's Python example runs as pasted (on CPU: the BF16 fallback against the oracle)."""
+"""The README: its Python example runs as pasted (on CPU: the BF16 fallback against the
+oracle), and what it states of the code base agrees with the code."""
 
 from __future__ import annotations
 
@@ -31,3 +32,19 @@ def test_the_declared_license_ships():
     assert 'license = "Apache-2.0"' in pyproject
     text = (ROOT / "LICENSE").read_text()
     assert "Apache License" in text and "Version 2.0, January 2004" in text
+
+
+def test_readme_states_the_activations_kept_per_stream():
+    from torch_bridge.backends.triton.chain_eager import SCRATCH_BYTES
+
+    text = " ".join((ROOT / "README.md").read_text().split())
+    assert f"({SCRATCH_BYTES >> 20} MiB per stream and G" in text
+
+
+def test_readme_layout_names_every_backend():
+    backends = ROOT / "torch_bridge" / "backends"
+    names = {p.stem for p in backends.glob("*.py") if p.stem != "__init__"} | {
+        f"{p.parent.name}/" for p in backends.glob("*/__init__.py")}
+    layout = re.search(r"`backends/` \((.*?)\)", " ".join(
+        (ROOT / "README.md").read_text().split())).group(1)
+    assert names == {n.strip() for n in layout.split(",")}, layout
