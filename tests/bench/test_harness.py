@@ -207,3 +207,49 @@ def test_csv_with_other_columns_is_not_appended_to(tmp_path):
         main(["--results-dir", str(tmp_path), "--providers", "copy", "--no-progress"])
     assert f"{path.name} has other columns" in str(e.value.code)
     assert path.read_text() == "a,b\n1,2\n"
+
+
+def test_eager_rows_carry_their_graph_ratio_and_host_time(monkeypatch):
+    """An eager row is judged against the same calls' graph time and host time, taken in its
+    own process: ``vs_graph`` is eager over graph, ``host_us`` the host's time per call."""
+    from torch_bridge.bench import sweep, timing
+
+    calls = [lambda: None, lambda: None]  # two input sets
+    asked = []
+
+    def time_cuda(fns, *, reps, graph=True, clock="burst"):
+        asked.append(("eager", "graph")[graph])
+        return [30.0, 31.0, 32.0] if not graph else [20.0, 20.0, 20.0]
+
+    def host_us(fn, *, calls, reps=5, sync=None):
+        asked.append(("host", calls))
+        return [50.0, 48.0, 52.0]  # per round of both sets
+
+    monkeypatch.setattr(timing, "time_cuda", time_cuda)
+    monkeypatch.setattr(timing, "host_us", host_us)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    row = sweep.time_calls(calls, on_gpu=True, reps=3, graph=False)
+    assert asked == ["eager", "graph", ("host", timing.EAGER_CALLS // 2)]
+    assert (row["timer"], row["clock"], row["us"]) == ("eager", "burst", 31.0)
+    assert row["vs_graph"] == pytest.approx(31.0 / 20.0) and row["host_us"] == 25.0
+    asked.clear()
+    row = sweep.time_calls(calls, on_gpu=True, reps=3)
+    assert asked == ["graph"] and "vs_graph" not in row and "host_us" not in row
+
+
+def test_eager_flag_reaches_the_tune_timer(monkeypatch, tmp_path):
+    """``--eager --tune`` times the candidates eagerly, as the flag's help says."""
+    from torch_bridge.bench import tune
+
+    seen = []
+
+    def time_calls(calls, *, on_gpu, reps, graph=True, clock="burst"):
+        seen.append(graph)
+        return {"timer": "wall", "clock": None, "us": 1.0}
+
+    monkeypatch.setattr(tune, "time_calls", time_calls)
+    for flags, graph in ((["--eager"], False), ([], True)):
+        seen.clear()
+        rc = main(["--tune", *flags, "--tune-kinds", "quant", "--ms", "1", "--reps", "1",
+                   "--no-progress", "--results-dir", str(tmp_path)])
+        assert rc == 0 and seen and set(seen) == {graph}

@@ -34,6 +34,8 @@ def test_eager_and_sustained_timers(bench):
         rc, rows = bench(flag, "--groups", "2", "--ms", "8192", "--reps", "2", "--providers",
                          "gemm_triton")
         assert rc == 0 and [(r["timer"], r["clock"]) for r in rows] == [(timer, clock)]
+        if flag == "--eager":  # beside the same calls' graph and host time, in this process
+            assert rows[0]["vs_graph"] > 0 and rows[0]["host_us"] > 0, rows[0]
 
 
 def test_host_cost_on_the_gpu(bench):

@@ -12,7 +12,7 @@ _SWEEP_COLUMNS = (("us", "us", 1, ""), ("device us", "device_us", 1, ""),
                   ("% ceiling", "pct_ceiling", 0, ""), ("vs BF16", "vs_bf16", 2, "x"),
                   ("/ ref BF16", "vs_ref", 2, "x"), ("/ DeepGEMM", "vs_deepgemm", 2, "x"),
                   ("/ peer", "vs_peer", 2, "x"), ("/ _scaled_mm", "vs_scaled_mm", 2, "x"),
-                  ("/ graph", "vs_graph", 2, "x"))
+                  ("/ graph", "vs_graph", 2, "x"), ("host us", "host_us", 1, ""))
 
 
 def _fmt(v, digits: int, suffix: str = "") -> str:

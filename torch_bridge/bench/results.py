@@ -25,7 +25,7 @@ COLUMNS = ("run", "machine", "device", "python", "torch", "triton", "jax", "cuda
            "source", "mode", "kind", "provider", "G", "M", "N", "K", "sets", "chunk", "calls",
            "timer", "clock", "us", "device_us", "TFLOP/s", "GB/s", "pct_ceiling", "vs_bf16",
            "vs_ref", "vs_deepgemm", "vs_scaled_mm", "runs_ms", "config", "check", "vs_graph",
-           "vs_peer")
+           "vs_peer", "host_us")
 #: The packages whose sources a row measures, beside this one in the same directory.
 SOURCE_PACKAGES = ("woa_jax", "torch_bridge")
 _ROOT = pathlib.Path(__file__).resolve().parents[2]

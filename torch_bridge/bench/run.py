@@ -228,7 +228,8 @@ def _measure(args, on_gpu: bool, console, save) -> list[dict]:
             from .tune import run_tune
 
             rows = run_tune(sweep, on_gpu=on_gpu, reps=args.reps, progress=progress,
-                            seed=args.seed, kinds=args.tune_kinds, clock=clock, on_shape=save)
+                            seed=args.seed, kinds=args.tune_kinds, clock=clock,
+                            graph=not args.eager, on_shape=save)
         elif args.prefill:
             from .prefill import run_prefill
 

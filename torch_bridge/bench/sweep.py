@@ -26,12 +26,30 @@ def time_calls(timed, *, on_gpu: bool, reps: int, graph: bool = True,
         if on_gpu:
             out["device_us"] = timed.device_us()
         return out
+    if on_gpu and graph:
+        times = timing.time_cuda(timed, reps=reps, clock=clock)
+        return {"timer": "graph", "clock": clock, "us": timing.median(times), "times_us": times}
     if on_gpu:
-        times = timing.time_cuda(timed, reps=reps, graph=graph, clock=clock)
-        return {"timer": "graph" if graph else "eager", "clock": clock,
-                "us": timing.median(times), "times_us": times}
+        return _eager_beside_graph(timed, reps=reps, clock=clock)
     times = timing.time_wall(lambda: [f() for f in timed], per_call=len(timed), reps=min(reps, 3))
     return {"timer": "wall", "clock": None, "us": timing.median(times), "times_us": times}
+
+
+def _eager_beside_graph(timed, *, reps: int, clock: timing.Clock) -> dict:
+    """Eager time per call, with what says whether the host or the GPU bounds it, from this
+    process and these calls: ``vs_graph`` (the eager time over the same calls' graph replay)
+    and ``host_us`` (host time per call, back to back, no wait). Across processes a host's
+    speed differs too much to compare an eager row with another run's graph row."""
+    import torch
+
+    times = timing.time_cuda(timed, reps=reps, graph=False, clock=clock)
+    us = timing.median(times)
+    graph_us = timing.median(timing.time_cuda(timed, reps=reps, clock=clock))
+    rounds = max(1, timing.EAGER_CALLS // len(timed))
+    host = timing.host_us(lambda: [f() for f in timed], calls=rounds,
+                          sync=torch.cuda.synchronize)
+    return {"timer": "eager", "clock": clock, "us": us, "times_us": times,
+            "vs_graph": us / graph_us, "host_us": timing.median(host) / len(timed)}
 
 
 def measure_copy(on_gpu: bool, reps: int) -> dict:

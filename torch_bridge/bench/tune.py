@@ -137,7 +137,7 @@ def quant_candidates() -> list:
 
 
 def run_tune(sweep: problem.Sweep, *, on_gpu: bool, reps: int, progress, seed: int,
-             kinds: tuple[str, ...] = DEFAULT_KINDS, clock="burst",
+             kinds: tuple[str, ...] = DEFAULT_KINDS, clock="burst", graph: bool = True,
              on_shape=lambda rows: None) -> list[dict]:
     """One row per candidate of ``kinds`` at every (G, M) (the fused chain up to M = 64); a
     candidate that fails to compile or to match the oracle is a row too. "gemm-split" rows are
@@ -169,7 +169,8 @@ def run_tune(sweep: problem.Sweep, *, on_gpu: bool, reps: int, progress, seed: i
                    "config": json.dumps(dataclasses.asdict(cfg)) if cfg else None}
             try:
                 calls, msg = provider(sets, on_gpu, config=cfg)
-                row.update(time_calls(calls, on_gpu=on_gpu, reps=reps, clock=clock), check=msg)
+                row.update(time_calls(calls, on_gpu=on_gpu, reps=reps, graph=graph,
+                                      clock=clock), check=msg)
             except Exception as e:  # a shape that fails to compile (shared memory) is data too
                 row.update(us=None, check=f"FAILED: {type(e).__name__}: {str(e)[:200]}")
             shape_rows.append(row)
