@@ -92,3 +92,15 @@ def test_gpu_deepgemm_layer_eager_and_graph(s, g):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(replayed, layer(o, pos)), f"seed {seed}: the replay's bits differ"
+
+
+def test_gpu_deepgemm_one_group_in_odd_size_one_strides():
+    """One group (V4-Flash at TP8) in views whose size-1 dims carry strides DeepGEMM rejects:
+    the op gives the bits of the same tensors laid out row-major."""
+    seed = new_seed()
+    x, w, xs, ws = gemm_inputs(16, 1, N, K, seed)
+    odd_x = x.as_strided(x.shape, (x.stride(0), 7, 1))
+    odd_w, odd_ws = (t.as_strided(t.shape, (7, *t.stride()[1:])) for t in (w, ws))
+    y = tb.batched_gemm_a8w8_mxscale(odd_x, odd_w, xs, odd_ws, backend="deepgemm")
+    assert torch.equal(y, tb.batched_gemm_a8w8_mxscale(x, w, xs, ws, backend="deepgemm")), \
+        f"seed {seed}"

@@ -51,6 +51,10 @@ def _fake_deep_gemm(calls: list) -> types.ModuleType:
         # DeepGEMM reads the activation scales by this layout, not by the view's strides.
         assert sfa.stride() == (1, ks * pad, pad), sfa.stride()
         assert sfb.is_contiguous() and tuple(sfb.shape) == (g, w.shape[1] // 128, ks)
+        # Its weight-scale check, and TMA's 16-byte strides on every dim, size-1 dims included.
+        assert sfb.stride(0) == sfb.shape[1] * sfb.shape[2], sfb.stride()
+        for t in (x, w):
+            assert t.stride(-1) == 1 and all(st % 16 == 0 for st in t.stride()[:-1]), t.stride()
         calls.append(sfb)
         as_bytes = [((t.contiguous().view(torch.int32) >> 23) & 0xFF).to(torch.uint8)
                     for t in (sfa, sfb)]
@@ -202,6 +206,17 @@ def test_gemm_op_converts_row_scales(rng, einsum_calls, m):
     out = torch.empty((m, 2, 512), dtype=torch.bfloat16)[:, :, :256]  # N contiguous, padded
     y = deepgemm.BACKEND.batched_gemm_a8w8_mxscale(x, w, xs, ws, out=out)
     assert y is out
+    assert torch.equal(y, REF.batched_gemm_a8w8_mxscale(x, w, xs, ws, dtype=torch.bfloat16))
+
+
+def test_size_one_dims_reach_deep_gemm_with_row_major_strides(rng, einsum_calls):
+    """One group (V4-Flash at TP8) in views whose size-1 dims have strides DeepGEMM would
+    reject, though ``contiguous()`` keeps them: the backend hands it row-major copies."""
+    x, w, xs, ws = gemm_tensors(rng, 4, 1, 256, 512)
+    odd = [t.as_strided(t.shape, (t.stride(0), 7, *t.stride()[2:])) for t in (x,)] + [
+        t.as_strided(t.shape, (7, *t.stride()[1:])) for t in (w, ws)]
+    assert all(t.is_contiguous() for t in odd)
+    y = deepgemm.BACKEND.batched_gemm_a8w8_mxscale(odd[0], odd[1], xs, odd[2])
     assert torch.equal(y, REF.batched_gemm_a8w8_mxscale(x, w, xs, ws, dtype=torch.bfloat16))
 
 

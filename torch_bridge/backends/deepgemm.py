@@ -79,7 +79,7 @@ class _WeightScales:
             hit = self._made.get(key)
         if hit is not None and hit[1] == w_scale._version:
             return hit[2]
-        decoded = e8m0_decode(w_scale.view(torch.uint8)).contiguous()
+        decoded = _row_major(e8m0_decode(w_scale.view(torch.uint8)))
         if w_scale.is_cuda and torch.cuda.is_current_stream_capturing():
             return decoded
         decoded = ready_everywhere(decoded, "the deepgemm backend")
@@ -193,6 +193,19 @@ def _check_bf16(dtype) -> None:
             f"backend 'deepgemm' cannot write {dtype}: DeepGEMM's einsum writes bf16")
 
 
+def _row_major(t):
+    """``t`` with row-major strides, copied where they differ. ``contiguous()`` leaves the
+    stride of a size-1 dim as it is, and DeepGEMM reads every dim's stride: its TMA
+    descriptors need 16-byte multiples, its weight-scale check the dense batch stride."""
+    import torch
+
+    from .triton._common import row_major
+
+    if t.stride() == row_major(tuple(t.shape)):
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
 def _einsum(x, x_scale_f32, w, w_scale, out):
     import torch
 
@@ -200,8 +213,8 @@ def _einsum(x, x_scale_f32, w, w_scale, out):
     y = out
     if y is None or not y.is_contiguous():
         y = torch.empty((m, g, w.shape[1]), dtype=torch.bfloat16, device=x.device)
-    deep_gemm().fp8_einsum(EINSUM, (x.contiguous(), x_scale_f32),
-                           (w.contiguous(), weight_scales(w_scale)), y, recipe=RECIPE)
+    deep_gemm().fp8_einsum(EINSUM, (_row_major(x), x_scale_f32),
+                           (_row_major(w), weight_scales(w_scale)), y, recipe=RECIPE)
     if out is not None and y is not out:
         out.copy_(y)
         return out
