@@ -48,3 +48,12 @@ def test_readme_layout_names_every_backend():
     layout = re.search(r"`backends/` \((.*?)\)", " ".join(
         (ROOT / "README.md").read_text().split())).group(1)
     assert names == {n.strip() for n in layout.split(",")}, layout
+
+
+def test_readme_env_table_is_the_registered_variables():
+    """The README's table and ``ENV_VARS`` (what ``woa probe`` lists and tests clear) name the
+    same variables."""
+    from torch_bridge._capability import ENV_VARS
+
+    table = re.findall(r"^\| `(WOA_[A-Z_]+)` \|", (ROOT / "README.md").read_text(), re.M)
+    assert sorted(table) == sorted(ENV_VARS)

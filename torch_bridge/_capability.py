@@ -33,6 +33,13 @@ ENV_VARS: dict[str, str] = {
                      "handler are built (default: ~/.cache/woa)",
     "WOA_COMMIT": "commit id recorded in benchmark rows when git cannot tell (default: "
                   "git rev-parse HEAD)",
+    "WOA_DIRECT_LAUNCH": "1 (default) or 0: 0 launches every call through Triton's public "
+                         "kernel[grid], without the eager layers' native launcher",
+    "WOA_PDL": "unset (default), 0 or 1: programmatic dependent launch on Hopper; unset: small "
+               "quants and the unfused FP8 chain's GEMM, 0: none, 1: also every quant and "
+               "pointer GEMM",
+    "WOA_PEERS_DIR": "where the benchmark's peer rows find vLLM's quant file (default: the "
+                     "checkout's out/peers/)",
 }
 
 

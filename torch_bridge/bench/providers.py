@@ -318,7 +318,7 @@ PROVIDERS: dict[str, Provider] = {p.name: p for p in [
              chain_bf16),
     Provider("chain_bf16_inplace", "the shipped fallback with overwrite_o=True",
              chain_bf16_inplace),
-    Provider("chain_bf16_ref", "Triton in-place inverse RoPE + torch bf16 einsum",
+    Provider("chain_bf16_ref", "Triton in-place inverse RoPE + torch bf16 bmm (cuBLAS)",
              chain_bf16_ref),
     Provider("chain_fp8", "WoAProjection(backend='auto'): the shipped layer as users call it",
              chain_fp8),

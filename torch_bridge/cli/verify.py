@@ -434,7 +434,8 @@ def add_parser(sub) -> None:
                    help="RoPE table of the layer (default: config.json's compress_ratios; "
                         "compress for the embedded layer)")
     v.add_argument("--backends", metavar="LIST",
-                   help="comma-separated subset of aiter,triton,torch,bf16 (default all)")
+                   help=f"comma-separated subset of {','.join((*_FP8_BACKENDS, 'bf16'))} "
+                        "(default all)")
     v.add_argument("--device", choices=("cpu", "cuda"), help="torch device (default: GPU if any)")
     v.add_argument("--seed", type=int, default=0,
                    help="seed of the attention outputs, positions and embedded weight (default 0)")
