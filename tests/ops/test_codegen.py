@@ -154,6 +154,12 @@ _SM90_SCRIPT = textwrap.dedent("""
                cfg.num_stages)
     print("fused", cfg.label(), "wgmma" in code, serial_split(code),
           "cvt.rn.satfinite.e4m3x2.f32" in code, "mul.rn.f32" in code)
+    # Its weight slice asked of L2 before the prologue's first load of o.
+    code = ptx(kernels.wo_a_fp8_kernel, sig, dict(cx, L2_PREFETCH=True),
+               tuple(sig)[:6] + ("x_ptr", "xs_ptr", "y_ptr", *split), cfg.num_warps,
+               cfg.num_stages)
+    first_load = min(code.find(op) for op in ("ld.global", "cp.async.cg") if op in code)
+    print("fused prefetch", "wgmma" in code, 0 <= code.find("prefetch.global.L2") < first_load)
 """)
 
 
@@ -164,9 +170,10 @@ def test_gpu_only_paths_compile_for_sm90(tmp_path):
     per-head quant kernel uses the hardware RNE fp8 cast and 16-byte loads, by groups and by
     whole head rows (waiting for the kernel before it, as a dependent), and writes fp32
     token-major scales for DeepGEMM either way. The fused chain uses
-    wgmma, serial split-K, the hardware cast and, with fp32 tables, products rounded apart."""
+    wgmma, serial split-K, the hardware cast and, with fp32 tables, products rounded apart;
+    with ``L2_PREFETCH`` it asks L2 for its weight before its first load."""
     lines = run_compile_script(_SM90_SCRIPT, tmp_path)
-    assert len(lines) == 8, lines
+    assert len(lines) == 9, lines
     assert lines[0].startswith("tma ") and lines[0].endswith("True True"), lines
     assert lines[1].startswith("tma ") and lines[1].endswith("True True"), lines
     assert lines[2].startswith("pointer ") and lines[2].endswith("True True"), lines
@@ -175,6 +182,7 @@ def test_gpu_only_paths_compile_for_sm90(tmp_path):
     assert lines[5] == "quant whole True True", lines
     assert lines[6] == "quant mn True True", lines
     assert lines[7].startswith("fused ") and lines[7].endswith("True True True True"), lines
+    assert lines[8] == "fused prefetch True True", lines
 
 
 _GLUON_SCRIPT = textwrap.dedent("""

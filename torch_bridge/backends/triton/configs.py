@@ -207,6 +207,9 @@ class GemmConfig:
     #: kernel, so only where it does not write ``w`` (the FP8 chain's quant,
     #: ``gemm.chain_dependent``); the pointer kernel waits before any load.
     pdl: bool = False
+    #: The fused chain only (``wo_a_fp8_kernel``, CUDA): each program asks L2 for its weight
+    #: slice before its quant prologue, so the weight streams while it quantizes.
+    l2_prefetch: bool = False
 
     def __post_init__(self):
         # tl.dot needs every tile dim >= 16; wgmma takes 8 tokens on its N side.
@@ -223,6 +226,9 @@ class GemmConfig:
         if self.programs_per_sm and not (self.tma or self.wgmma):
             raise ValueError("GemmConfig.programs_per_sm applies to the TMA and wgmma kernels "
                              "only; set tma=True, wgmma=True or programs_per_sm=0")
+        if self.l2_prefetch and (self.tma or self.wgmma or not self.swap_ab):
+            raise ValueError("GemmConfig.l2_prefetch is the fused chain's (swapped pointer "
+                             f"tiles: swap_ab=True, tma=False, wgmma=False), got {self}")
         if self.wgmma and (self.tma or not _wgmma_tile_ok(self)):
             raise ValueError(f"GemmConfig.wgmma is its own kernel: it needs tma=False and "
                              f"either block_m = 16 * num_warps in (64, 128), "
@@ -234,7 +240,8 @@ class GemmConfig:
         if self.tma:
             tma = f"T{self.programs_per_sm or ''}"
         return (f"m{self.block_m}n{self.block_n}k{self.split_k}{'s' if self.swap_ab else ''}"
-                f"w{self.num_warps}st{self.num_stages}{tma}{'P' if self.pdl else ''}")
+                f"w{self.num_warps}st{self.num_stages}{tma}{'P' if self.pdl else ''}"
+                f"{'L' if self.l2_prefetch else ''}")
 
 
 def _wgmma_tile_ok(cfg: GemmConfig) -> bool:

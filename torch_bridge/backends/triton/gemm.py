@@ -427,6 +427,9 @@ def batched_gemm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.T
     xs, ws = rows_contiguous(e8m0_bytes(x_scale)), rows_contiguous(e8m0_bytes(w_scale))
     if config is not None and config.wgmma:
         _check_explicit_wgmma(config, x, w, out, block)
+    if cfg.l2_prefetch:
+        raise ValueError(f"GemmConfig.l2_prefetch is the fused chain's (wo_a_fp8), not the "
+                         f"GEMM's: got {cfg}")
     configs.check_split(cfg, k // block)
     if scratch is None:
         run_mutating(_batched_gemm_a8w8_mxscale_op, (out,), x, w, xs, ws, out, *_fields(cfg))

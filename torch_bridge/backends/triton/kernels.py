@@ -154,6 +154,14 @@ def _dependent_start(PDL: tl.constexpr, LET_NEXT_START: tl.constexpr):
 
 
 @triton.jit
+def _prefetch_l2(ptrs):
+    """Ask L2 for the line holding each of ``ptrs`` and go on (``prefetch.global.L2``, NVIDIA
+    only): loads of it later find it there instead of waiting on memory."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
 def _quantize_group(v, INV_FP8_MAX: tl.constexpr, FP8_MAX: tl.constexpr,
                     FP8_MIN_NORMAL_EXP: tl.constexpr, AMAX_FLOOR: tl.constexpr,
                     HW_CAST: tl.constexpr, FP8_TY: tl.constexpr):
@@ -357,9 +365,14 @@ def wo_a_fp8_kernel(
     FP8_MIN_NORMAL_EXP: tl.constexpr, AMAX_FLOOR: tl.constexpr, HW_CAST: tl.constexpr,
     ROUND_PRODUCTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT_K: tl.constexpr, OUT_BF16: tl.constexpr, QUANT_ROWS: tl.constexpr,
+    L2_PREFETCH: tl.constexpr = False,
 ):
     """The decode chain in one launch: each program first quantizes the activations its tile
     reads, then runs ``batched_gemm_a8w8_mxscale_kernel``'s swapped tile on them.
+
+    ``L2_PREFETCH`` (CUDA): each program first asks L2 for its weight slice, one line per row
+    and K block, so that the weight streams from memory while the prologue quantizes, instead
+    of after it (``_prefetch_l2``; the bits are the same).
 
     Prologue: inverse RoPE + 1 x SB E8M0 quant (the quant group is the scale block) of the
     program's tokens and K blocks of ``o``, ``QUANT_ROWS`` (token, K block) rows at a time,
@@ -379,6 +392,11 @@ def wo_a_fp8_kernel(
     pid_k = tl.program_id(2)
     m0 = pid_m.to(tl.int64) * BLOCK_M
     n_rows = tl.minimum(BLOCK_M, M - m0) * KB_PER  # (token, K block) rows of this tile
+    if L2_PREFETCH:
+        w_rows = tl.minimum((pid % NUM_N) * BLOCK_N + tl.arange(0, BLOCK_N), N - 1)
+        w_slice = w_ptr + g * SWG + w_rows.to(tl.int64) * SWN + pid_k * (KB_PER * SB)
+        for i in range(KB_PER):
+            _prefetch_l2(w_slice + i * SB)
     lanes = tl.arange(0, SB)
     pairs = tl.arange(0, SB // 2)
     for r0 in range(0, n_rows, QUANT_ROWS):

@@ -140,7 +140,8 @@ def wo_a_fp8(s: int, dh: int, rd: int, g: int, n: int, k: int, block: int, cfg: 
         SWSN=w_scale[1], SYM=y[0], SYG=y[1], G=g, N=n, K=k, SB=block, DH=dh, RD=rd,
         **_fp8_constants(fp8, amax_floor, o_dtype, rope_dtype, target), BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, SPLIT_K=split_k, OUT_BF16=out_bf16,
-        QUANT_ROWS=configs.WO_A_FP8_QUANT_LANES // block), cfg.num_warps, cfg.num_stages,
+        QUANT_ROWS=configs.WO_A_FP8_QUANT_LANES // block,
+        L2_PREFETCH=cfg.l2_prefetch and target == "cuda"), cfg.num_warps, cfg.num_stages,
         split_k=split_k)
 
 
