@@ -101,20 +101,17 @@ def test_fused_gives_the_two_kernel_bits(rng, s, block, rope_dtype, pos_dtype):
     assert_close(y, _oracle(o, pos, cos, sin, w, ws, 2, block), tolerance="gemm_bf16")
 
 
-def test_l2_prefetch_is_the_fused_chains_alone(rng):
-    """A fused launch shape with ``l2_prefetch`` runs (the interpreter asks L2 for nothing)
-    with the same bits; the GEMM, which does not prefetch, refuses such a shape."""
+def test_l2_prefetch_launch_shapes_give_the_same_bits(rng):
+    """The fused chain and the pointer GEMM with ``l2_prefetch`` run (the interpreter asks L2
+    for nothing) with the bits of the same shapes without it."""
     o, pos, cos, sin, w, ws = chain_tensors(rng, 3)
-    cfg = launch.GemmConfig(16, 64, swap_ab=True)
-    pre = dataclasses.replace(cfg, l2_prefetch=True)
-    y = launch.wo_a_fp8(o, pos, cos, sin, w, ws, 2, single_kernel=True, config=pre)
-    two = launch.wo_a_fp8(o, pos, cos, sin, w, ws, 2, single_kernel=False, config=cfg)
-    np.testing.assert_array_equal(_bits(y), _bits(two))
-    x, xs = launch.inverse_rope_group_quant(o, pos, cos, sin, 2, 128)
-    with pytest.raises(ValueError, match="l2_prefetch is the fused chain's"):
-        launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, config=pre)
-    with pytest.raises(ValueError, match="l2_prefetch is the fused chain's"):
-        launch.wo_a_fp8(o, pos, cos, sin, w, ws, 2, single_kernel=False, config=pre)
+    for cfg in (launch.GemmConfig(16, 64, swap_ab=True),
+                launch.GemmConfig(16, 64, split_k=2, swap_ab=True)):
+        pre = dataclasses.replace(cfg, l2_prefetch=True)
+        two = launch.wo_a_fp8(o, pos, cos, sin, w, ws, 2, single_kernel=False, config=cfg)
+        for fused in (True, False):
+            y = launch.wo_a_fp8(o, pos, cos, sin, w, ws, 2, single_kernel=fused, config=pre)
+            np.testing.assert_array_equal(_bits(y), _bits(two))
 
 
 def test_fused_groups_that_start_inside_a_head(rng):

@@ -207,8 +207,9 @@ class GemmConfig:
     #: kernel, so only where it does not write ``w`` (the FP8 chain's quant,
     #: ``gemm.chain_dependent``); the pointer kernel waits before any load.
     pdl: bool = False
-    #: The fused chain only (``wo_a_fp8_kernel``, CUDA): each program asks L2 for its weight
-    #: slice before its quant prologue, so the weight streams while it quantizes.
+    #: Pointer tiles (the pointer GEMM and the fused chain; CUDA): each program first asks L2
+    #: for its weight slice, so the weight streams while the fused chain's prologue
+    #: quantizes, or while a programmatic dependent waits for the kernel before it.
     l2_prefetch: bool = False
 
     def __post_init__(self):
@@ -226,9 +227,9 @@ class GemmConfig:
         if self.programs_per_sm and not (self.tma or self.wgmma):
             raise ValueError("GemmConfig.programs_per_sm applies to the TMA and wgmma kernels "
                              "only; set tma=True, wgmma=True or programs_per_sm=0")
-        if self.l2_prefetch and (self.tma or self.wgmma or not self.swap_ab):
-            raise ValueError("GemmConfig.l2_prefetch is the fused chain's (swapped pointer "
-                             f"tiles: swap_ab=True, tma=False, wgmma=False), got {self}")
+        if self.l2_prefetch and (self.tma or self.wgmma):
+            raise ValueError("GemmConfig.l2_prefetch is the pointer tiles' (tma=False, "
+                             f"wgmma=False), got {self}")
         if self.wgmma and (self.tma or not _wgmma_tile_ok(self)):
             raise ValueError(f"GemmConfig.wgmma is its own kernel: it needs tma=False and "
                              f"either block_m = 16 * num_warps in (64, 128), "

@@ -35,6 +35,7 @@ from ._common import (
     run_direct,
     run_mutating,
     signature,
+    target,
     triton_launch,
 )
 from .configs import GemmConfig
@@ -113,9 +114,10 @@ def _batched_gemm_a8w8_mxscale_op(x: torch.Tensor, w: torch.Tensor, x_scale: tor
                                   w_scale: torch.Tensor, out: torch.Tensor, block_m: int,
                                   block_n: int, split_k: int, swap_ab: bool, num_warps: int,
                                   num_stages: int, tma: bool, programs_per_sm: int,
-                                  wgmma: bool, pdl: bool) -> None:
+                                  wgmma: bool, pdl: bool, l2_prefetch: bool) -> None:
     _run_gemm(x, w, x_scale, w_scale, out, (block_m, block_n, split_k, swap_ab, num_warps,
-                                            num_stages, tma, programs_per_sm, wgmma, pdl))
+                                            num_stages, tma, programs_per_sm, wgmma, pdl,
+                                            l2_prefetch))
 
 
 def _run_gemm(x, w, x_scale, w_scale, out, shape: tuple, scratch: tuple | None = None) -> None:
@@ -230,7 +232,7 @@ def default_config(m: int, g: int, n: int, k: int, block: int, device: torch.dev
 def _fields(cfg: GemmConfig) -> tuple:
     """The launcher op's launch-shape arguments, in ``GemmConfig``'s field order."""
     return (cfg.block_m, cfg.block_n, cfg.split_k, cfg.swap_ab, cfg.num_warps, cfg.num_stages,
-            cfg.tma, cfg.programs_per_sm, cfg.wgmma, cfg.pdl)
+            cfg.tma, cfg.programs_per_sm, cfg.wgmma, cfg.pdl, cfg.l2_prefetch)
 
 
 def _gemm_plan(x, w, x_scale, w_scale, out, cfg: GemmConfig) -> Launch:
@@ -264,7 +266,8 @@ def _pointer_plan(x, w, x_scale, w_scale, out, cfg: GemmConfig) -> Launch:
     return Launch(plans.gemm_pointer(
         m, g, w.shape[1], k, k // x_scale.shape[2], cfg, cfg.split_k, x=x.stride(),
         w=w.stride(), y=out.stride(), x_scale=x_scale.stride(), w_scale=w_scale.stride(),
-        out_bf16=out.dtype == torch.bfloat16, pdl=pdl(x.device.index, cfg.pdl)),
+        out_bf16=out.dtype == torch.bfloat16, target=target(),
+        pdl=pdl(x.device.index, cfg.pdl)),
         ("pointer", cfg))
 
 
@@ -427,9 +430,6 @@ def batched_gemm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.T
     xs, ws = rows_contiguous(e8m0_bytes(x_scale)), rows_contiguous(e8m0_bytes(w_scale))
     if config is not None and config.wgmma:
         _check_explicit_wgmma(config, x, w, out, block)
-    if cfg.l2_prefetch:
-        raise ValueError(f"GemmConfig.l2_prefetch is the fused chain's (wo_a_fp8), not the "
-                         f"GEMM's: got {cfg}")
     configs.check_split(cfg, k // block)
     if scratch is None:
         run_mutating(_batched_gemm_a8w8_mxscale_op, (out,), x, w, xs, ws, out, *_fields(cfg))
