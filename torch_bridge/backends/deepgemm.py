@@ -199,9 +199,9 @@ def _row_major(t):
     descriptors need 16-byte multiples, its weight-scale check the dense batch stride."""
     import torch
 
-    from .triton._common import row_major
+    from .triton.plans import dense
 
-    if t.stride() == row_major(tuple(t.shape)):
+    if t.stride() == dense(*t.shape):
         return t
     return t.clone(memory_format=torch.contiguous_format)
 

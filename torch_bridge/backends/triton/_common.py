@@ -432,17 +432,6 @@ def descriptor_launcher(compiled):
     return run, expand
 
 
-def row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The contiguous strides of ``shape``. The direct launchers allocate their outputs with
-    ``torch.empty_strided(shape, row_major(shape), ...)``, whose arguments parse faster than
-    ``torch.empty``'s."""
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= max(size, 1)
-    return tuple(reversed(strides))
-
-
 def rows_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 

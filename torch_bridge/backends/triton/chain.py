@@ -30,7 +30,6 @@ from ._common import (
     launcher_op,
     on_device_of,
     output,
-    row_major,
     rows_contiguous,
     run_direct,
     run_mutating,
@@ -331,7 +330,7 @@ def eager_wo_a_bf16(o, positions, cos_cache, sin_cache, w_bf16, num_groups: int)
         return None
     device, bf16 = o.device, torch.bfloat16
     shape = (s, g, n)
-    strides = row_major(shape)
+    strides = plans.dense(*shape)
     tma = _tma_loads(o)
     if bf16_configs.bf16_gemm_chosen(s, g, n, k, tma=tma, dh=dh):
         rd = 2 * cos_cache.shape[1]

@@ -16,8 +16,8 @@ import threading
 import torch
 
 from ...interop import e8m0_bytes
-from . import configs, native
-from ._common import current_stream, last_dims_contiguous, row_major
+from . import configs, native, plans
+from ._common import current_stream, last_dims_contiguous
 from .chain import _wo_a_fp8_launch
 from .gemm import batched_gemm_a8w8_mxscale, chain_dependent, default_launch, eager_gemm
 from .quant import _quant_launch, eager_quant
@@ -101,7 +101,7 @@ def eager_wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: i
         return None
     scratch = args[11:] if run.plan.split_k > 1 else None
     shape = tuple(out.shape)
-    strides = row_major(shape)
+    strides = plans.dense(*shape)
 
     def run(o, positions):
         out = torch.empty_strided(shape, strides, dtype=torch.bfloat16, device=device)
@@ -176,7 +176,7 @@ def _native_run(bound: native.Native, o, positions, shape: tuple[int, ...], stre
                 lock=None):
     """``native.runner`` of a chain bound with its output open (a new ``shape`` bf16 per
     call)."""
-    device, strides, bf16 = o.device, row_major(shape), torch.bfloat16
+    device, strides, bf16 = o.device, plans.dense(*shape), torch.bfloat16
     return native.runner(
         bound, o, positions, stream,
         lambda: (torch.empty_strided(shape, strides, dtype=bf16, device=device),), lock)

@@ -30,7 +30,6 @@ from ._common import (
     pdl,
     pdl_capable,
     raw_launch,
-    row_major,
     rows_contiguous,
     run_direct,
     run_mutating,
@@ -196,7 +195,7 @@ def eager_gemm(x, w, x_scale, w_scale, dtype: torch.dtype, out: torch.Tensor | N
     if bound is None:
         return None
 
-    strides = row_major(shape)
+    strides = plans.dense(*shape)
 
     def go(x, w, x_scale, w_scale, out=None):
         y = out if out is not None else torch.empty_strided(shape, strides, dtype=dtype,
@@ -313,7 +312,7 @@ class WgmmaBound:
         self._programs, self._views, self._tail = programs, views, tail
         self._scratch = scratch  # unsplit: the output stands in (never touched)
         self._shape, self._dtype, self._device = tuple(out.shape), out.dtype, out.device
-        self._strides = row_major(self._shape)
+        self._strides = plans.dense(*self._shape)
         self._aligned = scales_aligned
         self._stream = stream
         self._kept: tuple[dict, dict, dict] = ({}, {}, {})

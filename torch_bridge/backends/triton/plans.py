@@ -77,7 +77,9 @@ def pdl_launches(target: str, capability: int) -> bool:
 
 
 def dense(*shape: int) -> tuple[int, ...]:
-    """The row-major strides of ``shape`` (the JAX launcher's operands are dense)."""
+    """The row-major strides of ``shape``: the JAX launcher's operands, and the torch direct
+    launchers' outputs (``torch.empty_strided(shape, dense(*shape), ...)`` parses its arguments
+    faster than ``torch.empty``)."""
     strides, step = [], 1
     for size in reversed(shape):
         strides.append(step)

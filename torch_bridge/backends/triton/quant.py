@@ -18,7 +18,6 @@ from ._common import (
     launcher_op,
     on_device_of,
     pdl,
-    row_major,
     rows_contiguous,
     run_mutating,
     signature,
@@ -92,7 +91,7 @@ def eager_quant(o, positions, cos_cache, sin_cache, num_groups: int, quant_group
     if bound is None:
         return None
     e8m0 = torch.float8_e8m0fnu
-    strides_q, strides_s = row_major(shape_q), row_major(shape_s)
+    strides_q, strides_s = plans.dense(*shape_q), plans.dense(*shape_s)
 
     def go(o, positions, cos_cache, sin_cache, x_fp8=None, x_scale=None):
         q = (x_fp8 if x_fp8 is not None
