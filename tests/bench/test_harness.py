@@ -253,3 +253,39 @@ def test_eager_flag_reaches_the_tune_timer(monkeypatch, tmp_path):
         rc = main(["--tune", *flags, "--tune-kinds", "quant", "--ms", "1", "--reps", "1",
                    "--no-progress", "--results-dir", str(tmp_path)])
         assert rc == 0 and seen and set(seen) == {graph}
+
+
+def test_graph_timer_captures_in_thread_local_mode(monkeypatch):
+    """The oracle's JAX runtime threads call the driver while a row is captured; a global-mode
+    capture is invalidated by them, so the timer captures thread-local."""
+    import contextlib
+
+    from torch_bridge.bench import timing
+
+    modes = []
+
+    class Event:
+        def __init__(self, **_):
+            pass
+
+        record = synchronize = lambda self: None
+        elapsed_time = lambda self, other: 1.0  # noqa: E731
+
+    @contextlib.contextmanager
+    def graph(g, **kw):
+        modes.append(kw.get("capture_error_mode", "global"))
+        yield
+
+    class Graph:
+        replay = lambda self: None  # noqa: E731
+
+    class Stream:
+        wait_stream = lambda self, other: None  # noqa: E731
+
+    for name, value in {"synchronize": lambda: None, "Stream": Stream, "CUDAGraph": Graph,
+                        "graph": graph, "Event": Event, "current_stream": Stream,
+                        "stream": lambda s: contextlib.nullcontext()}.items():
+        monkeypatch.setattr(torch.cuda, name, value)
+    calls = []
+    assert timing.time_cuda([lambda: calls.append(1)], reps=2, warmup=1) == [1000.0] * 2
+    assert modes and set(modes) == {"thread_local"}

@@ -56,7 +56,9 @@ def time_cuda(fns: Sequence[Callable[[], object]], *, reps: int = 20, warmup: in
 
         def capture(n: int):
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
+            # Thread-local: the oracle's JAX runtime threads call the driver at any time, and a
+            # global-mode capture fails when one of them does.
+            with torch.cuda.graph(g, capture_error_mode="thread_local"):
                 for _ in range(n):
                     for f in fns:
                         f()
