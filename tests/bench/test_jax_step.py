@@ -97,7 +97,8 @@ def test_report_shows_layers_and_vs_graph(capsys):
 
 def test_older_csv_reads_and_is_extended_before_appending(tmp_path):
     """A file written before ``vs_graph`` existed: its rows read with the cell empty, and the
-    first append rewrites its header alone, leaving its rows' bytes as they were."""
+    first append rewrites its header alone, leaving its rows' bytes as they were; lines it writes
+    end in a bare newline."""
     old_columns = results.COLUMNS[:results.COLUMNS.index("vs_graph")]
     path = tmp_path / "nvidia-h200.csv"
     old_row = ["2025-01-01T00:00:00"] + [""] * (len(old_columns) - 2) + ["bytes exact"]
@@ -108,9 +109,9 @@ def test_older_csv_reads_and_is_extended_before_appending(tmp_path):
     assert results.check_appendable(path) is False
     results.append(path, {"run": "2025-01-02T00:00:00"},
                    [{"mode": "jax_step", "provider": "jax_step_native", "vs_graph": 1.5}])
-    lines = path.read_bytes().split(b"\r\n")
-    assert lines[0].decode().split(",") == list(results.COLUMNS)
-    assert lines[1] + b"\r\n" == body.encode()
+    header, rest = path.read_bytes().split(b"\n", 1)
+    assert header.decode().split(",") == list(results.COLUMNS)
+    assert rest.startswith(body.encode()) and b"\r" not in rest[len(body):]
     old, new = results.read(path)
     assert old["vs_graph"] is None and new["vs_graph"] == 1.5 and new["mode"] == "jax_step"
 

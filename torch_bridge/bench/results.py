@@ -117,10 +117,9 @@ def check_appendable(path: pathlib.Path) -> bool:
 def _extend_header(path: pathlib.Path) -> None:
     """Rewrite an older harness's header as ``COLUMNS`` (its rows stay as they are: their
     missing trailing cells read empty)."""
-    first, nl, rest = path.read_bytes().partition(b"\n")
-    end = b"\r" if first.endswith(b"\r") else b""
+    rest = path.read_bytes().partition(b"\n")[2]
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(",".join(COLUMNS).encode() + end + nl + rest)
+    tmp.write_bytes(",".join(COLUMNS).encode() + b"\n" + rest)
     os.replace(tmp, path)
 
 
@@ -131,7 +130,7 @@ def append(path: pathlib.Path, meta: dict, rows: list[dict]) -> None:
     if not new and _header(path) != COLUMNS:
         _extend_header(path)
     with path.open("a", newline="") as f:
-        w = csv.writer(f)
+        w = csv.writer(f, lineterminator="\n")  # one line ending, whichever wrote the file
         if new:
             w.writerow(COLUMNS)
         for r in rows:
