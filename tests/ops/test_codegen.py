@@ -96,12 +96,6 @@ _SM90_SCRIPT = textwrap.dedent("""
         return "atom.global.gpu.acq_rel.add" in code and "ld.global.cg" in code
 
     print("split", cfg.label(), "wgmma" in code, serial_split(code))
-    # The same as a programmatic dependent asking L2 for its weight: before its wait.
-    code = ptx(kernels.batched_gemm_a8w8_mxscale_kernel, sig, dict(cx, PDL=True,
-               L2_PREFETCH=True), ("x_ptr", "w_ptr", "xs_ptr", "ws_ptr", "y_ptr", "part_ptr",
-                                   "count_ptr"), cfg.num_warps, cfg.num_stages)
-    prefetch, wait = code.find("prefetch.global.L2"), code.find("griddepcontrol.wait")
-    pointer_prefetch = 0 <= prefetch < wait
 
     qc = launch.quant_config(8192)
     assert qc.block_h, qc
@@ -160,13 +154,6 @@ _SM90_SCRIPT = textwrap.dedent("""
                cfg.num_stages)
     print("fused", cfg.label(), "wgmma" in code, serial_split(code),
           "cvt.rn.satfinite.e4m3x2.f32" in code, "mul.rn.f32" in code)
-    # Its weight slice asked of L2 before the prologue's first load of o.
-    code = ptx(kernels.wo_a_fp8_kernel, sig, dict(cx, L2_PREFETCH=True),
-               tuple(sig)[:6] + ("x_ptr", "xs_ptr", "y_ptr", *split), cfg.num_warps,
-               cfg.num_stages)
-    first_load = min(code.find(op) for op in ("ld.global", "cp.async.cg") if op in code)
-    print("fused prefetch", "wgmma" in code, 0 <= code.find("prefetch.global.L2") < first_load)
-    print("pointer prefetch", pointer_prefetch)
 """)
 
 
@@ -177,11 +164,9 @@ def test_gpu_only_paths_compile_for_sm90(tmp_path):
     per-head quant kernel uses the hardware RNE fp8 cast and 16-byte loads, by groups and by
     whole head rows (waiting for the kernel before it, as a dependent), and writes fp32
     token-major scales for DeepGEMM either way. The fused chain uses
-    wgmma, serial split-K, the hardware cast and, with fp32 tables, products rounded apart;
-    with ``L2_PREFETCH`` it asks L2 for its weight before its first load, as the pointer GEMM
-    does before it waits as a programmatic dependent."""
+    wgmma, serial split-K, the hardware cast and, with fp32 tables, products rounded apart."""
     lines = run_compile_script(_SM90_SCRIPT, tmp_path)
-    assert len(lines) == 10, lines
+    assert len(lines) == 8, lines
     assert lines[0].startswith("tma ") and lines[0].endswith("True True"), lines
     assert lines[1].startswith("tma ") and lines[1].endswith("True True"), lines
     assert lines[2].startswith("pointer ") and lines[2].endswith("True True"), lines
@@ -190,8 +175,6 @@ def test_gpu_only_paths_compile_for_sm90(tmp_path):
     assert lines[5] == "quant whole True True", lines
     assert lines[6] == "quant mn True True", lines
     assert lines[7].startswith("fused ") and lines[7].endswith("True True True True"), lines
-    assert lines[8] == "fused prefetch True True", lines
-    assert lines[9] == "pointer prefetch True", lines
 
 
 _GLUON_SCRIPT = textwrap.dedent("""

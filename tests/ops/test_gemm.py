@@ -301,22 +301,6 @@ def _check_same_bits_elsewhere(first, runs: list, operands: tuple, seed: int,
 
 
 @gpu
-@pytest.mark.parametrize("m,g", ((1, 2), (8, 4), (16, 4), (64, 8)))
-def test_gpu_pointer_gemm_l2_prefetch_gives_the_same_bits(m, g):
-    """The pointer GEMM asking L2 for its weight first (plain, split, as a programmatic
-    dependent) gives the bits of the same shape without it."""
-    seed = new_seed()
-    x, w, xs, ws = gemm_inputs(m, g, N, HPG * DH, seed)
-    for cfg in (launch.GemmConfig(16, 64, swap_ab=True), launch.GemmConfig(16, 64, split_k=4,
-                                                                            swap_ab=True),
-                launch.GemmConfig(64, 64, split_k=2, pdl=True)):
-        want = launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, config=cfg)
-        got = launch.batched_gemm_a8w8_mxscale(x, w, xs, ws,
-                                               config=dataclasses.replace(cfg, l2_prefetch=True))
-        assert torch.equal(got, want), f"seed {seed}: {cfg}"
-
-
-@gpu
 @pytest.mark.parametrize("m", (1, 16, 64, 128))
 def test_gpu_split_k_gemm_bits_never_depend_on_timing(m):
     """G = 2 decode splits K over up to 8 parts per tile. Whatever order the parts arrive in,

@@ -101,19 +101,6 @@ def test_fused_gives_the_two_kernel_bits(rng, s, block, rope_dtype, pos_dtype):
     assert_close(y, _oracle(o, pos, cos, sin, w, ws, 2, block), tolerance="gemm_bf16")
 
 
-def test_l2_prefetch_launch_shapes_give_the_same_bits(rng):
-    """The fused chain and the pointer GEMM with ``l2_prefetch`` run (the interpreter asks L2
-    for nothing) with the bits of the same shapes without it."""
-    o, pos, cos, sin, w, ws = chain_tensors(rng, 3)
-    for cfg in (launch.GemmConfig(16, 64, swap_ab=True),
-                launch.GemmConfig(16, 64, split_k=2, swap_ab=True)):
-        pre = dataclasses.replace(cfg, l2_prefetch=True)
-        two = launch.wo_a_fp8(o, pos, cos, sin, w, ws, 2, single_kernel=False, config=cfg)
-        for fused in (True, False):
-            y = launch.wo_a_fp8(o, pos, cos, sin, w, ws, 2, single_kernel=fused, config=pre)
-            np.testing.assert_array_equal(_bits(y), _bits(two))
-
-
 def test_fused_groups_that_start_inside_a_head(rng):
     """G = 4 groups over H = 2 heads: group 1 is the second half of head 0, so its last block
     holds that head's rope tail; the prologue must find it from the lane's place in the head."""
@@ -224,7 +211,7 @@ def test_fused_op_is_opaque_to_torch_compile(rng):
     xq = torch.empty((2, 2, 1024), dtype=torch.float8_e4m3fn, device=DEVICE)
     xs = torch.empty((2, 2, 8), dtype=torch.uint8, device=DEVICE)
     torch.library.opcheck(torch.ops.woa_triton.wo_a_fp8.default,
-                          (o, pos, cos, sin, w, ws, xq, xs, y, 1e-8, 16, 64, 1, 4, 3, False),
+                          (o, pos, cos, sin, w, ws, xq, xs, y, 1e-8, 16, 64, 1, 4, 3),
                           test_utils=("test_faketensor",))
     v = y._version
     launch.wo_a_fp8(o, pos, cos, sin, w, ws, 2, out=y)
@@ -292,11 +279,6 @@ def test_gpu_fused_decode_chain(s, g):
     two = launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, single_kernel=False, config=cfg)
     bad = int((one.view(torch.int16) != two.view(torch.int16)).sum())
     assert bad == 0, f"seed {seed}: {bad} of {one.numel()} outputs differ from the two kernels"
-    # Asking L2 for the weight first changes when it arrives, not the bits (split-K included).
-    for c, want in ((cfg, one), (launch.wo_a_fp8_config(s, g, N, HPG * DH, 128), y)):
-        pre = launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, single_kernel=True,
-                              config=dataclasses.replace(c, l2_prefetch=True))
-        assert torch.equal(pre, want), f"seed {seed}: l2_prefetch changed the bits ({c})"
 
 
 @gpu
@@ -460,7 +442,7 @@ def test_gpu_fused_chain_prologue_bytes_are_the_oracles(s, g, table, rope_dtype)
     out = torch.empty((s, g, N), dtype=torch.bfloat16, device="cuda")
     chain._wo_a_fp8_op.launch_fn(
         o, pos, cos, sin, w, ws, x_fp8, x_scale, out, 1e-8, cfg.block_m, cfg.block_n, 1,
-        cfg.num_warps, cfg.num_stages, cfg.l2_prefetch)
+        cfg.num_warps, cfg.num_stages)
     rq, rs = quant_oracle(o, pos, cos, sin, g)
     assert count_differing(x_scale, rs) == 0, f"seed {seed}: scale bytes differ"
     bad = count_differing(x_fp8, rq)

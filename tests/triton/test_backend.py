@@ -91,7 +91,7 @@ def test_custom_ops_opcheck(rng):
     x, w, xsc, wsc = gemm_tensors(rng, 2, 2, 64, 128)
     y = torch.empty((2, 2, 64), dtype=torch.bfloat16, device=DEVICE)
     torch.library.opcheck(torch.ops.woa_triton.batched_gemm_a8w8_mxscale.default,
-                          (x, w, xsc, wsc, y, 16, 64, 1, False, 4, 3, True, 1, False, False, False),
+                          (x, w, xsc, wsc, y, 16, 64, 1, False, 4, 3, True, 1, False, False),
                           test_utils=("test_faketensor",))
 
 

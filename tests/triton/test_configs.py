@@ -278,9 +278,6 @@ def test_staged_scales_pad_the_k_blocks_to_a_power_of_two():
     (dict(block_m=4, block_n=64, swap_ab=True, wgmma=True), "block_m must be a power of two >= 8"),
     (dict(block_m=8, block_n=64, swap_ab=True), "block_m must be a power of two >= 16"),
     (dict(block_m=64, block_n=128, tma=True, wgmma=True), "wgmma is its own kernel"),
-    (dict(block_m=16, block_n=64, tma=True, l2_prefetch=True), "l2_prefetch is the pointer"),
-    (dict(block_m=16, block_n=64, swap_ab=True, wgmma=True, l2_prefetch=True),
-     "l2_prefetch is the pointer"),
 ])
 def test_gemm_config_rejects_bad_fields(fields, match):
     with pytest.raises(ValueError, match=match):

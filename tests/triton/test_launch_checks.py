@@ -122,7 +122,7 @@ def test_wgmma_relaunch_passes_every_argument_in_kernel_order(monkeypatch, persi
 
 #: ``GemmConfig``'s fields of a wgmma launch: 64 x 128 tiles, 4 warps, 4 stages, one program
 #: per SM (the warp-specialized kernel).
-_WGMMA_FIELDS = (64, 128, 1, False, 4, 4, False, 1, True, False, False)
+_WGMMA_FIELDS = (64, 128, 1, False, 4, 4, False, 1, True, False)
 
 
 def _stand_in_plan(kernel, grid, constexprs):

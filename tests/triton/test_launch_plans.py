@@ -109,23 +109,3 @@ def test_wgmma_plans_name_every_constexpr_of_their_kernel(m, g):
         assert wanted <= set(plan.compile_options()), wanted - set(plan.compile_options())
         assert plan.kernel.__name__.endswith("_ws_kernel") == configs.warp_specialized(c)
         assert configs.warp_specialized(c) == (m >= 1024)
-
-
-@pytest.mark.parametrize("target", ("cuda", "hip", "interpreter"))
-def test_fused_chain_asks_l2_for_its_weight_only_where_asked_on_cuda(target):
-    """``GemmConfig.l2_prefetch`` sets the fused kernel's ``L2_PREFETCH`` on CUDA (an NVIDIA
-    instruction; the interpreter runs none), and the default launch shape leaves it off."""
-    import dataclasses
-
-    from torch_bridge.backends.triton import configs
-
-    n, k, sb = 1024, 4096, 128
-    cfg = configs.wo_a_fp8_config(1, 2, n, k, sb)
-    assert not cfg.l2_prefetch
-    for c in (cfg, dataclasses.replace(cfg, l2_prefetch=True)):
-        plan = plans.wo_a_fp8(1, 512, 64, 2, n, k, sb, c, c.split_k, o_row=2 * k, cos_row=32,
-                              sin_row=32, w=plans.dense(2, n, k),
-                              w_scale=plans.dense(2, n // sb, k // sb), y=plans.dense(1, 2, n),
-                              fp8="float8_e4m3fn", amax_floor=1e-8, o_dtype="bfloat16",
-                              rope_dtype="float32", out_bf16=True, target=target)
-        assert plan.constexprs["L2_PREFETCH"] is (c.l2_prefetch and target == "cuda")

@@ -116,17 +116,14 @@ def _gemm_candidates(m: int) -> list:
 
 
 def wo_a_fp8_candidates(m: int, g: int, n: int) -> list:
-    """Launch shapes of the fused decode chain worth timing (swapped pointer-load tiles); the
-    128-row ones also with their weight slice asked of L2 before the prologue (on CUDA)."""
+    """Launch shapes of the fused decode chain worth timing (swapped pointer-load tiles)."""
     from torch_bridge.backends.triton.launch import GemmConfig as C
 
     t = max(16, 1 << (m - 1).bit_length())
     splits = (1, 2) if -(-m // t) * (n // 64) * g > 64 else (4, 8)
     narrow = [C(t, bn, 1, True, nw, st) for bn in (16, 32) for nw in (4, 8) for st in (4, 6)]
-    wide = [C(t, bn, sk, True, nw, st) for bn in (64, 128) for sk in splits for nw in (4, 8)
-            for st in (4, 5)]
-    return wide + [dataclasses.replace(c, l2_prefetch=True) for c in wide
-                   if c.block_n == 128] + narrow
+    return [C(t, bn, sk, True, nw, st) for bn in (64, 128) for sk in splits for nw in (4, 8)
+            for st in (4, 5)] + narrow
 
 
 def quant_candidates() -> list:

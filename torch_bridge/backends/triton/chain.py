@@ -51,13 +51,13 @@ def _wo_a_fp8_op(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tens
                  sin_cache: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
                  x_fp8: torch.Tensor, x_scale: torch.Tensor, out: torch.Tensor, amax_floor: float,
                  block_m: int, block_n: int, split_k: int, num_warps: int,
-                 num_stages: int, l2_prefetch: bool) -> None:
+                 num_stages: int) -> None:
     _run_wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, x_fp8, x_scale, out,
-                  amax_floor, block_m, block_n, split_k, num_warps, num_stages, l2_prefetch)
+                  amax_floor, block_m, block_n, split_k, num_warps, num_stages)
 
 
 def _run_wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, x_fp8, x_scale, out,
-                  amax_floor, block_m, block_n, split_k, num_warps, num_stages, l2_prefetch,
+                  amax_floor, block_m, block_n, split_k, num_warps, num_stages,
                   scratch: tuple | None = None) -> None:
     """Launch one fused chain call (the op's body; ``scratch``: the caller's split-K memory)."""
     if o.shape[0] == 0:
@@ -65,24 +65,23 @@ def _run_wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, x_fp8, x_scale
     with on_device_of(o):
         run, args = _wo_a_fp8_launch(o, positions, cos_cache, sin_cache, w, w_scale, x_fp8,
                                      x_scale, out, amax_floor, block_m, block_n, split_k,
-                                     num_warps, num_stages, l2_prefetch, scratch)
+                                     num_warps, num_stages, scratch)
         run(args)
 
 
 def _wo_a_fp8_launch(o, positions, cos_cache, sin_cache, w, w_scale, x_fp8, x_scale, out,
-                     amax_floor, block_m, block_n, split_k, num_warps, num_stages, l2_prefetch,
+                     amax_floor, block_m, block_n, split_k, num_warps, num_stages,
                      scratch: tuple | None = None):
     """``(launch, runtime arguments)`` of one ``wo_a_fp8_kernel`` call (split-K's scratch
     taken for it, or ``scratch``'s: ``split_scratch``)."""
     key = ("wo_a_fp8", *signature(o), *signature(cos_cache), sin_cache.stride(), *signature(w),
            *signature(w_scale), *signature(out), amax_floor, block_m, block_n, split_k,
-           num_warps, num_stages, l2_prefetch)
+           num_warps, num_stages)
 
     def make(split: int) -> Launch:
         s, _, dh = o.shape
         g, n, k = w.shape
-        cfg = GemmConfig(block_m, block_n, split_k, True, num_warps, num_stages,
-                         l2_prefetch=l2_prefetch)
+        cfg = GemmConfig(block_m, block_n, split_k, True, num_warps, num_stages)
         return Launch(plans.wo_a_fp8(
             s, dh, 2 * cos_cache.shape[1], g, n, k, k // w_scale.shape[2], cfg, split,
             o_row=o.stride(0), cos_row=cos_cache.stride(0), sin_row=sin_cache.stride(0),
@@ -176,7 +175,7 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
     args = (last_dims_contiguous(o), rows_contiguous(positions), rows_contiguous(cos_cache),
             rows_contiguous(sin_cache), rows_contiguous(w), rows_contiguous(e8m0_bytes(w_scale)))
     shape = (float(amax_floor), cfg.block_m, cfg.block_n, cfg.split_k, cfg.num_warps,
-             cfg.num_stages, cfg.l2_prefetch)
+             cfg.num_stages)
     if scratch is None:
         # The prologue's quantized activations (read back by the same program, never returned).
         x_fp8 = torch.empty((s, g, k), dtype=w.dtype, device=o.device)

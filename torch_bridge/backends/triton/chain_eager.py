@@ -91,7 +91,7 @@ def eager_wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: i
     out = torch.empty((s, g, n), dtype=torch.bfloat16, device=device)
     run, args = _wo_a_fp8_launch(o, positions, cos_cache, sin_cache, w, ws, x_fp8, x_scale,
                                  out, float(amax_floor), cfg.block_m, cfg.block_n, cfg.split_k,
-                                 cfg.num_warps, cfg.num_stages, cfg.l2_prefetch)
+                                 cfg.num_warps, cfg.num_stages)
     stream = current_stream()
     bound = native.bind([(run, args)], (o, positions, out))
     if bound is not None:

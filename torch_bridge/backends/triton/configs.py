@@ -207,10 +207,6 @@ class GemmConfig:
     #: kernel, so only where it does not write ``w`` (the FP8 chain's quant,
     #: ``gemm.chain_dependent``); the pointer kernel waits before any load.
     pdl: bool = False
-    #: Pointer tiles (the pointer GEMM and the fused chain; CUDA): each program first asks L2
-    #: for its weight slice, so the weight streams while the fused chain's prologue
-    #: quantizes, or while a programmatic dependent waits for the kernel before it.
-    l2_prefetch: bool = False
 
     def __post_init__(self):
         # tl.dot needs every tile dim >= 16; wgmma takes 8 tokens on its N side.
@@ -227,9 +223,6 @@ class GemmConfig:
         if self.programs_per_sm and not (self.tma or self.wgmma):
             raise ValueError("GemmConfig.programs_per_sm applies to the TMA and wgmma kernels "
                              "only; set tma=True, wgmma=True or programs_per_sm=0")
-        if self.l2_prefetch and (self.tma or self.wgmma):
-            raise ValueError("GemmConfig.l2_prefetch is the pointer tiles' (tma=False, "
-                             f"wgmma=False), got {self}")
         if self.wgmma and (self.tma or not _wgmma_tile_ok(self)):
             raise ValueError(f"GemmConfig.wgmma is its own kernel: it needs tma=False and "
                              f"either block_m = 16 * num_warps in (64, 128), "
@@ -241,8 +234,7 @@ class GemmConfig:
         if self.tma:
             tma = f"T{self.programs_per_sm or ''}"
         return (f"m{self.block_m}n{self.block_n}k{self.split_k}{'s' if self.swap_ab else ''}"
-                f"w{self.num_warps}st{self.num_stages}{tma}{'P' if self.pdl else ''}"
-                f"{'L' if self.l2_prefetch else ''}")
+                f"w{self.num_warps}st{self.num_stages}{tma}{'P' if self.pdl else ''}")
 
 
 def _wgmma_tile_ok(cfg: GemmConfig) -> bool:

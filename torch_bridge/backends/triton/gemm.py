@@ -34,7 +34,6 @@ from ._common import (
     run_direct,
     run_mutating,
     signature,
-    target,
     triton_launch,
 )
 from .configs import GemmConfig
@@ -113,10 +112,9 @@ def _batched_gemm_a8w8_mxscale_op(x: torch.Tensor, w: torch.Tensor, x_scale: tor
                                   w_scale: torch.Tensor, out: torch.Tensor, block_m: int,
                                   block_n: int, split_k: int, swap_ab: bool, num_warps: int,
                                   num_stages: int, tma: bool, programs_per_sm: int,
-                                  wgmma: bool, pdl: bool, l2_prefetch: bool) -> None:
+                                  wgmma: bool, pdl: bool) -> None:
     _run_gemm(x, w, x_scale, w_scale, out, (block_m, block_n, split_k, swap_ab, num_warps,
-                                            num_stages, tma, programs_per_sm, wgmma, pdl,
-                                            l2_prefetch))
+                                            num_stages, tma, programs_per_sm, wgmma, pdl))
 
 
 def _run_gemm(x, w, x_scale, w_scale, out, shape: tuple, scratch: tuple | None = None) -> None:
@@ -231,7 +229,7 @@ def default_config(m: int, g: int, n: int, k: int, block: int, device: torch.dev
 def _fields(cfg: GemmConfig) -> tuple:
     """The launcher op's launch-shape arguments, in ``GemmConfig``'s field order."""
     return (cfg.block_m, cfg.block_n, cfg.split_k, cfg.swap_ab, cfg.num_warps, cfg.num_stages,
-            cfg.tma, cfg.programs_per_sm, cfg.wgmma, cfg.pdl, cfg.l2_prefetch)
+            cfg.tma, cfg.programs_per_sm, cfg.wgmma, cfg.pdl)
 
 
 def _gemm_plan(x, w, x_scale, w_scale, out, cfg: GemmConfig) -> Launch:
@@ -265,8 +263,7 @@ def _pointer_plan(x, w, x_scale, w_scale, out, cfg: GemmConfig) -> Launch:
     return Launch(plans.gemm_pointer(
         m, g, w.shape[1], k, k // x_scale.shape[2], cfg, cfg.split_k, x=x.stride(),
         w=w.stride(), y=out.stride(), x_scale=x_scale.stride(), w_scale=w_scale.stride(),
-        out_bf16=out.dtype == torch.bfloat16, target=target(),
-        pdl=pdl(x.device.index, cfg.pdl)),
+        out_bf16=out.dtype == torch.bfloat16, pdl=pdl(x.device.index, cfg.pdl)),
         ("pointer", cfg))
 
 

@@ -293,8 +293,7 @@ def gemm_call(m: int, g: int, n: int, k: int, block: int, n_blocks: int, *, dtyp
                      out_shape, tiles, 1)
     plan = plans.gemm_pointer(m, g, n, k, block, cfg, cfg.split_k, x=plans.dense(m, g, k),
                               w=plans.dense(g, n, k), y=plans.dense(m, g, n),
-                              out_bf16=np.dtype(dtype) == np.dtype(jnp.bfloat16),
-                              target=_target(), **strides)
+                              out_bf16=np.dtype(dtype) == np.dtype(jnp.bfloat16), **strides)
     x, w, xs, ws = map(Ref, range(4))
     return _call(plan, (x, w, xs, ws, m, y, parts, counters), out_shape, tiles, 1)
 

@@ -154,20 +154,6 @@ def _dependent_start(PDL: tl.constexpr, LET_NEXT_START: tl.constexpr):
 
 
 @triton.jit
-def _prefetch_weight_slice(w_ptr, g, pid_n, pid_k, SWG: tl.constexpr, SWN: tl.constexpr,
-                           N: tl.constexpr, SB: tl.constexpr, BLOCK_N: tl.constexpr,
-                           KB_PER: tl.constexpr):
-    """Ask L2 for a program's weight slice (its ``BLOCK_N`` rows, its K part of ``KB_PER``
-    blocks: one line per row and block) and go on (``prefetch.global.L2``, NVIDIA only): the
-    K loop's loads then find it there instead of starting the stream themselves."""
-    rows = tl.minimum(pid_n * BLOCK_N + tl.arange(0, BLOCK_N), N - 1)
-    first = w_ptr + g * SWG + rows.to(tl.int64) * SWN + pid_k * (KB_PER * SB)
-    for i in range(KB_PER):
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [first + i * SB],
-                                  dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _quantize_group(v, INV_FP8_MAX: tl.constexpr, FP8_MAX: tl.constexpr,
                     FP8_MIN_NORMAL_EXP: tl.constexpr, AMAX_FLOOR: tl.constexpr,
                     HW_CAST: tl.constexpr, FP8_TY: tl.constexpr):
@@ -258,7 +244,6 @@ def batched_gemm_a8w8_mxscale_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
     SWAP_AB: tl.constexpr, OUT_BF16: tl.constexpr,
     PDL: tl.constexpr = False,  # launched as a programmatic dependent launch (_dependent_start)
-    L2_PREFETCH: tl.constexpr = False,
 ):
     """``y[m, g, n] = sum_kb xs[m,g,kb] * ws[g,n/SB,kb] * sum_{k in kb} x[m,g,k] w[g,n,k]``.
 
@@ -268,16 +253,11 @@ def batched_gemm_a8w8_mxscale_kernel(
     scales applied (Hopper's reduced-precision fp8 accumulation stays inside one block).
     ``SWAP_AB`` computes the transposed tile ``w x^T`` so that small M becomes the MMA's N side
     (wgmma needs >= 64 rows on the M side). ``SPLIT_K > 1`` splits K over programs and
-    reduces the parts in the kernel, in K order (see ``_gemm_tile``). ``L2_PREFETCH`` (CUDA):
-    each program first asks L2 for its weight slice (``_prefetch_weight_slice``), before a
-    programmatic dependent waits for the kernel before it, which does not write ``w``.
+    reduces the parts in the kernel, in K order (see ``_gemm_tile``).
     """
     NUM_N: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
-    pid = tl.program_id(0)
-    if L2_PREFETCH:
-        _prefetch_weight_slice(w_ptr, tl.program_id(1).to(tl.int64), pid % NUM_N,
-                               tl.program_id(2), SWG, SWN, N, SB, BLOCK_N, K // SB // SPLIT_K)
     _dependent_start(PDL, False)
+    pid = tl.program_id(0)
     _gemm_tile(x_ptr, w_ptr, xs_ptr, ws_ptr, M, y_ptr, part_ptr, count_ptr, pid // NUM_N,
               pid % NUM_N, tl.program_id(1).to(tl.int64), tl.program_id(2), SXM, SXG, SXSM,
               SXSG, SWG, SWN, SWSG, SWSN, SYM, SYG, N, K, SB, BLOCK_M, BLOCK_N, SPLIT_K, SWAP_AB,
@@ -377,14 +357,9 @@ def wo_a_fp8_kernel(
     FP8_MIN_NORMAL_EXP: tl.constexpr, AMAX_FLOOR: tl.constexpr, HW_CAST: tl.constexpr,
     ROUND_PRODUCTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT_K: tl.constexpr, OUT_BF16: tl.constexpr, QUANT_ROWS: tl.constexpr,
-    L2_PREFETCH: tl.constexpr = False,
 ):
     """The decode chain in one launch: each program first quantizes the activations its tile
     reads, then runs ``batched_gemm_a8w8_mxscale_kernel``'s swapped tile on them.
-
-    ``L2_PREFETCH`` (CUDA): each program first asks L2 for its weight slice, so that the
-    weight streams from memory while the prologue quantizes, instead of after it
-    (``_prefetch_weight_slice``; the bits are the same).
 
     Prologue: inverse RoPE + 1 x SB E8M0 quant (the quant group is the scale block) of the
     program's tokens and K blocks of ``o``, ``QUANT_ROWS`` (token, K block) rows at a time,
@@ -404,8 +379,6 @@ def wo_a_fp8_kernel(
     pid_k = tl.program_id(2)
     m0 = pid_m.to(tl.int64) * BLOCK_M
     n_rows = tl.minimum(BLOCK_M, M - m0) * KB_PER  # (token, K block) rows of this tile
-    if L2_PREFETCH:
-        _prefetch_weight_slice(w_ptr, g, pid % NUM_N, pid_k, SWG, SWN, N, SB, BLOCK_N, KB_PER)
     lanes = tl.arange(0, SB)
     pairs = tl.arange(0, SB // 2)
     for r0 in range(0, n_rows, QUANT_ROWS):

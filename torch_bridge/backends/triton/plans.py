@@ -89,17 +89,15 @@ def dense(*shape: int) -> tuple[int, ...]:
 
 def gemm_pointer(m: int, g: int, n: int, k: int, block: int, cfg: GemmConfig, split_k: int, *,
                  x: tuple, x_scale: tuple, w: tuple, w_scale: tuple, y: tuple,
-                 out_bf16: bool, target: str, pdl: bool = False) -> Plan:
+                 out_bf16: bool, pdl: bool = False) -> Plan:
     """The pointer-load GEMM (``batched_gemm_a8w8_mxscale_kernel``) over operands of these
-    strides, K split ``split_k`` ways: grid ``(tiles, G, split_k)``; ``pdl`` as for ``quant``;
-    ``cfg.l2_prefetch`` on CUDA only."""
+    strides, K split ``split_k`` ways: grid ``(tiles, G, split_k)``; ``pdl`` as for ``quant``."""
     tiles = configs.cdiv(m, cfg.block_m) * configs.cdiv(n, cfg.block_n)
     return Plan(kernels.batched_gemm_a8w8_mxscale_kernel, (tiles, g, split_k), dict(
         SXM=x[0], SXG=x[1], SXSM=x_scale[0], SXSG=x_scale[1], SWG=w[0], SWN=w[1],
         SWSG=w_scale[0], SWSN=w_scale[1], SYM=y[0], SYG=y[1], N=n, K=k, SB=block,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SPLIT_K=split_k, SWAP_AB=cfg.swap_ab,
-        OUT_BF16=out_bf16, PDL=pdl, L2_PREFETCH=cfg.l2_prefetch and target == "cuda"),
-        cfg.num_warps, cfg.num_stages, split_k=split_k)
+        OUT_BF16=out_bf16, PDL=pdl), cfg.num_warps, cfg.num_stages, split_k=split_k)
 
 
 def gemm_tma(m: int, g: int, n: int, k: int, block: int, cfg: GemmConfig, sms: int, *,
@@ -144,8 +142,7 @@ def wo_a_fp8(s: int, dh: int, rd: int, g: int, n: int, k: int, block: int, cfg: 
         SWSN=w_scale[1], SYM=y[0], SYG=y[1], G=g, N=n, K=k, SB=block, DH=dh, RD=rd,
         **_fp8_constants(fp8, amax_floor, o_dtype, rope_dtype, target), BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, SPLIT_K=split_k, OUT_BF16=out_bf16,
-        QUANT_ROWS=configs.WO_A_FP8_QUANT_LANES // block,
-        L2_PREFETCH=cfg.l2_prefetch and target == "cuda"), cfg.num_warps, cfg.num_stages,
+        QUANT_ROWS=configs.WO_A_FP8_QUANT_LANES // block), cfg.num_warps, cfg.num_stages,
         split_k=split_k)
 
 
