@@ -405,14 +405,15 @@ def test_programmatic_dependent_shapes_are_named_and_reach_the_wgmma_kernel():
 
 
 @pytest.mark.parametrize("s,heads,tokens,whole", [
-    (1, 16, 1, True), (64, 16, 1, True), (65, 16, 2, True), (128, 16, 2, True),
+    (1, 16, 1, True), (64, 16, 1, True), (100, 16, 1, True), (101, 16, 2, True),
+    (128, 16, 2, True),
     (129, 16, 4, False), (8, 128, 1, True), (16, 128, 2, True), (17, 128, 4, False),
     (8192, 128, 4, False),
     (1, 0, 1, False), (9, 0, 2, False), (17, 0, 4, False),  # heads unknown: by tokens alone
 ])
 def test_quant_programs_take_whole_head_rows_in_decode_batches(s, heads, tokens, whole):
     """One warp per program and head, whatever the launch (torch and JAX launch the same
-    shape): whole head rows up to 2048 (token, head) rows, 1 token a program up to 1024;
+    shape): whole head rows up to 2048 (token, head) rows, 1 token a program up to 1600;
     above, a group at a time, 4 tokens a program (by tokens alone where the heads are not
     given: 1 up to 8, 2 up to 16)."""
     for dependent in (False, True):
@@ -421,7 +422,8 @@ def test_quant_programs_take_whole_head_rows_in_decode_batches(s, heads, tokens,
 
 
 @pytest.mark.parametrize("s,heads,dependent,pdl", [
-    (1, 16, False, True), (16, 64, False, True), (64, 16, False, True),  # <= 1024 rows
+    (1, 16, False, True), (16, 64, False, True), (100, 16, False, True),  # <= 1600 rows
+    (101, 16, False, False),
     (128, 16, False, False), (64, 32, False, False), (8192, 128, False, False),
     (128, 16, True, True), (8192, 128, True, True),  # before the chain's dependent GEMM
     (16, 0, False, False),  # heads unknown (JAX's plain launches): the plain shape

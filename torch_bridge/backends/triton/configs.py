@@ -103,7 +103,7 @@ def quant_tokens(s: int) -> int:
 
 
 #: (token, head) rows up to which the quant launches as a programmatic dependent on its own.
-DEPENDENT_QUANT_ROWS = 1024
+DEPENDENT_QUANT_ROWS = 1600
 #: (token, head) rows up to which the quant takes whole head rows (``quant_config``).
 WHOLE_HEAD_ROWS = 2048
 
