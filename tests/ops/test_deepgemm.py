@@ -77,12 +77,14 @@ def test_gpu_deepgemm_layer_eager_and_graph(s, g):
                                            scale.view(g, N // 128, K // 128),
                                            backend="deepgemm")
     assert torch.equal(y, two_ops), f"seed {seed}: bits differ from quant + GEMM op"
-    # The quant's scales are already in DeepGEMM's layout: its helper would not move them.
+    # The quant's scales and the op's converted ones are already in DeepGEMM's layout: its
+    # helper would not move them.
     _, xs_dg = launch.inverse_rope_group_quant(o, pos, cos, sin, g, 128,
                                                scale_mn_align=deepgemm.scale_align())
-    by_group = xs_dg.transpose(0, 1)
-    assert deepgemm.deep_gemm().get_mn_major_tma_aligned_tensor(by_group).data_ptr() == \
-        by_group.data_ptr()
+    for scales in (xs_dg, deepgemm.activation_scales(xs)):
+        by_group = scales.transpose(0, 1)
+        assert deepgemm.deep_gemm().get_mn_major_tma_aligned_tensor(by_group).data_ptr() == \
+            by_group.data_ptr()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         replayed = layer(o, pos)

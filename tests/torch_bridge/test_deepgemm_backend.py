@@ -34,12 +34,6 @@ def _fake_deep_gemm(calls: list) -> types.ModuleType:
         step = 16 // element_size
         return -(-x // step) * step
 
-    def get_mn_major_tma_aligned_tensor(sf):
-        g, m, ks = sf.shape
-        pad = get_tma_aligned_size(m, 4)
-        out = torch.empty((g, ks, pad), dtype=sf.dtype).permute(0, 2, 1)[:, :m]
-        return out.copy_(sf)
-
     def fp8_einsum(expr, a, b, d, c=None, recipe=None):
         (x, sfa), (w, sfb) = a, b
         m, g, k = x.shape
@@ -61,7 +55,6 @@ def _fake_deep_gemm(calls: list) -> types.ModuleType:
         d.copy_(REF.batched_gemm_a8w8_mxscale(x, w, *as_bytes, dtype=torch.bfloat16))
 
     dg.get_tma_aligned_size = get_tma_aligned_size
-    dg.get_mn_major_tma_aligned_tensor = get_mn_major_tma_aligned_tensor
     dg.fp8_einsum = fp8_einsum
     return dg
 
@@ -127,8 +120,7 @@ def test_unavailable_without_triton_says_why(monkeypatch, on_hopper):
 
 @pytest.mark.parametrize("module,reason", [
     (None, "deep_gemm does not import (ModuleNotFoundError"),
-    (types.ModuleType("deep_gemm"), "deep_gemm ? lacks fp8_einsum, get_tma_aligned_size, "
-                                    "get_mn_major_tma_aligned_tensor"),
+    (types.ModuleType("deep_gemm"), "deep_gemm ? lacks fp8_einsum, get_tma_aligned_size"),
 ])
 def test_unavailable_without_a_usable_deep_gemm(monkeypatch, module, reason):
     monkeypatch.setattr(deepgemm, "interpreter_on", lambda: False)
@@ -207,6 +199,22 @@ def test_gemm_op_converts_row_scales(rng, einsum_calls, m):
     y = deepgemm.BACKEND.batched_gemm_a8w8_mxscale(x, w, xs, ws, out=out)
     assert y is out
     assert torch.equal(y, REF.batched_gemm_a8w8_mxscale(x, w, xs, ws, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("m", [1, 4, 7])
+def test_activation_scales_are_the_decoded_bytes_in_deep_gemms_layout(einsum_calls, m):
+    """Every byte value, 0 and 255 included, decodes as ``e8m0_decode`` does, into ``[G, Ks,
+    M padded to 4]`` seen as ``[M, G, Ks]``."""
+    from torch_bridge.backends.torch_ref import e8m0_decode
+
+    g, ks = 4, 8
+    xs = (torch.arange(m * g * ks) * 37 % 256).to(torch.uint8).reshape(m, g, ks)
+    xs[0, 0, :2] = torch.tensor([0, 255], dtype=torch.uint8)
+    sf = deepgemm.activation_scales(xs)
+    pad = -(-m // 4) * 4
+    assert sf.shape == (m, g, ks) and sf.stride() == (1, ks * pad, pad)
+    assert sf.dtype == torch.float32
+    assert torch.equal(sf.view(torch.int32), e8m0_decode(xs).view(torch.int32))
 
 
 def test_size_one_dims_reach_deep_gemm_with_row_major_strides(rng, einsum_calls):

@@ -27,7 +27,7 @@ RECIPE = (1, 128, 128)
 #: The einsum of ``x [M, G, K]`` and ``w [G, N, K]`` into ``y [M, G, N]``.
 EINSUM = "bhr,hdr->bhd"
 #: The ``deep_gemm`` attributes the backend calls.
-NEEDED = ("fp8_einsum", "get_tma_aligned_size", "get_mn_major_tma_aligned_tensor")
+NEEDED = ("fp8_einsum", "get_tma_aligned_size")
 
 
 @functools.cache
@@ -97,15 +97,18 @@ weight_scales = _WeightScales()
 
 
 def activation_scales(x_scale):
-    """E8M0 ``[M, G, Ks]`` bytes as DeepGEMM's fp32 token-major scales, an ``[M, G, Ks]`` view
-    (a few small kernels per call: the FP8 chain writes them so in its quant instead)."""
+    """E8M0 ``[M, G, Ks]`` bytes as DeepGEMM's fp32 token-major scales: an ``[M, G, Ks]`` view
+    of ``[G, Ks, M padded to scale_align()]``, written in place by two small kernels (the bits
+    of ``2**(b - 127)`` are ``b << 23``; the FP8 chain's quant writes this layout itself)."""
     import torch
 
-    from .torch_ref import e8m0_decode
-
-    dg = deep_gemm()
-    flat = e8m0_decode(x_scale.view(torch.uint8)).transpose(0, 1).contiguous()  # [G, M, Ks]
-    return dg.get_mn_major_tma_aligned_tensor(flat).transpose(0, 1)
+    m, g, ks = x_scale.shape
+    step = scale_align()
+    bits = torch.empty((g, ks, -(-m // step) * step), dtype=torch.int32, device=x_scale.device)
+    by_token = bits.permute(2, 0, 1)[:m]
+    by_token.copy_(x_scale.view(torch.uint8))
+    by_token.bitwise_left_shift_(23)
+    return bits.view(torch.float32).permute(2, 0, 1)[:m]
 
 
 class _DeepGemmBackend:
