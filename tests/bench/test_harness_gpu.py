@@ -23,6 +23,9 @@ def test_sweep_rows_on_the_gpu(bench):
     by = {(r["provider"], r["G"], r["M"]): r for r in timed}
     assert by[("chain_fp8_triton", 16, 1024)]["vs_bf16"] > 0
     assert by[("chain_bf16", 16, 1024)]["vs_ref"] > 0
+    for r in timed:
+        if r["provider"] == "chain_fp8_deepgemm":
+            assert " the triton layer" in r["check"], r
     skipped = {r["provider"]: r["check"] for r in rows if r["us"] is None}
     assert set(skipped) <= {"quant_vllm", "gemm_deepgemm", "chain_peer", "chain_fp8_jax_cb",
                             "gemm_deepgemm_op", "chain_fp8_deepgemm"}, skipped

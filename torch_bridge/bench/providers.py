@@ -208,11 +208,17 @@ def gemm_deepgemm_op(sets, on_gpu):
 
 def chain_fp8_deepgemm(sets, on_gpu):
     """``WoAProjection(backend="deepgemm")``: our quant writing DeepGEMM's scales, then its
-    einsum."""
+    einsum. The check also says whether its bytes equal the Triton layer's, the condition for
+    ``auto`` ever taking it."""
+    import torch
+
     _deepgemm_backend_here()
     layers = [projection(p, "deepgemm") for p in sets]
     p0 = sets[0]
-    msg = check_close(layers[0](p0.o, p0.pos), p0, "chain_fp8_layer")
+    y = layers[0](p0.o, p0.pos)
+    msg = check_close(y, p0, "chain_fp8_layer")
+    same = torch.equal(y, projection(p0, "triton")(p0.o, p0.pos))
+    msg += f", bytes {'equal to' if same else 'differ from'} the triton layer"
     return [(lambda f=f, p=p: f(p.o, p.pos)) for f, p in zip(layers, sets, strict=True)], msg
 
 
