@@ -97,18 +97,16 @@ weight_scales = _WeightScales()
 
 
 def activation_scales(x_scale):
-    """E8M0 ``[M, G, Ks]`` bytes as DeepGEMM's fp32 token-major scales: an ``[M, G, Ks]`` view
-    of ``[G, Ks, M padded to scale_align()]``, written in place by two small kernels (the bits
-    of ``2**(b - 127)`` are ``b << 23``; the FP8 chain's quant writes this layout itself)."""
+    """E8M0 ``[M, G, Ks]`` bytes as DeepGEMM's fp32 token-major scales, the layout the FP8
+    chain's quant writes itself (``token_major_scales``), decoded in place: two small kernels
+    per call."""
     import torch
 
-    m, g, ks = x_scale.shape
-    step = scale_align()
-    bits = torch.empty((g, ks, -(-m // step) * step), dtype=torch.int32, device=x_scale.device)
-    by_token = bits.permute(2, 0, 1)[:m]
-    by_token.copy_(x_scale.view(torch.uint8))
-    by_token.bitwise_left_shift_(23)
-    return bits.view(torch.float32).permute(2, 0, 1)[:m]
+    from .torch_ref import e8m0_decode
+    from .triton.quant import token_major_scales
+
+    scales = token_major_scales(tuple(x_scale.shape), scale_align(), x_scale.device)
+    return e8m0_decode(x_scale.view(torch.uint8), out=scales)
 
 
 class _DeepGemmBackend:

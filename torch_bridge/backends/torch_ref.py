@@ -50,9 +50,15 @@ def inverse_rope(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tens
     return torch.cat([nope, rot], dim=-1)
 
 
-def e8m0_decode(scale_bytes: torch.Tensor) -> torch.Tensor:
-    """uint8 E8M0 bytes to fp32 ``2**(b - 127)`` by bit shift (0 -> +0.0, 255 -> +inf)."""
-    return (scale_bytes.to(torch.int32) << 23).view(torch.float32)
+def e8m0_decode(scale_bytes: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """uint8 E8M0 bytes to fp32 ``2**(b - 127)`` by bit shift (0 -> +0.0, 255 -> +inf);
+    ``out``: an fp32 tensor of the bytes' shape, any strides, written in place."""
+    if out is None:
+        return (scale_bytes.to(torch.int32) << 23).view(torch.float32)
+    bits = out.view(torch.int32)
+    bits.copy_(scale_bytes)
+    bits.bitwise_left_shift_(23)
+    return out
 
 
 def e8m0_scale_bytes(amax: torch.Tensor, fp8_dtype: torch.dtype,
