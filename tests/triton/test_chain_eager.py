@@ -1,5 +1,6 @@
-"""The FP8 chain's eager repeats keep one set of quantized activations per stream
-(``chain_eager.stream_activations``): the registry's rules, on CPU tensors."""
+"""Eager repeats keep buffers per stream (``_common.stream_buffers``): the FP8 chain's quantized
+activations (``chain_eager.stream_activations``), the BF16 chain's rotated tails; the registry's
+rules, on CPU tensors."""
 
 from __future__ import annotations
 
@@ -9,16 +10,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from torch_bridge.backends.triton import chain_eager  # noqa: E402
+from torch_bridge.backends.triton import _common, chain, chain_eager  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
 def _empty_registry():
-    saved = dict(chain_eager._KEPT)
-    chain_eager._KEPT.clear()
+    saved = dict(_common._KEPT)
+    _common._KEPT.clear()
     yield
-    chain_eager._KEPT.clear()
-    chain_eager._KEPT.update(saved)
+    _common._KEPT.clear()
+    _common._KEPT.update(saved)
 
 
 def test_one_set_per_stream_and_problem_sized_to_the_scratch_bound():
@@ -26,14 +27,15 @@ def test_one_set_per_stream_and_problem_sized_to_the_scratch_bound():
     fp8 = torch.float8_e4m3fn
     a = chain_eager.stream_activations(cpu, 7, fp8, 2, 4096, 128)
     assert chain_eager.stream_activations(cpu, 7, fp8, 2, 4096, 128) is a
-    assert a.x.shape == (chain_eager.SCRATCH_BYTES // (2 * 4096), 2, 4096) and a.x.dtype == fp8
-    assert a.scale.shape == (a.x.shape[0], 2, 32) and a.scale.dtype == torch.uint8
+    x, scale = a.tensors
+    assert x.shape == (chain_eager.SCRATCH_BYTES // (2 * 4096), 2, 4096) and x.dtype == fp8
+    assert scale.shape == (x.shape[0], 2, 32) and scale.dtype == torch.uint8
     others = {chain_eager.stream_activations(cpu, 8, fp8, 2, 4096, 128),
               chain_eager.stream_activations(cpu, 7, fp8, 16, 4096, 128),
               chain_eager.stream_activations(cpu, 7, fp8, 2, 4096, 32)}
     assert len(others) == 3 and a not in others
-    assert len(chain_eager._KEPT) == 4
-    assert chain_eager.stream_activations(cpu, 7, fp8, 16, 4096, 128).x.shape[0] == 256
+    assert len(_common._KEPT) == 4
+    assert chain_eager.stream_activations(cpu, 7, fp8, 16, 4096, 128).tensors[0].shape[0] == 256
 
 
 def test_threads_asking_at_once_get_one_set():
@@ -60,4 +62,6 @@ def test_cpu_calls_bind_no_direct_launch():
     w = torch.zeros((2, 1024, 4096), dtype=torch.float8_e4m3fn)
     ws = torch.zeros((2, 8, 32), dtype=torch.uint8)
     assert chain_eager.eager_wo_a_fp8(o, pos, cos, sin, w, ws, 2, 1e-8) is None
-    assert not chain_eager._KEPT
+    w_bf16 = torch.zeros((2, 1024, 2048), dtype=torch.bfloat16)
+    assert chain.eager_wo_a_bf16(o, pos, cos, sin, w_bf16, 2) is None
+    assert not _common._KEPT

@@ -326,7 +326,7 @@ def test_unfused_layer_keeps_its_activations_for_the_stream_it_was_bound_on(g, s
     per stream, shared by every layer); another stream or a capture takes the op's path. From
     ``SCRATCH_BYTES`` each call makes its own. Every route gives the chain's bits."""
     import torch_bridge as tb
-    from torch_bridge.backends.triton import chain_eager, launch
+    from torch_bridge.backends.triton import _common, chain_eager, launch
 
     seed = new_seed()
     w, ws = checkpoint(g, seed)
@@ -335,20 +335,63 @@ def test_unfused_layer_keeps_its_activations_for_the_stream_it_was_bound_on(g, s
                            ws.view(g, -1, ws.shape[1]), g)
     layers = [tb.WoAProjection(w, ws, g, cos, sin) for _ in range(2)]
     kept = s * g * w.shape[1] <= chain_eager.SCRATCH_BYTES
-    chain_eager._KEPT.clear()  # bound launches hold their own; new binds make new sets
+    _common._KEPT.clear()  # bound launches hold their own; new binds make new sets
     stream = torch.cuda.current_stream().cuda_stream
     for layer in layers:
         assert torch.equal(layer(o, pos), want), f"seed {seed}"
         (bound,) = [p.eager for p in layer._plans.values() if p.eager]
         assert torch.equal(bound(o, pos), want), f"seed {seed}"
-    mine = [v for key, v in chain_eager._KEPT.items() if key[1] == stream and key[3] == g]
-    assert len(chain_eager._KEPT) == len(mine) == kept, "one set per stream and G, or none"
+    mine = [v for key, v in _common._KEPT.items() if key[2] == stream and key[4] == g]
+    assert len(_common._KEPT) == len(mine) == kept, "one set per stream and G, or none"
     if kept:
-        assert mine[0].x.numel() == chain_eager.SCRATCH_BYTES
+        assert mine[0].tensors[0].numel() == chain_eager.SCRATCH_BYTES
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         assert (bound(o, pos) is None) == kept  # kept activations stay on their stream
+        y = layers[0](o, pos)
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(y, want), f"seed {seed}"
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        captured = layers[1](o, pos)
+    captured.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, want), f"seed {seed}"
+
+
+@pytest.mark.parametrize("g,s", [(16, 256), (16, 1040)])
+def test_bf16_tails_route_keeps_its_tails_for_the_stream_it_was_bound_on(g, s):
+    """The BF16 layer's route of rotated tails: up to ``SCRATCH_BYTES`` of tails the bound
+    rotation writes tails kept for its stream (one buffer per stream, shared by the layers);
+    another stream or a capture takes the op's path. Above, each call makes its own. Every
+    route gives the chain's bits."""
+    import torch_bridge as tb
+    from torch_bridge.backends.triton import _common, bf16_configs, launch
+
+    assert bf16_configs.bf16_gemm_chosen(s, g, N, HPG * DH, tma=True, dh=DH)
+    seed = new_seed()
+    w, ws = checkpoint(g, seed)
+    o, pos, cos, sin = rope_inputs(s, g, seed, rope_dtype=torch.float32)
+    layers = [tb.WoAProjection(w, ws, g, cos, sin, backend="bf16") for _ in range(2)]
+    want = launch.wo_a_bf16(o, pos, cos, sin, layers[0].weight_bf16.cuda(), g)
+    heads, rd = o.shape[1], 2 * cos.shape[1]
+    kept = s * heads * rd * 2 <= _common.SCRATCH_BYTES
+    _common._KEPT.clear()
+    stream = torch.cuda.current_stream().cuda_stream
+    for layer in layers:
+        assert torch.equal(layer(o, pos), want), f"seed {seed}"
+        (bound,) = [p.eager for p in layer._plans.values() if p.eager]
+        assert torch.equal(bound(o, pos), want), f"seed {seed}"
+    mine = [v for key, v in _common._KEPT.items() if key[0] == "bf16 tails" and key[2] == stream]
+    assert len(_common._KEPT) == len(mine) == kept, "one buffer per stream, or none"
+    if kept:
+        assert mine[0].tensors[0].shape[1:] == (heads, rd)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        assert (bound(o, pos) is None) == kept  # kept tails stay on their stream
         y = layers[0](o, pos)
     torch.cuda.current_stream().wait_stream(side)
     assert torch.equal(y, want), f"seed {seed}"

@@ -9,6 +9,7 @@ never synchronise, and read int32 or int64 positions directly (no ``.to(int64)``
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import threading
 
@@ -263,6 +264,37 @@ def eager_stream(tensors: tuple, device: int | None, pinned: int | None = None) 
     if pinned is not None and (stream != pinned or torch.cuda.is_current_stream_capturing()):
         return None
     return stream
+
+
+#: Bytes of the buffers kept for one stream and problem (``stream_buffers``): every decode
+#: batch's quantized activations (2048 tokens at G = 2, 256 at G = 16) or rotated tails fit;
+#: larger calls allocate their own, as their GPU time hides the allocation.
+SCRATCH_BYTES = 16 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamBuffers:
+    """Buffers that one stream's direct launches write and read back, kept across calls, so a
+    host-bound call allocates only its output. ``lock`` is held from a call's first launch to
+    its last, so that two threads on one stream cannot launch a second writer into the buffers
+    before the first call's reader is queued."""
+
+    tensors: tuple[torch.Tensor, ...]
+    lock: threading.Lock
+
+
+_KEPT: dict[tuple, StreamBuffers] = {}
+_KEPT_LOCK = threading.Lock()
+
+
+def stream_buffers(key: tuple, make) -> StreamBuffers:
+    """The buffers kept under ``key`` (it names the device and stream, and whatever fixes their
+    shapes): ``make()``'s tensors, made on first use and kept for the process."""
+    with _KEPT_LOCK:
+        found = _KEPT.get(key)
+        if found is None:
+            found = _KEPT[key] = StreamBuffers(tuple(make()), threading.Lock())
+    return found
 
 
 class Bound:

@@ -22,6 +22,7 @@ from woa_jax import AITER_AMAX_FLOOR
 from ...interop import e8m0_bytes
 from . import bf16_configs, configs, native, plans
 from ._common import (
+    SCRATCH_BYTES,
     Launch,
     current_stream,
     dtype_name,
@@ -34,6 +35,7 @@ from ._common import (
     run_direct,
     run_mutating,
     signature,
+    stream_buffers,
     target,
 )
 from .configs import GemmConfig
@@ -316,10 +318,10 @@ def eager_wo_a_bf16(o, positions, cos_cache, sin_cache, w_bf16, num_groups: int)
     native call where the native launcher binds them (``native``). Per route of the default
     path: the one-launch chain (decode sizes), its kernel; the rotated copy and cuBLAS, the
     rotation's kernel and then the same cuBLAS call; the buffer of rotated tails (prefill
-    sizes), the rotation and the BF16 GEMM, natively bound only. Buffers a call writes (the
-    copy, the tails) are made per call: held across its launches, one would be shared by
-    threads launching on one stream. ``None`` before the kernels' first launch of this
-    signature, or for operands the op's path would repack."""
+    sizes), the rotation and the BF16 GEMM, natively bound only, into tails kept for the
+    stream up to ``SCRATCH_BYTES`` (``_eager_tails``). The rotated copy is made per call: the
+    native call returns before cuBLAS is queued to read it. ``None`` before the kernels' first
+    launch of this signature, or for operands the op's path would repack."""
     s, h, dh = o.shape
     g, n, k = w_bf16.shape
     if (not o.is_cuda or s == 0 or o.dtype != torch.bfloat16 or w_bf16.dtype != torch.bfloat16
@@ -389,20 +391,32 @@ def eager_wo_a_bf16(o, positions, cos_cache, sin_cache, w_bf16, num_groups: int)
 
 def _eager_tails(o, positions, cos_cache, sin_cache, w_bf16, cfg):
     """``eager_wo_a_bf16`` on the route of rotated tails: the rotation and the GEMM in one
-    native call with ``o``, positions, a new tails buffer and the output open (``None`` where
-    the native launcher does not bind them)."""
+    native call with ``o``, positions and the output open (``None`` where the native launcher
+    does not bind them). Up to ``SCRATCH_BYTES`` the tails are the current stream's kept
+    buffer (``stream_buffers``; another stream or a capture then takes the op's path), else
+    each call makes its own."""
     s, h, _ = o.shape
     g, n, _ = w_bf16.shape
     rd, device, bf16 = 2 * cos_cache.shape[1], o.device, torch.bfloat16
-    tails = torch.empty((s, h, rd), dtype=bf16, device=device)
     out = torch.empty((s, g, n), dtype=bf16, device=device)
-    bound = native.bind(_tails_launches(o, positions, cos_cache, sin_cache, w_bf16, tails, out,
-                                        cfg), (o, positions, tails, out))
+    if s * h * rd * o.element_size() > SCRATCH_BYTES:
+        tails = torch.empty((s, h, rd), dtype=bf16, device=device)
+        bound = native.bind(_tails_launches(o, positions, cos_cache, sin_cache, w_bf16, tails,
+                                            out, cfg), (o, positions, tails, out))
+        if bound is None:
+            return None
+        return native.runner(bound, o, positions, None, lambda: (
+            torch.empty((s, h, rd), dtype=bf16, device=device),
+            torch.empty((s, g, n), dtype=bf16, device=device)))
+    stream = current_stream(device.index)
+    kept = stream_buffers(("bf16 tails", device, stream, h, rd), lambda: (torch.empty(
+        (max(1, SCRATCH_BYTES // (h * rd * 2)), h, rd), dtype=bf16, device=device),))
+    bound = native.bind(_tails_launches(o, positions, cos_cache, sin_cache, w_bf16,
+                                        kept.tensors[0][:s], out, cfg), (o, positions, out))
     if bound is None:
         return None
-    return native.runner(bound, o, positions, None, lambda: (
-        torch.empty((s, h, rd), dtype=bf16, device=device),
-        torch.empty((s, g, n), dtype=bf16, device=device)))
+    return native.runner(bound, o, positions, stream, lambda: (
+        torch.empty((s, g, n), dtype=bf16, device=device),), kept.lock)
 
 
 def bf16_tma_ok(o: torch.Tensor, w: torch.Tensor, block_n: int) -> bool:

@@ -10,14 +10,17 @@ launcher runs.
 
 from __future__ import annotations
 
-import dataclasses
-import threading
-
 import torch
 
 from ...interop import e8m0_bytes
 from . import configs, native, plans
-from ._common import current_stream, last_dims_contiguous
+from ._common import (
+    SCRATCH_BYTES,
+    StreamBuffers,
+    current_stream,
+    last_dims_contiguous,
+    stream_buffers,
+)
 from .chain import _wo_a_fp8_launch
 from .gemm import batched_gemm_a8w8_mxscale, chain_dependent, default_launch, eager_gemm
 from .quant import _quant_launch, eager_quant
@@ -25,42 +28,16 @@ from .quant import _quant_launch, eager_quant
 #: Where ``_wo_a_fp8_launch``'s runtime arguments hold the call's tensors.
 _WO_A_FP8_TENSORS = (0, 1, 2, 3, 4, 5, 8, 9, 10, 11, 12)
 
-#: Quantized activations up to this size (``[S, G, K]`` fp8: 2048 tokens at G = 2, 256 at
-#: G = 16, every decode batch) go to the stream's kept buffers, so a call's own operands are
-#: its ``o``, positions and output (``native.OPEN``); larger calls allocate their own, as
-#: their GPU time hides the allocation.
-SCRATCH_BYTES = 16 << 20
-
-
-@dataclasses.dataclass(frozen=True)
-class StreamActivations:
-    """The quant's outputs kept for one stream, device and (G, K, B, fp8 dtype): ``x``
-    ``[SCRATCH_BYTES / (G K), G, K]`` and ``scale`` ``[.., G, K / B]`` uint8. ``lock`` is held
-    from the quant's launch to the GEMM's, so that two threads on one stream cannot launch a
-    second quant into the buffers before the first GEMM is queued behind the first quant."""
-
-    x: torch.Tensor
-    scale: torch.Tensor
-    lock: threading.Lock
-
-
-_KEPT: dict[tuple, StreamActivations] = {}
-_KEPT_LOCK = threading.Lock()
-
-
 def stream_activations(device: torch.device, stream: int, fp8: torch.dtype, g: int, k: int,
-                       block: int) -> StreamActivations:
-    """The kept activations of ``stream`` (made on first use, on that stream)."""
-    key = (device, stream, fp8, g, k, block)
-    with _KEPT_LOCK:
-        found = _KEPT.get(key)
-        if found is None:
-            rows = max(1, SCRATCH_BYTES // (g * k))
-            found = _KEPT[key] = StreamActivations(
-                torch.empty((rows, g, k), dtype=fp8, device=device),
-                torch.empty((rows, g, k // block), dtype=torch.uint8, device=device),
-                threading.Lock())
-    return found
+                       block: int) -> StreamBuffers:
+    """The quant's outputs kept for ``stream`` and (G, K, B, fp8 dtype) (``stream_buffers``):
+    ``x [SCRATCH_BYTES / (G K), G, K]`` and its scales ``[.., G, K / B]`` uint8, so a call's own
+    operands are its ``o``, positions and output (``native.OPEN``)."""
+    def make():
+        rows = max(1, SCRATCH_BYTES // (g * k))
+        return (torch.empty((rows, g, k), dtype=fp8, device=device),
+                torch.empty((rows, g, k // block), dtype=torch.uint8, device=device))
+    return stream_buffers(("fp8 activations", device, stream, fp8, g, k, block), make)
 
 
 def eager_wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: int,
@@ -127,7 +104,7 @@ def _eager_unfused(o, positions, cos_cache, sin_cache, w, w_scale, amax_floor: f
     if s * g * k <= SCRATCH_BYTES:
         stream = current_stream(device.index)
         kept = stream_activations(device, stream, w.dtype, g, k, block)
-        x, x_scale = kept.x[:s], kept.scale[:s]
+        x, x_scale = (t[:s] for t in kept.tensors)
         bound = _native_unfused(o, positions, cos_cache, sin_cache, w, w_scale, amax_floor,
                                 x, x_scale, block, quant_config, dependent)
         if bound is not None:
