@@ -320,35 +320,26 @@ def test_tritons_public_launch_gives_the_direct_launches_bits(monkeypatch, g, s)
     assert not bound
 
 
-@pytest.mark.parametrize("g,s", [(2, 64), (16, 256), (2, 4096)])
-def test_unfused_layer_keeps_its_activations_for_the_stream_it_was_bound_on(g, s):
-    """Unfused decode sizes: the bound quant writes activations kept for its stream (one set
-    per stream, shared by every layer); another stream or a capture takes the op's path. From
-    ``SCRATCH_BYTES`` each call makes its own. Every route gives the chain's bits."""
-    import torch_bridge as tb
-    from torch_bridge.backends.triton import _common, chain_eager, launch
+def _check_kept_per_stream(layers, o, pos, want, kept: bool, mine, seed) -> list:
+    """Two layers bound on the current stream give ``want`` eagerly and through their bound
+    launch, and share one kept set where ``kept`` (none else; ``mine(key, stream)`` picks the
+    sets' registry keys); on another stream the bound launch refuses where buffers are kept,
+    and the layer, like a captured one, takes the op's path with the same bits. Returns the
+    kept sets."""
+    from torch_bridge.backends.triton import _common
 
-    seed = new_seed()
-    w, ws = checkpoint(g, seed)
-    o, pos, cos, sin = rope_inputs(s, g, seed, rope_dtype=torch.float32)
-    want = launch.wo_a_fp8(o, pos, cos, sin, w.view(g, -1, w.shape[1]),
-                           ws.view(g, -1, ws.shape[1]), g)
-    layers = [tb.WoAProjection(w, ws, g, cos, sin) for _ in range(2)]
-    kept = s * g * w.shape[1] <= chain_eager.SCRATCH_BYTES
     _common._KEPT.clear()  # bound launches hold their own; new binds make new sets
     stream = torch.cuda.current_stream().cuda_stream
     for layer in layers:
         assert torch.equal(layer(o, pos), want), f"seed {seed}"
         (bound,) = [p.eager for p in layer._plans.values() if p.eager]
         assert torch.equal(bound(o, pos), want), f"seed {seed}"
-    mine = [v for key, v in _common._KEPT.items() if key[2] == stream and key[4] == g]
-    assert len(_common._KEPT) == len(mine) == kept, "one set per stream and G, or none"
-    if kept:
-        assert mine[0].tensors[0].numel() == chain_eager.SCRATCH_BYTES
+    found = [v for key, v in _common._KEPT.items() if mine(key, stream)]
+    assert len(_common._KEPT) == len(found) == kept, "one set per stream and problem, or none"
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        assert (bound(o, pos) is None) == kept  # kept activations stay on their stream
+        assert (bound(o, pos) is None) == kept  # kept buffers stay on their stream
         y = layers[0](o, pos)
     torch.cuda.current_stream().wait_stream(side)
     assert torch.equal(y, want), f"seed {seed}"
@@ -359,6 +350,30 @@ def test_unfused_layer_keeps_its_activations_for_the_stream_it_was_bound_on(g, s
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, want), f"seed {seed}"
+    return found
+
+
+@pytest.mark.parametrize("g,s", [(2, 64), (16, 256), (2, 4096)])
+def test_unfused_layer_keeps_its_activations_for_the_stream_it_was_bound_on(g, s):
+    """Unfused decode sizes: the bound quant writes activations kept for its stream (one set
+    per stream, shared by every layer); another stream or a capture takes the op's path. From
+    ``SCRATCH_BYTES`` each call makes its own. Every route gives the chain's bits."""
+    import torch_bridge as tb
+    from torch_bridge.backends.triton import chain_eager, launch
+
+    seed = new_seed()
+    w, ws = checkpoint(g, seed)
+    o, pos, cos, sin = rope_inputs(s, g, seed, rope_dtype=torch.float32)
+    want = launch.wo_a_fp8(o, pos, cos, sin, w.view(g, -1, w.shape[1]),
+                           ws.view(g, -1, ws.shape[1]), g)
+    layers = [tb.WoAProjection(w, ws, g, cos, sin) for _ in range(2)]
+    kept = s * g * w.shape[1] <= chain_eager.SCRATCH_BYTES
+    found = _check_kept_per_stream(
+        layers, o, pos, want, kept,
+        lambda key, stream: key[0] == "fp8 activations" and key[2] == stream and key[4] == g,
+        seed)
+    if kept:
+        assert found[0].tensors[0].numel() == chain_eager.SCRATCH_BYTES
 
 
 @pytest.mark.parametrize("g,s", [(16, 256), (16, 1040)])
@@ -378,27 +393,8 @@ def test_bf16_tails_route_keeps_its_tails_for_the_stream_it_was_bound_on(g, s):
     want = launch.wo_a_bf16(o, pos, cos, sin, layers[0].weight_bf16.cuda(), g)
     heads, rd = o.shape[1], 2 * cos.shape[1]
     kept = s * heads * rd * 2 <= _common.SCRATCH_BYTES
-    _common._KEPT.clear()
-    stream = torch.cuda.current_stream().cuda_stream
-    for layer in layers:
-        assert torch.equal(layer(o, pos), want), f"seed {seed}"
-        (bound,) = [p.eager for p in layer._plans.values() if p.eager]
-        assert torch.equal(bound(o, pos), want), f"seed {seed}"
-    mine = [v for key, v in _common._KEPT.items() if key[0] == "bf16 tails" and key[2] == stream]
-    assert len(_common._KEPT) == len(mine) == kept, "one buffer per stream, or none"
+    found = _check_kept_per_stream(
+        layers, o, pos, want, kept,
+        lambda key, stream: key[0] == "bf16 tails" and key[2] == stream, seed)
     if kept:
-        assert mine[0].tensors[0].shape[1:] == (heads, rd)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        assert (bound(o, pos) is None) == kept  # kept tails stay on their stream
-        y = layers[0](o, pos)
-    torch.cuda.current_stream().wait_stream(side)
-    assert torch.equal(y, want), f"seed {seed}"
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side):
-        captured = layers[1](o, pos)
-    captured.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(captured, want), f"seed {seed}"
+        assert found[0].tensors[0].shape[1:] == (heads, rd)
