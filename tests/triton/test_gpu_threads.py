@@ -52,13 +52,15 @@ def test_decode_calls_beside_prefill_calls(cases):
 
 def test_threads_sharing_one_stream_get_the_single_threaded_bits(cases):
     """Six threads call random cases on the stream the cases were bound on: the FP8 layers'
-    direct launches write the activations kept for it (``chain_eager.stream_activations``), so
-    each chain's two launches must reach the stream before another thread's quant."""
-    from torch_bridge.backends.triton import chain_eager
+    direct launches write the activations kept for it (``chain_eager.stream_activations``) and
+    the BF16 layer's route of rotated tails (1024 tokens at G 16) its tails, so each chain's
+    launches must reach the stream before another thread's first one."""
+    from torch_bridge.backends.triton import _common
 
     seed, found = cases
     stream = torch.cuda.current_stream().cuda_stream
-    assert any(key[1] == stream for key in chain_eager._KEPT), "no activations kept"
+    kept = {key[0] for key in _common._KEPT if key[2] == stream}
+    assert kept == {"fp8 activations", "bf16 tails"}, f"kept for the stream: {kept}"
     got = stress(found, threads=6, calls=3_000, seed=seed + 2, one_stream=True)
     _clean(got, seed, 3_000)
 
