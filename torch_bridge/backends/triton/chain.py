@@ -399,7 +399,7 @@ def _eager_tails(o, positions, cos_cache, sin_cache, w_bf16, cfg):
     g, n, _ = w_bf16.shape
     rd, device, bf16 = 2 * cos_cache.shape[1], o.device, torch.bfloat16
     out = torch.empty((s, g, n), dtype=bf16, device=device)
-    if s * h * rd * o.element_size() > SCRATCH_BYTES:
+    if s * h * rd * 2 > SCRATCH_BYTES:
         tails = torch.empty((s, h, rd), dtype=bf16, device=device)
         bound = native.bind(_tails_launches(o, positions, cos_cache, sin_cache, w_bf16, tails,
                                             out, cfg), (o, positions, tails, out))
