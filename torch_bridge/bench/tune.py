@@ -120,7 +120,7 @@ def wo_a_fp8_candidates(m: int, g: int, n: int) -> list:
     from torch_bridge.backends.triton.launch import GemmConfig as C
 
     t = max(16, 1 << (m - 1).bit_length())
-    splits = (1, 2) if -(-m // t) * (n // 64) * g > 64 else (4, 8, 16)
+    splits = (1, 2) if -(-m // t) * (n // 64) * g > 64 else (4, 8)
     narrow = [C(t, bn, 1, True, nw, st) for bn in (16, 32) for nw in (4, 8) for st in (4, 6)]
     return [C(t, bn, sk, True, nw, st) for bn in (64, 128) for sk in splits for nw in (4, 8)
             for st in (4, 5)] + narrow
