@@ -10,7 +10,9 @@ Kernels, named after the op they run:
   tensor-descriptor (TMA) tiles, optionally persistent. The Hopper wgmma kernel is in
   ``wgmma_kernels``.
 * ``wo_a_fp8_kernel``: the FP8 chain in one launch, each program quantizing the activations of
-  its tile before the GEMM's swapped product (decode sizes).
+  its tile before the GEMM's swapped product (decode sizes); its Hopper twin on the wgmma
+  GEMM's tile is ``wgmma_kernels.wo_a_fp8_wgmma_kernel``, which calls the rotation and scale
+  helpers here.
 * ``inverse_rope_kernel``: the BF16 chain's inverse RoPE of the rope tail, in place, into a
   rotated copy, or into a buffer of the rotated tails alone (the A operand's rope tiles of
   ``bf16_kernels.wo_a_bf16_kernel``).
@@ -154,27 +156,44 @@ def _dependent_start(PDL: tl.constexpr, LET_NEXT_START: tl.constexpr):
 
 
 @triton.jit
-def _quantize_group(v, INV_FP8_MAX: tl.constexpr, FP8_MAX: tl.constexpr,
-                    FP8_MIN_NORMAL_EXP: tl.constexpr, AMAX_FLOOR: tl.constexpr,
-                    HW_CAST: tl.constexpr, FP8_TY: tl.constexpr):
-    """fp32 groups ``v [R, GS]`` -> (fp8 ``[R, GS]``, E8M0 bytes ``[R]`` int32), AITER's rule."""
-    # amax with fmaxf semantics: a NaN lane is ignored.
-    amax = tl.max(tl.where(v == v, tl.abs(v), 0.0), axis=1)
+def _abs_max(v):
+    """Row amax of ``v [R, L]`` with fmaxf semantics: a NaN lane is ignored."""
+    return tl.max(tl.where(v == v, tl.abs(v), 0.0), axis=1)
+
+
+@triton.jit
+def _e8m0_scale(amax, INV_FP8_MAX: tl.constexpr, AMAX_FLOOR: tl.constexpr):
+    """A group's E8M0 byte (int32) from its amax, AITER's round-up rule, and the exact fp32
+    reciprocal of its scale, ``2**(127 - byte)`` (NaN for byte 255, an inf lane)."""
     amax = tl.maximum(amax, AMAX_FLOOR)
     u = (amax * INV_FP8_MAX).to(tl.uint32, bitcast=True)
     exp = (u >> 23) & 0xFF
     bump = (exp < 0xFF) & ((u & 0x7FFFFF) != 0)
     byte = (exp + bump.to(tl.uint32)).to(tl.int32)
-    # 2**(127 - byte), exact; byte 255 (an inf lane) makes the group NaN.
     inv = (tl.minimum(tl.maximum(254 - byte, 1), 254) << 23).to(tl.float32, bitcast=True)
-    inv = tl.where(byte == 0xFF, float("nan"), inv)
-    q = v * inv[:, None]
+    return byte, tl.where(byte == 0xFF, float("nan"), inv)
+
+
+@triton.jit
+def _to_fp8(v, inv, FP8_MAX: tl.constexpr, FP8_MIN_NORMAL_EXP: tl.constexpr,
+            HW_CAST: tl.constexpr, FP8_TY: tl.constexpr):
+    """fp32 ``v`` times its group's ``inv`` (``_e8m0_scale``, broadcast), cast to fp8."""
+    q = v * inv
     # The clamp never binds for finite groups; NaN (an inf/NaN lane) must survive it as NaN.
     q = tl.minimum(tl.maximum(q, -FP8_MAX, propagate_nan=tl.PropagateNan.ALL), FP8_MAX,
                    propagate_nan=tl.PropagateNan.ALL)
     if not HW_CAST:  # the interpreter and non-RNE targets: round on the fp32 side first
         q = _round_fp8_rne(q, FP8_MIN_NORMAL_EXP)
-    return q.to(FP8_TY), byte
+    return q.to(FP8_TY)
+
+
+@triton.jit
+def _quantize_group(v, INV_FP8_MAX: tl.constexpr, FP8_MAX: tl.constexpr,
+                    FP8_MIN_NORMAL_EXP: tl.constexpr, AMAX_FLOOR: tl.constexpr,
+                    HW_CAST: tl.constexpr, FP8_TY: tl.constexpr):
+    """fp32 groups ``v [R, GS]`` -> (fp8 ``[R, GS]``, E8M0 bytes ``[R]`` int32), AITER's rule."""
+    byte, inv = _e8m0_scale(_abs_max(v), INV_FP8_MAX, AMAX_FLOOR)
+    return _to_fp8(v, inv[:, None], FP8_MAX, FP8_MIN_NORMAL_EXP, HW_CAST, FP8_TY), byte
 
 
 @triton.jit
