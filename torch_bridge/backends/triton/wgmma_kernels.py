@@ -235,6 +235,70 @@ def batched_gemm_a8w8_mxscale_wgmma_kernel(
     streams while it runs; activations, scales, counters and every write come after the wait.
     That kernel must not write ``w``.
     """
+    pid = gl.program_id(0)
+    tiles_per_group, my_units, total = _program_units(x_desc, w_desc, M, pid, num_programs, G,
+                                                      N, K, SPLIT_K)
+    a_bufs, b_bufs, y_smem, ready = _allocate(x_desc, w_desc, y_desc, STAGES)
+    if PDL:
+        _first_loads(x_desc, w_desc, a_bufs, b_bufs, ready, pid, num_programs, tiles_per_group,
+                     total, K, N, SPLIT_K, STAGES, 1)
+        _wait_prior_grid()
+    _first_loads(x_desc, w_desc, a_bufs, b_bufs, ready, pid, num_programs, tiles_per_group,
+                 total, K, N, SPLIT_K, STAGES, 2 if PDL else 0)
+    _run_units(x_desc, w_desc, y_desc, xs_ptr, ws_ptr, M, num_programs, part_ptr, count_ptr,
+               a_bufs, b_bufs, y_smem, ready, pid, my_units, total, tiles_per_group, SXSM, SXSG,
+               SWSG, SWSN, G, N, K, STAGES, num_warps, SWAP_AB, SPLIT_K)
+
+
+@gluon.jit
+def _program_units(x_desc, w_desc, M, pid, num_programs, G: gl.constexpr, N: gl.constexpr,
+                   K: gl.constexpr, SPLIT_K: gl.constexpr):
+    """(tiles per group, this program's work units, its K blocks over all of them)."""
+    BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
+    tiles_per_group = gl.cdiv(M, BLOCK_M) * (N // BLOCK_N)
+    my_units = gl.cdiv(tiles_per_group * G * SPLIT_K - pid, num_programs)
+    return tiles_per_group, my_units, my_units * (K // BLOCK_K // SPLIT_K)
+
+
+@gluon.jit
+def _allocate(x_desc, w_desc, y_desc, STAGES: gl.constexpr):
+    """The ring of ``STAGES`` x / w tile pairs with a ready barrier each, and the output tile."""
+    BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
+    a_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
+    b_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
+    y_smem = gl.allocate_shared_memory(y_desc.dtype, [BLOCK_M, BLOCK_N], y_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for st in gl.static_range(STAGES):
+        mbarrier.init(ready.index(st), count=1)
+    return a_bufs, b_bufs, y_smem, ready
+
+
+@gluon.jit
+def _first_loads(x_desc, w_desc, a_bufs, b_bufs, ready, pid, num_programs, tiles_per_group,
+                 total, K: gl.constexpr, N: gl.constexpr, SPLIT_K: gl.constexpr,
+                 STAGES: gl.constexpr, PART: gl.constexpr):
+    """Request the first ``STAGES`` K blocks' tiles (``PART`` as ``_issue_load``'s)."""
+    BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
+    for j in gl.static_range(STAGES):
+        if j < total:
+            _issue_load(x_desc, w_desc, a_bufs, b_bufs, ready, j, pid, num_programs,
+                        tiles_per_group, K, N, K // BLOCK_K // SPLIT_K, N // BLOCK_N, SPLIT_K,
+                        STAGES, PART)
+
+
+@gluon.jit
+def _run_units(x_desc, w_desc, y_desc, xs_ptr, ws_ptr, M, num_programs, part_ptr, count_ptr,
+               a_bufs, b_bufs, y_smem, ready, pid, my_units, total, tiles_per_group,
+               SXSM: gl.constexpr, SXSG: gl.constexpr, SWSG: gl.constexpr, SWSN: gl.constexpr,
+               G: gl.constexpr, N: gl.constexpr, K: gl.constexpr, STAGES: gl.constexpr,
+               num_warps: gl.constexpr, SWAP_AB: gl.constexpr, SPLIT_K: gl.constexpr):
+    """This program's work units, their first ``STAGES`` K blocks already requested: the K
+    loop with the promotion overlapped, then the store or the split-K reduction."""
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
@@ -246,29 +310,6 @@ def batched_gemm_a8w8_mxscale_wgmma_kernel(
     gl.static_assert(BLOCK_K % BLOCK_N == 0, "a tile's weight rows share one scale block")
     gl.static_assert(MMA_M % (16 * num_warps) == 0, "each warp owns 16-row slices of the MMA")
     gl.static_assert(KB % SPLIT_K == 0, "the K parts split the K blocks evenly")
-
-    pid = gl.program_id(0)
-    tiles_per_group = gl.cdiv(M, BLOCK_M) * NUM_N
-    my_units = gl.cdiv(tiles_per_group * G * SPLIT_K - pid, num_programs)
-    total = my_units * KB_PER
-
-    a_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
-    b_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
-    y_smem = gl.allocate_shared_memory(y_desc.dtype, [BLOCK_M, BLOCK_N], y_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for st in gl.static_range(STAGES):
-        mbarrier.init(ready.index(st), count=1)
-    if PDL:
-        for j in gl.static_range(STAGES):
-            if j < total:
-                _issue_load(x_desc, w_desc, a_bufs, b_bufs, ready, j, pid, num_programs,
-                            tiles_per_group, K, N, KB_PER, NUM_N, SPLIT_K, STAGES, 1)
-        _wait_prior_grid()
-    for j in gl.static_range(STAGES):
-        if j < total:
-            _issue_load(x_desc, w_desc, a_bufs, b_bufs, ready, j, pid, num_programs,
-                        tiles_per_group, K, N, KB_PER, NUM_N, SPLIT_K, STAGES,
-                        2 if PDL else 0)
 
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, MMA_N, 32])
@@ -344,3 +385,4 @@ def batched_gemm_a8w8_mxscale_wgmma_kernel(
     tma.store_wait(pendings=0)
     for st in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(st))
+
