@@ -139,3 +139,32 @@ def test_source_digest_tracks_the_code(tmp_path):
     assert results.source_digest(tmp_path) != first
     module.rename(module.with_name("timers.py"))
     assert results.source_digest(tmp_path) not in (first, results.source_digest())
+
+
+def test_fused_wgmma_candidates_stay_within_two_waves():
+    """The fused wgmma chain's shapes: the narrowest token tile holding M (up to 32 tokens; a
+    64-token tile spills), 64 or 128 weight rows, K split while the grid stays within two
+    waves, and the one-wave split of the 64-row tile as a programmatic dependent."""
+    labels = [c.label() for c in tune.wo_a_fp8_wgmma_candidates(1, 2, 1024, 4096)]
+    assert labels == ["m8n64k1sw4st8W", "m8n64k2sw4st8W", "m8n64k4sw4st8W", "m8n64k8sw4st8W",
+                      "m8n64k4sw4st8WP", "m8n128k1sw4st8W", "m8n128k2sw4st8W",
+                      "m8n128k4sw4st8W", "m8n128k8sw4st8W"], labels
+    labels = [c.label() for c in tune.wo_a_fp8_wgmma_candidates(16, 16, 1024, 4096)]
+    assert labels == ["m16n64k1sw4st8W", "m16n64k1sw4st8WP", "m16n128k1sw4st8W",
+                      "m16n128k2sw4st8W"], labels
+    for g, m in ((2, 1), (4, 9), (16, 32)):
+        for c in tune.wo_a_fp8_wgmma_candidates(m, g, 1024, 4096):
+            assert configs.wo_a_fp8_blocker(512, 64, 128, c) is None, c
+            assert configs.programs(c, m, g, 1024) * c.split_k <= 2 * configs.ONE_WAVE_TILES
+    assert tune.wo_a_fp8_wgmma_candidates(33, 2, 1024, 4096) == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU rows of the harness")
+def test_chain_wgmma_tune_times_the_rules_shape_and_the_two_kernels(bench):
+    """"chain-wgmma" times the rule's fused shape and the two-kernel chain, then on a GPU the
+    fused wgmma kernel's shapes (none here: it runs on Hopper only)."""
+    sweep = problem.CPU
+    rule = configs.wo_a_fp8_config(1, 2, sweep.n, sweep.k, 128)
+    rc, rows = bench("--tune", "--tune-kinds", "chain-wgmma", "--ms", "1", "--reps", "1")
+    assert rc == 0 and [r["provider"] for r in rows] == [f"fused {rule.label()}", "quant+gemm"]
+    assert all(r["us"] > 0 and r["kind"] == "chain" for r in rows), rows

@@ -277,6 +277,87 @@ def test_wgmma_gemm_compiles_for_sm90_without_serialized_wgmma(tmp_path):
         "m64n64P bf16 k32/4 st8", "m16n64sP bf16 k32/4 st8", "m64n32P bf16 k32/1 st8")], lines
 
 
+_FUSED_WGMMA_SCRIPT = textwrap.dedent("""
+    import subprocess, tempfile
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from torch_bridge.backends.triton import configs, plans
+
+    n, sb, k, dh, rd = 1024, 128, 4096, 512, 64
+    C = configs.GemmConfig
+
+    def desc(dtype, tile):
+        layout = gl.NVMMASharedLayout.get_default_for(tile, getattr(gl, dtype))
+        short = {"float8e4nv": "fp8e4nv", "bfloat16": "bf16", "float32": "fp32"}[dtype]
+        return f"tensordesc<{short}{tile},{layout!r}>"
+
+    # G = 2, one token (K split 4, fp32 tables: products rounded apart), G = 16 (unsplit, as a
+    # programmatic dependent), G = 4 with 16 and 32 tokens, 128 weight rows, fp32 output.
+    cases = [(2, 1, C(8, 64, 4, True, 4, 8, wgmma=True), "float32", "bf16"),
+             (16, 1, C(8, 64, 1, True, 4, 8, wgmma=True, pdl=True), "bfloat16", "bf16"),
+             (4, 16, C(16, 64, 2, True, 4, 8, wgmma=True), "bfloat16", "bf16"),
+             (4, 32, C(32, 128, 2, True, 4, 8, wgmma=True), "bfloat16", "fp32")]
+    for g, s, cfg, table, out in cases:
+        plan, views = plans.wo_a_fp8_wgmma(
+            s, dh, rd, g, n, k, sb, cfg, o_row=g * k, cos_row=rd // 2, sin_row=rd // 2,
+            w_scale=(n // sb * k // sb, k // sb, 1), y_row=g * n,
+            out_bytes=4 if out == "fp32" else 2, fp8="float8_e4m3fn", amax_floor=1e-8,
+            o_dtype="bfloat16", rope_dtype=table, target="cuda")
+        assert plan.grid == (configs.programs(cfg, s, g, n) * cfg.split_k,), plan.grid
+        (_, _, x_tile), (_, _, w_tile), (_, _, y_tile) = views
+        short = {"float32": "fp32", "bfloat16": "bf16"}[table]
+        split = cfg.split_k > 1
+        sig = {"x_desc": desc("float8e4nv", list(x_tile)),
+               "w_desc": desc("float8e4nv", list(w_tile)),
+               "y_desc": desc({"bf16": "bfloat16", "fp32": "float32"}[out], list(y_tile)),
+               "o_ptr": "*bf16", "pos_ptr": "*i32", "cos_ptr": f"*{short}",
+               "sin_ptr": f"*{short}", "ws_ptr": "*u8", "M": "i32", "n_pos_rows": "i32",
+               "num_programs": "i32", "x_ptr": "*fp8e4nv", "xs_ptr": "*u8",
+               "part_ptr": "*fp32" if split else f"*{out}",
+               "count_ptr": "*i32" if split else f"*{out}"}
+        cx = dict(plan.constexprs)
+        src = GluonASTSource(plan.kernel, {**sig, **{c: "constexpr" for c in cx}}, cx,
+                             {(i,): [["tt.divisibility", 16]] for i in (3, 7, 11, 12)})
+        options = dict(num_warps=plan.num_warps, **({"launch_pdl": True} if cfg.pdl else {}))
+        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+        ptx = compiled.asm["ptx"]
+        with tempfile.TemporaryDirectory() as d:
+            open(f"{d}/k.ptx", "w").write(ptx)
+            info = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", f"{d}/k.ptx",
+                                   "-o", f"{d}/k.cubin"], capture_output=True, text=True,
+                                  check=True).stderr
+        tma, load = ptx.find("cp.async.bulk.tensor"), ptx.find("ld.global")
+        fence = ptx.find("fence.proxy.async.global")
+        wait = ptx.find("griddepcontrol.wait")
+        # The weight's first tiles are requested before o is read; the activations' after the
+        # prologue's writes are fenced for the copy engine; a dependent waits before either.
+        order = 0 <= tma < load < fence and ptx.find("cp.async.bulk.tensor", fence) > fence
+        waits = 0 <= wait < tma if cfg.pdl else wait < 0
+        print(f"G{g} M{s} {cfg.label()} {table} {out}", order, waits,
+              "wgmma.mma_async" in ptx, "C7514" not in info, " 0 bytes spill stores" in info,
+              ("mul.rn.f32" in ptx) == (table == "float32"),
+              ("atom.global.gpu.acq_rel.add" in ptx) == split,
+              compiled.metadata.shared <= configs.SMEM_BYTES)
+""")
+
+
+def test_fused_wgmma_chain_compiles_for_sm90(tmp_path):
+    """The fused chain on the wgmma GEMM's swapped tile compiles to sm_90a at the launch shapes
+    of ``plans.wo_a_fp8_wgmma`` (split and unsplit, 8 to 32 tokens, bf16 and fp32 tables and
+    outputs, as a programmatic dependent): async wgmma, no spills, no serialized wgmma (ptxas
+    C7514), shared memory within Hopper's; the weight tiles requested before ``o`` is read and
+    the activations' after the prologue's writes are fenced for the copy engine; a dependent
+    waits before any of them; products rounded apart with fp32 tables; split-K's tickets."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    lines = run_compile_script(_FUSED_WGMMA_SCRIPT, tmp_path)
+    assert lines == [f"{shape} True True True True True True True True" for shape in (
+        "G2 M1 m8n64k4sw4st8W float32 bf16", "G16 M1 m8n64k1sw4st8WP bfloat16 bf16",
+        "G4 M16 m16n64k2sw4st8W bfloat16 bf16", "G4 M32 m32n128k2sw4st8W bfloat16 fp32")], lines
+
+
 _GLUON_WS_SCRIPT = textwrap.dedent("""
     import dataclasses, inspect, re, subprocess, tempfile
     import triton

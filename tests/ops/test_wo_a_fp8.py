@@ -180,8 +180,9 @@ def test_fused_split_k_is_the_same_in_deterministic_mode(rng, monkeypatch):
 @pytest.mark.parametrize("kwargs,match", [
     (dict(num_groups=3), "num_groups = 3"),
     (dict(single_kernel=True, config=launch.GemmConfig(16, 64, tma=True, swap_ab=True)),
-     "pointer-loaded, swapped tiles"),
-    (dict(single_kernel=True, config=launch.GemmConfig(16, 64)), "pointer-loaded, swapped tiles"),
+     "take swapped tiles, one per program"),
+    (dict(single_kernel=True, config=launch.GemmConfig(16, 64)),
+     "take swapped tiles, one per program"),
     (dict(single_kernel=True, config=launch.GemmConfig(16, 64, split_k=3, swap_ab=True)),
      "split_k=3 does not divide"),
     (dict(out="short"), r"out must be \[M, G, N\] = \[2, 2, 128\]"),
@@ -193,6 +194,16 @@ def test_bad_chain_arguments_raise(rng, kwargs, match):
         kwargs["out"] = torch.empty((1, 2, 128), dtype=torch.bfloat16, device=DEVICE)
     with pytest.raises(ValueError, match=match):
         launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, **kwargs)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="a CPU tensor's refusal")
+def test_fused_wgmma_config_refuses_a_cpu_tensor(rng):
+    """The fused wgmma kernel is Hopper's: asked for on a CPU tensor, it raises and says so."""
+    o, pos, cos, sin, w, ws = chain_tensors(rng, 2)
+    cfg = launch.GemmConfig(8, 64, swap_ab=True, wgmma=True)
+    with pytest.raises(ValueError, match="fused wgmma kernel cannot run here: it needs a CUDA "
+                                         "Hopper GPU, o is on cpu"):
+        launch.wo_a_fp8(o, pos, cos, sin, w, ws, 2, single_kernel=True, config=cfg)
 
 
 def test_fused_true_refuses_a_head_dim_the_block_does_not_divide(rng):
@@ -211,7 +222,7 @@ def test_fused_op_is_opaque_to_torch_compile(rng):
     xq = torch.empty((2, 2, 1024), dtype=torch.float8_e4m3fn, device=DEVICE)
     xs = torch.empty((2, 2, 8), dtype=torch.uint8, device=DEVICE)
     torch.library.opcheck(torch.ops.woa_triton.wo_a_fp8.default,
-                          (o, pos, cos, sin, w, ws, xq, xs, y, 1e-8, 16, 64, 1, 4, 3),
+                          (o, pos, cos, sin, w, ws, xq, xs, y, 1e-8, 16, 64, 1, 4, 3, False, False),
                           test_utils=("test_faketensor",))
     v = y._version
     launch.wo_a_fp8(o, pos, cos, sin, w, ws, 2, out=y)
@@ -442,7 +453,7 @@ def test_gpu_fused_chain_prologue_bytes_are_the_oracles(s, g, table, rope_dtype)
     out = torch.empty((s, g, N), dtype=torch.bfloat16, device="cuda")
     chain._wo_a_fp8_op.launch_fn(
         o, pos, cos, sin, w, ws, x_fp8, x_scale, out, 1e-8, cfg.block_m, cfg.block_n, 1,
-        cfg.num_warps, cfg.num_stages)
+        cfg.num_warps, cfg.num_stages, False, False)
     rq, rs = quant_oracle(o, pos, cos, sin, g)
     assert count_differing(x_scale, rs) == 0, f"seed {seed}: scale bytes differ"
     bad = count_differing(x_fp8, rq)
@@ -450,3 +461,63 @@ def test_gpu_fused_chain_prologue_bytes_are_the_oracles(s, g, table, rope_dtype)
     two = launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, single_kernel=False, config=cfg)
     assert count_differing(out, two) == 0, (
         f"seed {seed}: the fused GEMM differs from the two kernels")
+
+
+def _wgmma_fused_shapes():
+    """Swapped wgmma tiles of the fused kernel: 8 to 32 tokens, 64 or 128 weight rows, K split
+    1 to 8 ways, plain and as a programmatic dependent."""
+    C = configs.GemmConfig
+    return [C(8, 64, 4, True, 4, 8, wgmma=True), C(8, 64, 4, True, 4, 8, wgmma=True, pdl=True),
+            C(8, 128, 8, True, 4, 8, wgmma=True), C(16, 64, 1, True, 4, 6, wgmma=True),
+            C(16, 64, 2, True, 4, 8, wgmma=True), C(32, 64, 4, True, 4, 8, wgmma=True),
+            C(32, 128, 2, True, 4, 8, wgmma=True)]
+
+
+@gpu
+@pytest.mark.parametrize("cfg", _wgmma_fused_shapes(), ids=lambda c: c.label())
+@pytest.mark.parametrize("s,g,table,rope_dtype", ((1, 2, *ROPE_TABLES[0]),
+                                                  (5, 4, *ROPE_TABLES[3]),
+                                                  (33, 16, *ROPE_TABLES[1])))
+def test_gpu_fused_wgmma_chain_is_the_quant_then_the_wgmma_gemm(s, g, table, rope_dtype, cfg):
+    """The fused wgmma kernel's quantized activations are the oracle's, and its output the
+    bits of the quant followed by the wgmma GEMM with the same tile and K split (the parts are
+    added in K order either way); tiles wider than the tokens mask the rest."""
+    if not gemm.wgmma_available(0)[0]:
+        pytest.skip(gemm.wgmma_available(0)[1])
+    seed = new_seed()
+    o, pos, cos, sin = rope_inputs(s, g, seed, rope_dtype=rope_dtype, table=table)
+    weight, scale = checkpoint(g, seed)
+    k = HPG * DH
+    w, ws = weight.view(g, N, -1), scale.view(g, N // 128, -1)
+    x_fp8 = torch.empty((s, g, k), dtype=torch.float8_e4m3fn, device="cuda")
+    x_scale = torch.empty((s, g, k // 128), dtype=torch.uint8, device="cuda")
+    out = torch.full((s, g, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    chain._wo_a_fp8_op.launch_fn(
+        o, pos, cos, sin, w, ws.view(torch.uint8), x_fp8, x_scale, out, 1e-8, cfg.block_m,
+        cfg.block_n, cfg.split_k, cfg.num_warps, cfg.num_stages, True, cfg.pdl)
+    rq, rs = quant_oracle(o, pos, cos, sin, g)
+    assert count_differing(x_scale, rs) == 0, f"seed {seed}: scale bytes differ"
+    bad = count_differing(x_fp8, rq)
+    assert bad == 0, f"seed {seed}: {bad} of {x_fp8.numel()} fp8 bytes differ from the oracle"
+    two = launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, single_kernel=False,
+                          config=dataclasses.replace(cfg, pdl=False))
+    assert count_differing(out, two) == 0, (
+        f"seed {seed}: the fused wgmma chain differs from the quant and the wgmma GEMM")
+    err = relerr(out, chain_oracle(o, pos, cos, sin, weight, scale, g))
+    assert err <= TOLERANCES["gemm_bf16"].rel, f"seed {seed}: relerr {err:.3g}"
+
+
+@gpu
+def test_gpu_fused_wgmma_chain_refuses_an_output_tma_cannot_view():
+    """Rows of ``out`` that are not packed ``[G * N]`` cannot be a TMA view: a clear error,
+    before any launch."""
+    if not gemm.wgmma_available(0)[0]:
+        pytest.skip(gemm.wgmma_available(0)[1])
+    seed = new_seed()
+    o, pos, cos, sin = rope_inputs(1, 2, seed)
+    weight, scale = checkpoint(2, seed)
+    w, ws = weight.view(2, N, -1), scale.view(2, N // 128, -1)
+    out = torch.empty((1, 2, N + 64), dtype=torch.bfloat16, device="cuda")[..., :N]
+    with pytest.raises(ValueError, match="through TMA"):
+        launch.wo_a_fp8(o, pos, cos, sin, w, ws, 2, out=out, single_kernel=True,
+                        config=_wgmma_fused_shapes()[0])

@@ -206,8 +206,12 @@ def test_fused_rules():
 def test_fused_blocker_names_the_obstacle():
     assert "not a multiple of the scale block" in configs.wo_a_fp8_blocker(192, 64, 128)
     assert "exceeds head_dim" in configs.wo_a_fp8_blocker(128, 256, 128)
-    assert "swapped tiles only" in configs.wo_a_fp8_blocker(
+    assert "take swapped tiles, one per program" in configs.wo_a_fp8_blocker(
         512, 64, 128, configs.GemmConfig(64, 128, tma=True))
+    assert "block_n 128 must divide 64" in configs.wo_a_fp8_blocker(
+        512, 64, 64, configs.GemmConfig(8, 128, swap_ab=True, wgmma=True))
+    assert configs.wo_a_fp8_blocker(512, 64, 128, configs.GemmConfig(8, 64, swap_ab=True,
+                                                                      wgmma=True)) is None
 
 
 def test_quant_launch_rules():

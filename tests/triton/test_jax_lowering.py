@@ -100,6 +100,38 @@ def test_split_chain_lowers_to_one_call_with_xla_scratch(lowered):
                          f"tensor<{tiles}xi32>)")
 
 
+def test_fused_wgmma_chain_lowers_with_its_descriptors_on_xla_scratch(lowered, monkeypatch):
+    """A wgmma tile of the fused chain (what ``--tuned`` may install as
+    ``configs.wo_a_fp8_config``) lowers to one custom call with the pointer kernel's outputs
+    at the same split, and three descriptors: x over the scratch (its first piece), w over its
+    input and y over the result."""
+    cfg = configs.GemmConfig(8, 64, 4, True, 4, 8, wgmma=True)
+    monkeypatch.setattr(configs, "wo_a_fp8_config", lambda *a, **k: cfg)
+    encodings = ((0, 1, 3, (128, 8)), (0, 1, 3, (128, 64)), (10, 2, 3, (64, 8)))
+    monkeypatch.setattr(xla_ffi, "compile_kernel", lambda *a: xla_ffi.Compiled(
+        np.zeros(4, np.uint8), "kernel", 1, 128, 0, encodings))
+    k = HPG * DH
+    o = jax.ShapeDtypeStruct((1, 2 * HPG, DH), jnp.bfloat16)
+    pos = jax.ShapeDtypeStruct((1,), jnp.int32)
+    cos = jax.ShapeDtypeStruct((P, RD // 2), jnp.bfloat16)
+    w = jax.ShapeDtypeStruct((2, N, k), jnp.float8_e4m3fn)
+    ws = jax.ShapeDtypeStruct((2, N // 128, k // 128), jnp.float8_e8m0fnu)
+    text = lowered(lambda o, pos, cos, sin, w, ws: jax_launch.wo_a_fp8(
+        o, pos, cos, sin, w, ws, 2, amax_floor=1e-8, dtype=jnp.bfloat16), o, pos, cos, cos, w, ws)
+    (line,) = _calls(text)
+    tiles = configs.programs(cfg, 1, 2, N)
+    scratch = 2 * k + 128 + cfg.split_k * 2 * N * 4
+    assert line.endswith(f"-> (tensor<1x2x{N}xbf16>, tensor<{scratch}xui8>, "
+                         f"tensor<{tiles}xi32>)")
+    # Three descriptors, o, positions, cos, sin, w_scale, n_pos, the grid, x (the scratch at
+    # 0), its scales and the parts (offsets into it), the counters (M = 1 is specialized away).
+    assert _attr(line, "params") == [-2, -1, -1, -1, -1] * 3 + [0, 1, 2, 3, 5, -1, -1, 8, -3, -3,
+                                                                6]
+    tmaps = _attr(line, "tmaps")
+    assert [tmaps[i] for i in (0, 12, 24)] == [8, 4, 7], tmaps
+    assert [tmaps[i:i + 2] for i in (8, 20, 32)] == [[1, 2 * k], [2 * N, k], [1, 2 * N]], tmaps
+
+
 @pytest.mark.parametrize("m,g,split", [(16, 2, True), (64, 16, False)])
 def test_unfused_chain_lowers_to_one_call_of_two_kernels(lowered, m, g, split):
     """One custom call with two kernel rows (quant, GEMM) and their parameter maps back to
@@ -200,6 +232,17 @@ _COMPILE_SCRIPT = textwrap.dedent("""
     params = re.search(r"params = dense<\\[([^\\]]*)\\]>", text).group(1)
     print("lowered", text.count("custom_call @woa_triton_launch"),
           "cubin = dense<\\"0x7F454C46" in text, params)
+    # A wgmma tile of the fused chain (as ``--tuned`` may install it): the Gluon kernel.
+    configs.wo_a_fp8_config = lambda *a, **k: launch.GemmConfig(8, 64, 4, True, 4, 8,
+                                                                wgmma=True)
+    fused = jax_launch.wo_a_fp8_call(1, 16, 512, 64, 1024, 2, 1024, 4096, 128, 8,
+                                     fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8,
+                                     dtype=jnp.bfloat16, o_dtype=jnp.bfloat16,
+                                     rope_dtype=jnp.bfloat16)
+    k = compiled(fused, rope + ["float8_e4m3fn", "uint8"])
+    print("fused wgmma", fused.kernel.__name__, "wgmma.mma_async" in k.asm["ptx"],
+          "fence.proxy.async.global" in k.asm["ptx"], "atom.global" in k.asm["ptx"],
+          len(k.metadata.tensordesc_meta))
 """)
 
 
@@ -209,10 +252,12 @@ def test_specs_compile_for_sm90(tmp_path):
     fused chain, and with fp32 tables the rotation's products rounded by ``mul.rn``; split-K's
     tickets in the split wgmma GEMM and fused chain; the unfused chain's quant and GEMM compiled
     as programmatic dependents (``launch_pdl``, ``griddepcontrol.wait``); the GEMM
-    lowers to one custom call with the cubin (an ELF) and the descriptors' parameter map. A
-    subprocess, since the kernels of this process are interpreted."""
+    lowers to one custom call with the cubin (an ELF) and the descriptors' parameter map; a
+    wgmma tile of the fused chain compiles its Gluon kernel (wgmma, the prologue's writes
+    fenced for the copy engine, split-K's tickets, three descriptors). A subprocess, since the
+    kernels of this process are interpreted."""
     lines = run_compile_script(_COMPILE_SCRIPT, tmp_path)
-    assert len(lines) == 11, lines
+    assert len(lines) == 12, lines
     assert lines[0].startswith("inverse_rope_group_quant_kernel "), lines
     assert lines[1].startswith("inverse_rope_group_quant_head_kernel "), lines
     assert "ld.global.v4" in lines[0] and "ld.global.v" in lines[1], lines
@@ -227,3 +272,4 @@ def test_specs_compile_for_sm90(tmp_path):
         " True True"), lines
     assert lines[10] == ("lowered 1 True -2, -1, -1, -1, -1, -2, -1, -1, -1, -1, -2, -1, -1, -1, "
                         "-1, 2, 3, -1, -1, 4, 4"), lines  # y stands in for the split scratch
+    assert lines[11] == "fused wgmma wo_a_fp8_wgmma_kernel True True True 3", lines

@@ -75,7 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tune-kinds", type=_names, default=TUNE_DEFAULT_KINDS,
                    help=f"with --tune: comma-separated subset of {','.join(TUNE_KINDS)} "
                         f"(default: {','.join(TUNE_DEFAULT_KINDS)}; gemm-split: the few-tile "
-                        "K splits of both GEMM kernels alone)")
+                        "K splits of both GEMM kernels alone; chain-wgmma: the fused chain's "
+                        "wgmma shapes beside the rule's and the two-kernel chain, up to 32 "
+                        "tokens)")
     p.add_argument("--sustained", action="store_true",
                    help="sweep and --tune on a GPU: time at the clock held under a long run "
                         "(~20 ms replays after 1 s of them) instead of the burst clock")

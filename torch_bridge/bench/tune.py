@@ -14,9 +14,10 @@ from . import problem
 from .providers import chain_fp8_triton, chain_fp8_triton_2k, gemm_triton, quant_triton
 from .sweep import time_calls
 
-KINDS = ("gemm", "quant", "chain", "gemm-split")
+KINDS = ("gemm", "quant", "chain", "gemm-split", "chain-wgmma")
 #: What ``--tune`` times unless told: "gemm-split" (the few-tile K splits alone, a short run)
-#: is a subset of "gemm".
+#: is a subset of "gemm", "chain-wgmma" (the fused wgmma kernel's shapes beside the rule's and
+#: the two-kernel chain) one of "chain".
 DEFAULT_KINDS = KINDS[:3]
 
 
@@ -126,6 +127,29 @@ def wo_a_fp8_candidates(m: int, g: int, n: int) -> list:
             for st in (4, 5)] + narrow
 
 
+def wo_a_fp8_wgmma_candidates(m: int, g: int, n: int, k: int, block: int = 128) -> list:
+    """Launch shapes of the fused chain on the wgmma kernel's swapped tile: the narrowest token
+    tile that holds ``m`` (8 to 32; 64 spills), 64 or 128 weight rows, K split 1 to 8 ways
+    while the grid stays within two waves, and the one-wave split launched as a programmatic
+    dependent."""
+    from torch_bridge.backends.triton import configs
+
+    tokens = max(8, 1 << max(0, m - 1).bit_length())
+    if tokens > 32:
+        return []
+    out = []
+    for block_n in (64, 128):
+        tile = configs.GemmConfig(tokens, block_n, swap_ab=True, num_warps=4, num_stages=8,
+                                  wgmma=True)
+        tiles = configs.programs(tile, m, g, n)
+        out += [dataclasses.replace(tile, split_k=sk) for sk in (1, 2, 4, 8)
+                if tiles * sk <= 2 * configs.ONE_WAVE_TILES]
+        if block_n == 64:
+            sk = configs.k_split(tile, m, g, n, k // block, most=configs.ONE_WAVE_TILES)
+            out.append(dataclasses.replace(tile, split_k=sk, pdl=True))
+    return out
+
+
 def quant_candidates() -> list:
     """Quant launch shapes worth timing; ``r1w1h1`` is one warp per (token, head), the most
     programs a decode batch can have, ``W`` whole head rows."""
@@ -158,10 +182,15 @@ def run_tune(sweep: problem.Sweep, *, on_gpu: bool, reps: int, progress, seed: i
             jobs += [("gemm", c.label(), c, gemm_triton) for c in split_candidates(m, g, sweep)]
         if "quant" in kinds:
             jobs += [("quant", c.label(), c, quant_triton) for c in quant_candidates()]
-        if "chain" in kinds and m <= 64:
+        if ("chain" in kinds and m <= 64) or ("chain-wgmma" in kinds and m <= 32):
+            from torch_bridge.backends.triton import configs
+
             fused = functools.partial(chain_fp8_triton, single_kernel=True)
-            jobs += [("chain", f"fused {c.label()}", c, fused)
-                     for c in wo_a_fp8_candidates(m, g, sweep.n)]
+            shapes = ([configs.wo_a_fp8_config(m, g, sweep.n, sweep.k, 128)]
+                      if "chain" not in kinds else wo_a_fp8_candidates(m, g, sweep.n))
+            if on_gpu:
+                shapes += wo_a_fp8_wgmma_candidates(m, g, sweep.n, sweep.k)
+            jobs += [("chain", f"fused {c.label()}", c, fused) for c in shapes]
             jobs.append(("chain", "quant+gemm", None, chain_fp8_triton_2k))
         for kind, label, cfg, provider in jobs:
             row = {"mode": "tune", "kind": kind, "provider": label, "G": g, "M": m,

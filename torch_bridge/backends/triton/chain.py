@@ -1,7 +1,8 @@
 """torch launchers of the two ``wo_a`` chains.
 
-* ``wo_a_fp8``: one fused kernel at decode sizes (``woa_triton::wo_a_fp8``), else
-  ``inverse_rope_group_quant`` then ``batched_gemm_a8w8_mxscale``.
+* ``wo_a_fp8``: one fused kernel at decode sizes (``woa_triton::wo_a_fp8``: the pointer
+  kernel, or on Hopper for a wgmma tile the wgmma one), else ``inverse_rope_group_quant`` then
+  ``batched_gemm_a8w8_mxscale``.
 * ``wo_a_bf16``: at decode sizes one kernel that reads ``o`` and rotates its rope tiles itself
   (``woa_triton::wo_a_bf16_rotating``); at prefill sizes the rotated rope tails alone, then
   the BF16 GEMM reading A from ``o`` and those tails (``woa_triton::wo_a_bf16``); ``o`` is
@@ -39,7 +40,14 @@ from ._common import (
     target,
 )
 from .configs import GemmConfig
-from .gemm import batched_gemm_a8w8_mxscale, chain_dependent, default_config
+from .gemm import (
+    _descriptor,
+    batched_gemm_a8w8_mxscale,
+    chain_dependent,
+    default_config,
+    tma_ok,
+    wgmma_available,
+)
 from .quant import inverse_rope_group_quant
 from .split_k import split_scratch
 
@@ -52,14 +60,14 @@ from .split_k import split_scratch
 def _wo_a_fp8_op(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
                  sin_cache: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
                  x_fp8: torch.Tensor, x_scale: torch.Tensor, out: torch.Tensor, amax_floor: float,
-                 block_m: int, block_n: int, split_k: int, num_warps: int,
-                 num_stages: int) -> None:
+                 block_m: int, block_n: int, split_k: int, num_warps: int, num_stages: int,
+                 wgmma: bool, pdl: bool) -> None:
     _run_wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, x_fp8, x_scale, out,
-                  amax_floor, block_m, block_n, split_k, num_warps, num_stages)
+                  amax_floor, block_m, block_n, split_k, num_warps, num_stages, wgmma, pdl)
 
 
 def _run_wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, x_fp8, x_scale, out,
-                  amax_floor, block_m, block_n, split_k, num_warps, num_stages,
+                  amax_floor, block_m, block_n, split_k, num_warps, num_stages, wgmma, pdl,
                   scratch: tuple | None = None) -> None:
     """Launch one fused chain call (the op's body; ``scratch``: the caller's split-K memory)."""
     if o.shape[0] == 0:
@@ -67,36 +75,56 @@ def _run_wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, x_fp8, x_scale
     with on_device_of(o):
         run, args = _wo_a_fp8_launch(o, positions, cos_cache, sin_cache, w, w_scale, x_fp8,
                                      x_scale, out, amax_floor, block_m, block_n, split_k,
-                                     num_warps, num_stages, scratch)
+                                     num_warps, num_stages, wgmma, pdl, scratch)
         run(args)
 
 
 def _wo_a_fp8_launch(o, positions, cos_cache, sin_cache, w, w_scale, x_fp8, x_scale, out,
-                     amax_floor, block_m, block_n, split_k, num_warps, num_stages,
+                     amax_floor, block_m, block_n, split_k, num_warps, num_stages, wgmma, pdl,
                      scratch: tuple | None = None):
-    """``(launch, runtime arguments)`` of one ``wo_a_fp8_kernel`` call (split-K's scratch
-    taken for it, or ``scratch``'s: ``split_scratch``)."""
+    """``(launch, runtime arguments)`` of one fused chain call, ``wo_a_fp8_kernel`` or with
+    ``wgmma`` ``wo_a_fp8_wgmma_kernel`` (split-K's scratch taken for it, or ``scratch``'s:
+    ``split_scratch``)."""
     key = ("wo_a_fp8", *signature(o), *signature(cos_cache), sin_cache.stride(), *signature(w),
            *signature(w_scale), *signature(out), amax_floor, block_m, block_n, split_k,
-           num_warps, num_stages)
+           num_warps, num_stages, wgmma, pdl)
+    s, _, dh = o.shape
+    g, n, k = w.shape
+    block = k // w_scale.shape[2]
+    cfg = GemmConfig(block_m, block_n, split_k, True, num_warps, num_stages, wgmma=wgmma,
+                     pdl=pdl)
+    kinds = dict(fp8=dtype_name(w.dtype), amax_floor=amax_floor, o_dtype=dtype_name(o.dtype),
+                 rope_dtype=dtype_name(cos_cache.dtype), target=target())
+    rows = dict(o_row=o.stride(0), cos_row=cos_cache.stride(0), sin_row=sin_cache.stride(0))
 
     def make(split: int) -> Launch:
-        s, _, dh = o.shape
-        g, n, k = w.shape
-        cfg = GemmConfig(block_m, block_n, split_k, True, num_warps, num_stages)
+        if wgmma:
+            plan, views = plans.wo_a_fp8_wgmma(
+                s, dh, 2 * cos_cache.shape[1], g, n, k, block,
+                dataclasses.replace(cfg, split_k=split), w_scale=w_scale.stride(),
+                y_row=out.stride(0), out_bytes=out.element_size(), **rows, **kinds)
+            return Launch(plan, views)
         return Launch(plans.wo_a_fp8(
-            s, dh, 2 * cos_cache.shape[1], g, n, k, k // w_scale.shape[2], cfg, split,
-            o_row=o.stride(0), cos_row=cos_cache.stride(0), sin_row=sin_cache.stride(0),
-            w=w.stride(), w_scale=w_scale.stride(), y=out.stride(), fp8=dtype_name(w.dtype),
-            amax_floor=amax_floor, o_dtype=dtype_name(o.dtype),
-            rope_dtype=dtype_name(cos_cache.dtype), out_bf16=out.dtype == torch.bfloat16,
-            target=target()))
+            s, dh, 2 * cos_cache.shape[1], g, n, k, block, cfg, split, w=w.stride(),
+            w_scale=w_scale.stride(), y=out.stride(), out_bf16=out.dtype == torch.bfloat16,
+            **rows, **kinds))
 
+    if wgmma and not tma_ok(x_fp8, w, out, block_n):
+        raise ValueError(f"wo_a_fp8: the fused wgmma kernel reads x_fp8 {list(x_fp8.shape)}, "
+                         f"w {list(w.shape)} and writes out {list(out.shape)} through TMA: "
+                         f"each needs packed inner dims, a 16-byte aligned base and row stride, "
+                         f"and N a multiple of block_n {block_n}")
     run = launch_for(key, lambda: make(split_k))
-    split, parts, counters = split_scratch(out, split_k, run.grid[0] * run.grid[1], scratch)
+    split, parts, counters = split_scratch(out, split_k, configs.programs(cfg, s, g, n),
+                                           scratch)
     if split != split_k:  # no counters to be had: the same tile, unsplit
         run = launch_for((key, split), lambda: make(split))
-    return run, (o, positions, cos_cache, sin_cache, w, w_scale, o.shape[0], cos_cache.shape[0],
+    if wgmma:
+        x_desc, w_desc, y_desc = (_descriptor(t, view) for t, view in zip(
+            (x_fp8, w, out), run.extra, strict=True))
+        return run, (x_desc, w_desc, y_desc, o, positions, cos_cache, sin_cache, w_scale, s,
+                     cos_cache.shape[0], run.grid[0], x_fp8, x_scale, parts, counters)
+    return run, (o, positions, cos_cache, sin_cache, w, w_scale, s, cos_cache.shape[0],
                  x_fp8, x_scale, out, parts, counters)
 
 
@@ -126,8 +154,10 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
       out: optional ``[S, G, N]`` output with N contiguous (written in place).
       single_kernel: ``None`` runs ``wo_a_fp8_kernel`` where ``configs.wo_a_fp8_chosen`` says
         so; ``True`` requires it, ``False`` runs quant + GEMM.
-      config: the fused kernel's launch shape (a swapped pointer-load ``GemmConfig``) when it
-        runs, else the GEMM's; ``None`` picks by S and G.
+      config: the fused kernel's launch shape when it runs (a swapped ``GemmConfig``, one
+        program per tile: the pointer kernel's, or with ``wgmma=True`` on Hopper the wgmma
+        GEMM's swapped tile, ``wo_a_fp8_wgmma_kernel``, whose bits are the quant's and that
+        GEMM's with the same tile), else the GEMM's; ``None`` picks by S and G.
       scratch: the caller's memory in place of the launcher's: the quantized activations
         ``x_fp8 [S, G, K]`` (w's dtype) and ``x_scale [S, G, K / B]`` uint8, contiguous (the
         fused kernel's prologue writes them, or the quant), then split-K's
@@ -140,7 +170,8 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
 
     Raises:
       ValueError: ``o`` and ``w`` do not make ``num_groups`` groups of K,
-        ``single_kernel=True`` on a chain the kernel cannot run, a bad ``out`` / ``config``,
+        ``single_kernel=True`` on a chain the kernel cannot run, a bad ``out`` / ``config``
+        (a wgmma one off Hopper),
         or ``scratch`` that does not fit the launch or is given under ``torch.compile``.
     """
     s, h, dh = o.shape
@@ -173,11 +204,16 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
                                          config=config, dependent=dependent, scratch=split)
     cfg = config or configs.wo_a_fp8_config(s, g, n, k, block)
     configs.check_split(cfg, k // block)
+    if cfg.wgmma:
+        ok, why = (wgmma_available(o.device.index) if o.is_cuda else
+                   (False, f"it needs a CUDA Hopper GPU, o is on {o.device}"))
+        if not ok:
+            raise ValueError(f"wo_a_fp8: the fused wgmma kernel cannot run here: {why}")
     out = output(out, (s, g, n), dtype, o.device)
     args = (last_dims_contiguous(o), rows_contiguous(positions), rows_contiguous(cos_cache),
             rows_contiguous(sin_cache), rows_contiguous(w), rows_contiguous(e8m0_bytes(w_scale)))
     shape = (float(amax_floor), cfg.block_m, cfg.block_n, cfg.split_k, cfg.num_warps,
-             cfg.num_stages)
+             cfg.num_stages, cfg.wgmma, cfg.pdl)
     if scratch is None:
         # The prologue's quantized activations (read back by the same program, never returned).
         x_fp8 = torch.empty((s, g, k), dtype=w.dtype, device=o.device)

@@ -68,13 +68,13 @@ def eager_wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: i
     out = torch.empty((s, g, n), dtype=torch.bfloat16, device=device)
     run, args = _wo_a_fp8_launch(o, positions, cos_cache, sin_cache, w, ws, x_fp8, x_scale,
                                  out, float(amax_floor), cfg.block_m, cfg.block_n, cfg.split_k,
-                                 cfg.num_warps, cfg.num_stages)
+                                 cfg.num_warps, cfg.num_stages, cfg.wgmma, cfg.pdl)
     stream = current_stream()
     bound = native.bind([(run, args)], (o, positions, out))
     if bound is not None:
         return _native_run(bound, o, positions, tuple(out.shape), stream)
-    bound = run.bind(args, _WO_A_FP8_TENSORS, stream, checked=2)
-    if bound is None:
+    bound = None if cfg.wgmma else run.bind(args, _WO_A_FP8_TENSORS, stream, checked=2)
+    if bound is None:  # the wgmma kernel's descriptors: the native launcher only
         return None
     scratch = args[11:] if run.plan.split_k > 1 else None
     shape = tuple(out.shape)

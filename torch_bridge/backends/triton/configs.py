@@ -524,7 +524,10 @@ def wo_a_fp8_blocker(dh: int, rd: int, block: int,
         return f"head_dim {dh} is not a multiple of the scale block {block}"
     if rd > dh:
         return f"rope dim {rd} exceeds head_dim {dh}"
-    if config is not None and (config.tma or config.wgmma or not config.swap_ab):
-        return (f"the fused kernel has pointer-loaded, swapped tiles only (swap_ab=True, "
-                f"tma=False, wgmma=False), got {config}")
+    if config is not None and (config.tma or config.programs_per_sm or not config.swap_ab):
+        return (f"the fused kernels take swapped tiles, one per program (swap_ab=True, "
+                f"tma=False, programs_per_sm=0), got {config}")
+    if config is not None and config.wgmma and block % config.block_n:
+        return (f"the fused wgmma kernel's weight rows share one scale block: block_n "
+                f"{config.block_n} must divide {block}")
     return None

@@ -316,21 +316,41 @@ def wo_a_fp8_call(s: int, h: int, dh: int, rd: int, n_pos: int, g: int, n: int, 
     ``[n_pos, rd / 2]``, ``w [G, N, K]``, ``w_scale [G, n_blocks, K / B]`` (uint8). Outputs:
     ``y [S, G, N]`` in ``dtype``, then the scratch (``_layout``): the quantized activations
     ``x_fp8 [S, G, K]`` and ``x_scale [S, G, K / B]`` (uint8), and split-K's parts where
-    ``configs.wo_a_fp8_config`` (the tile) splits, then its counters."""
+    ``configs.wo_a_fp8_config`` (the tile) splits, then its counters. The kernel is the one
+    that tile names: ``wo_a_fp8_kernel``, or for a wgmma tile ``wo_a_fp8_wgmma_kernel``."""
     cfg = configs.wo_a_fp8_config(s, g, n, k, block)
     kb = k // block
     out_shape, refs, tiles = _layout(
         6, (jax.ShapeDtypeStruct((s, g, n), dtype),), cfg, s, g, n,
         x_fp8=((s, g, k), fp8_dtype), x_scale=((s, g, kb), jnp.uint8))
-    plan = plans.wo_a_fp8(
-        s, dh, rd, g, n, k, block, cfg, cfg.split_k, o_row=h * dh, cos_row=rd // 2, sin_row=rd // 2,
-        w=plans.dense(g, n, k), w_scale=plans.dense(g, n_blocks, kb), y=plans.dense(s, g, n),
-        fp8=np.dtype(fp8_dtype).name, amax_floor=amax_floor, o_dtype=np.dtype(o_dtype).name,
-        rope_dtype=np.dtype(rope_dtype).name, out_bf16=np.dtype(dtype) == np.dtype(jnp.bfloat16),
-        target=_target())
+    kinds = dict(fp8=np.dtype(fp8_dtype).name, amax_floor=amax_floor,
+                 o_dtype=np.dtype(o_dtype).name, rope_dtype=np.dtype(rope_dtype).name,
+                 target=_target())
+    rows = dict(o_row=h * dh, cos_row=rd // 2, sin_row=rd // 2)
     o, pos, cos, sin, w, ws = map(Ref, range(6))
-    return _call(plan, (o, pos, cos, sin, w, ws, s, n_pos, refs["x_fp8"], refs["x_scale"],
-                        *refs["results"], refs["parts"], refs["counters"]), out_shape, tiles, 1)
+    scratch = (refs["x_fp8"], refs["x_scale"])
+    if cfg.wgmma:
+        from . import wgmma_kernels
+
+        plan, views = plans.wo_a_fp8_wgmma(
+            s, dh, rd, g, n, k, block, cfg, w_scale=plans.dense(g, n_blocks, kb), y_row=g * n,
+            out_bytes=np.dtype(dtype).itemsize, **rows, **kinds)
+        # x_fp8 starts the scratch (``Scratch``), where its descriptor may start.
+        names = (np.dtype(fp8_dtype).name,) * 2 + (np.dtype(dtype).name,)
+        x_desc, w_desc, y_desc = (
+            xla_ffi.Desc(ref.index, shape, view_strides[0], tile,
+                         wgmma_kernels.smem_layout(tile, name), ref.dtype)
+            for ref, (shape, view_strides, tile), name in zip(
+                (refs["x_fp8"], w, refs["results"][0]), views, names, strict=True))
+        return _call(plan, (x_desc, w_desc, y_desc, o, pos, cos, sin, ws, s, n_pos,
+                            plan.grid[0], *scratch, refs["parts"], refs["counters"]),
+                     out_shape, tiles, 1)
+    plan = plans.wo_a_fp8(
+        s, dh, rd, g, n, k, block, cfg, cfg.split_k, w=plans.dense(g, n, k),
+        w_scale=plans.dense(g, n_blocks, kb), y=plans.dense(s, g, n),
+        out_bf16=np.dtype(dtype) == np.dtype(jnp.bfloat16), **rows, **kinds)
+    return _call(plan, (o, pos, cos, sin, w, ws, s, n_pos, *scratch, *refs["results"],
+                        refs["parts"], refs["counters"]), out_shape, tiles, 1)
 
 
 def wo_a_fp8_chain_call(s: int, h: int, dh: int, rd: int, n_pos: int, g: int, n: int, k: int,

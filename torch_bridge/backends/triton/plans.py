@@ -146,6 +146,29 @@ def wo_a_fp8(s: int, dh: int, rd: int, g: int, n: int, k: int, block: int, cfg: 
         split_k=split_k)
 
 
+def wo_a_fp8_wgmma(s: int, dh: int, rd: int, g: int, n: int, k: int, block: int,
+                   cfg: GemmConfig, *, o_row: int, cos_row: int, sin_row: int,
+                   w_scale: tuple, y_row: int, out_bytes: int, fp8: str, amax_floor: float,
+                   o_dtype: str, rope_dtype: str, target: str) -> tuple[Plan, tuple]:
+    """The FP8 chain in one launch on the wgmma GEMM's swapped tile
+    (``wgmma_kernels.wo_a_fp8_wgmma_kernel``, K split ``cfg.split_k`` ways, one program per
+    work unit): its plan, and the x (the dense scratch ``[S, G, K]``), w and y descriptor
+    views (``configs.wgmma_launch``)."""
+    from . import wgmma_kernels
+
+    # One program per unit (``programs_per_sm`` 0): the SM count does not enter the grid.
+    launch = configs.wgmma_launch(s, g, n, k, block, cfg, out_bytes=out_bytes, sms=0,
+                                  x_row=g * k, y_row=y_row,
+                                  scale_strides=(g * (k // block), k // block, *w_scale[:2]))
+    cx = launch.constexprs
+    return (Plan(wgmma_kernels.wo_a_fp8_wgmma_kernel, (launch.programs,), dict(
+        SOM=o_row, SCP=cos_row, SSP=sin_row, SWSG=w_scale[0], SWSN=w_scale[1], G=g, N=n, K=k,
+        DH=dh, RD=rd, **_fp8_constants(fp8, amax_floor, o_dtype, rope_dtype, target),
+        QUANT_ROWS=configs.WO_A_FP8_QUANT_LANES // block, STAGES=cx["STAGES"],
+        num_warps=cfg.num_warps, SPLIT_K=cfg.split_k, PDL=cfg.pdl), cfg.num_warps,
+        split_k=cfg.split_k), launch.views)
+
+
 # ---------------------------------------------------------------------------------------------
 # The BF16 chain
 # ---------------------------------------------------------------------------------------------

@@ -5,6 +5,10 @@ of one K block must be waited for before it is scaled, so the warpgroups idle wh
 promote. Here each K block's product goes to a fresh accumulator asynchronously, and the
 previous block's product is promoted while the next MMA runs (two products in flight).
 
+``wo_a_fp8_wgmma_kernel`` runs the FP8 chain in one launch on the same K loop: each program
+requests its weight tiles, quantizes its activations with ``kernels``' rotation and scale
+helpers while they stream, and hands them to the loop through global memory and TMA.
+
 Like ``kernels``, this module imports no torch: the operands arrive as tensor descriptors and
 raw pointers. Importing it needs a Triton with Gluon's Hopper dialect (3.5 or newer).
 """
@@ -22,6 +26,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+
+from . import kernels
 
 #: The CTA-wide barrier: ``gl.thread_barrier`` up to Triton 3.6, ``gl.barrier`` after.
 _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
@@ -386,3 +392,109 @@ def _run_units(x_desc, w_desc, y_desc, xs_ptr, ws_ptr, M, num_programs, part_ptr
     for st in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(st))
 
+
+@gluon.jit
+def _publish_to_tma():
+    """Make this CTA's plain global writes visible to its TMA loads: each thread fences its
+    own writes into the async proxy, then the CTA barrier."""
+    gl.inline_asm_elementwise("fence.proxy.async.global; // dummy $0", "=r", [], dtype=gl.int32,
+                              is_pure=False, pack=1)
+    _cta_barrier()
+
+
+@gluon.jit
+def _quantize_unit(o_ptr, pos_ptr, cos_ptr, sin_ptr, x_ptr, xs_ptr, M, n_pos_rows, g, m0, kb0,
+                   SOM: gl.constexpr, SCP: gl.constexpr, SSP: gl.constexpr, G: gl.constexpr,
+                   K: gl.constexpr, SB: gl.constexpr, DH: gl.constexpr, RD: gl.constexpr,
+                   KB_PER: gl.constexpr, BLOCK_M: gl.constexpr, INV_FP8_MAX: gl.constexpr,
+                   FP8_MAX: gl.constexpr, FP8_MIN_NORMAL_EXP: gl.constexpr,
+                   AMAX_FLOOR: gl.constexpr, HW_CAST: gl.constexpr,
+                   ROUND_PRODUCTS: gl.constexpr, QUANT_ROWS: gl.constexpr,
+                   num_warps: gl.constexpr):
+    """Inverse RoPE + 1 x SB E8M0 quant of the (token, K block) rows a work unit reads (tokens
+    ``m0`` on, K blocks ``kb0`` on), ``QUANT_ROWS`` at a time, into ``x [M, G, K]`` and
+    ``x_scale [M, G, K/SB]``, with ``kernels``' rotation and scale rule. A GPT-J pair's two
+    lanes are loaded apart, so the rotation needs no reshape (layouts are explicit here)."""
+    KB: gl.constexpr = K // SB
+    layout: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [num_warps, 1], [1, 0])
+    pairs = gl.arange(0, SB // 2, layout=gl.SliceLayout(0, layout))
+    n_rows = gl.minimum(M - m0, BLOCK_M) * KB_PER
+    for r0 in range(0, n_rows, QUANT_ROWS):
+        r = r0 + gl.arange(0, QUANT_ROWS, layout=gl.SliceLayout(1, layout))
+        row_ok = r < n_rows
+        tok = (m0 + r // KB_PER).to(gl.int64)
+        lane0 = g * K + (kb0 + r % KB_PER) * SB  # the row's first lane among the token's G * K
+        even = lane0[:, None] + 2 * pairs[None, :]
+        ok = row_ok[:, None]
+        a = gl.load(o_ptr + tok[:, None] * SOM + even, mask=ok, other=0.0).to(gl.float32)
+        b = gl.load(o_ptr + tok[:, None] * SOM + even + 1, mask=ok, other=0.0).to(gl.float32)
+        pos = gl.load(pos_ptr + tok, mask=row_ok, other=0).to(gl.int64)
+        pos = gl.minimum(gl.maximum(pos, 0), n_pos_rows - 1)  # AITER's clamp
+        c, s, is_rope = kernels._rope_cos_sin(even % DH, row_ok, pos, cos_ptr, sin_ptr, SCP,
+                                              SSP, DH - RD)
+        ra, rb = kernels._rotate(a, b, c, s, ROUND_PRODUCTS)
+        a = gl.where(is_rope, ra, a)
+        b = gl.where(is_rope, rb, b)
+        byte, inv = kernels._e8m0_scale(gl.maximum(kernels._abs_max(a), kernels._abs_max(b)),
+                                        INV_FP8_MAX, AMAX_FLOOR)
+        dst = x_ptr + tok[:, None] * (G * K) + even
+        gl.store(dst, kernels._to_fp8(a, inv[:, None], FP8_MAX, FP8_MIN_NORMAL_EXP, HW_CAST,
+                                      x_ptr.dtype.element_ty), mask=ok)
+        gl.store(dst + 1, kernels._to_fp8(b, inv[:, None], FP8_MAX, FP8_MIN_NORMAL_EXP,
+                                          HW_CAST, x_ptr.dtype.element_ty), mask=ok)
+        gl.store(xs_ptr + tok * (G * KB) + lane0 // SB, byte.to(gl.uint8), mask=row_ok)
+
+
+@gluon.jit
+def wo_a_fp8_wgmma_kernel(
+    x_desc, w_desc, y_desc, o_ptr, pos_ptr, cos_ptr, sin_ptr, ws_ptr, M, n_pos_rows,
+    num_programs,
+    x_ptr, xs_ptr,  # outputs: the quantized activations (``x_desc`` views x_ptr), their scales
+    part_ptr, count_ptr,  # SPLIT_K > 1 only (see batched_gemm_a8w8_mxscale_wgmma_kernel)
+    SOM: gl.constexpr,  # o [S, H, Dh] token stride; group g's K lanes start at g * K
+    SCP: gl.constexpr, SSP: gl.constexpr,  # cos/sin row strides
+    SWSG: gl.constexpr, SWSN: gl.constexpr,  # w_scale [G, N/SB, K/SB] strides
+    G: gl.constexpr, N: gl.constexpr, K: gl.constexpr, DH: gl.constexpr, RD: gl.constexpr,
+    INV_FP8_MAX: gl.constexpr, FP8_MAX: gl.constexpr, FP8_MIN_NORMAL_EXP: gl.constexpr,
+    AMAX_FLOOR: gl.constexpr, HW_CAST: gl.constexpr, ROUND_PRODUCTS: gl.constexpr,
+    QUANT_ROWS: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
+    SPLIT_K: gl.constexpr = 1, PDL: gl.constexpr = False,
+):
+    """The decode chain in one launch on the wgmma GEMM's swapped tile: each program requests
+    its weight tiles, quantizes the activations its tile reads (``_quantize_unit``) while they
+    stream, then runs ``batched_gemm_a8w8_mxscale_wgmma_kernel``'s K loop on them.
+
+    One work unit (a tile's K part) per program: ``num_programs`` is the grid, every tile's
+    every part. ``x [M, G, K]`` / ``x_scale [M, G, K/SB]`` (contiguous) are scratch: the
+    programs of a group's other N tiles write the same bytes there, and a program's TMA reads
+    only rows it wrote itself, after ``_publish_to_tma``. So the products are those of the quant
+    followed by the wgmma GEMM with the same tile, in one launch, with the weight read
+    overlapping the quant.
+
+    ``PDL``: launched as a programmatic dependent; it waits for the kernel before it ahead of
+    any load, the weight's included (that kernel may write it).
+    """
+    BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
+    KB: gl.constexpr = K // BLOCK_K
+    pid = gl.program_id(0)
+    tiles_per_group, my_units, total = _program_units(x_desc, w_desc, M, pid, num_programs, G,
+                                                      N, K, SPLIT_K)
+    a_bufs, b_bufs, y_smem, ready = _allocate(x_desc, w_desc, y_desc, STAGES)
+    if PDL:
+        _wait_prior_grid()
+    _first_loads(x_desc, w_desc, a_bufs, b_bufs, ready, pid, num_programs, tiles_per_group,
+                 total, K, N, SPLIT_K, STAGES, 1)
+    g, m0, n0, kb0 = _unit_origin(pid, tiles_per_group, N // BLOCK_N, BLOCK_M, BLOCK_N,
+                                  SPLIT_K, KB // SPLIT_K)
+    _quantize_unit(o_ptr, pos_ptr, cos_ptr, sin_ptr, x_ptr, xs_ptr, M, n_pos_rows, g, m0, kb0,
+                   SOM, SCP, SSP, G, K, BLOCK_K, DH, RD, KB // SPLIT_K, BLOCK_M, INV_FP8_MAX,
+                   FP8_MAX, FP8_MIN_NORMAL_EXP, AMAX_FLOOR, HW_CAST, ROUND_PRODUCTS, QUANT_ROWS,
+                   num_warps)
+    _publish_to_tma()
+    _first_loads(x_desc, w_desc, a_bufs, b_bufs, ready, pid, num_programs, tiles_per_group,
+                 total, K, N, SPLIT_K, STAGES, 2)
+    _run_units(x_desc, w_desc, y_desc, xs_ptr, ws_ptr, M, num_programs, part_ptr, count_ptr,
+               a_bufs, b_bufs, y_smem, ready, pid, my_units, total, tiles_per_group, G * KB, KB,
+               SWSG, SWSN, G, N, K, STAGES, num_warps, True, SPLIT_K)
