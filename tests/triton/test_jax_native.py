@@ -497,6 +497,43 @@ def test_fused_spec_splits_like_the_torch_launcher():
                   at=2 * k + _up(2 * k // 128), tiles=tiles)
 
 
+@pytest.mark.parametrize("s,g,cfg", [
+    (1, 2, configs.GemmConfig(8, 64, 4, True, 4, 8, wgmma=True)),
+    (5, 16, configs.GemmConfig(8, 64, 1, True, 4, 8, wgmma=True, pdl=True))])
+def test_fused_wgmma_spec_follows_its_tile(monkeypatch, s, g, cfg):
+    """A wgmma tile of the fused chain (``--tuned`` may install one): the Gluon kernel, one
+    program per tile and K part, descriptors over x (the scratch's first piece, as fp8),
+    w (input 4) and y, the activations' scales and split-K's scratch as the pointer kernel's."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    from torch_bridge.backends.triton import wgmma_kernels
+
+    monkeypatch.setattr(configs, "wo_a_fp8_config", lambda *a, **kw: cfg)
+    k = HPG * DH
+    call = jax_launch.wo_a_fp8_call(s, g * HPG, DH, RD, P, g, N, k, 128, N // 128,
+                                    fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8,
+                                    dtype=jnp.bfloat16, o_dtype=jnp.bfloat16,
+                                    rope_dtype=jnp.bfloat16)
+    tiles = configs.programs(cfg, s, g, N)
+    assert call.kernel is wgmma_kernels.wo_a_fp8_wgmma_kernel
+    assert call.grid == (tiles * cfg.split_k,) and call.num_warps == cfg.num_warps
+    split = cfg.split_k > 1
+    x, w, y, *rest = call.args
+    scratch = 7 + split
+    assert (x.index, x.shape, x.row_stride, x.block, x.dtype) == (
+        scratch, (s, g * k), g * k, (cfg.block_m, 128), "float8_e4m3fn")
+    assert (w.index, w.shape, w.row_stride, w.block) == (4, (g * N, k), k, (cfg.block_n, 128))
+    assert (y.index, y.shape, y.block) == (6 + split, (s, g * N), (cfg.block_m, cfg.block_n))
+    assert tuple(rest[:8]) == (Ref(0), Ref(1), Ref(2), Ref(3), Ref(5), s, P, tiles * cfg.split_k)
+    assert tuple(rest[8:10]) == (Ref(scratch, 0, "float8_e4m3fn"),
+                                 Ref(scratch, s * g * k, "uint8"))
+    _assert_split(call, Ref(y.index), *rest[10:], cfg.split_k, s, g, N, n_in=6,
+                  at=s * g * k + _up(s * g * k // 128), tiles=tiles)
+    cx = dict(call.constexprs)
+    assert (cx["SPLIT_K"], cx["PDL"], cx["G"], cx["SOM"]) == (cfg.split_k, cfg.pdl, g, g * k)
+    assert cx["STAGES"] == configs.wgmma_stages(8, k // 128 // cfg.split_k, cfg.block_m,
+                                                cfg.block_n, 128, 2)
+
+
 @pytest.mark.parametrize("g", [2, 16])
 @pytest.mark.parametrize("m", [1, 16, 64, 256])
 @pytest.mark.parametrize("wgmma", [False, True])

@@ -109,3 +109,26 @@ def test_wgmma_plans_name_every_constexpr_of_their_kernel(m, g):
         assert wanted <= set(plan.compile_options()), wanted - set(plan.compile_options())
         assert plan.kernel.__name__.endswith("_ws_kernel") == configs.warp_specialized(c)
         assert configs.warp_specialized(c) == (m >= 1024)
+
+
+@pytest.mark.parametrize("split,pdl", ((4, False), (1, True)))
+def test_fused_wgmma_plan_names_every_constexpr_of_its_kernel(split, pdl):
+    """The fused wgmma chain's plan, as for the GEMM's: every constexpr of its kernel, one
+    program per tile and K part, the GEMM's stages for its K part."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    from torch_bridge.backends.triton import configs
+
+    n, k, sb, g = 1024, 4096, 128, 2
+    cfg = configs.GemmConfig(8, 64, split, True, 4, 8, wgmma=True, pdl=pdl)
+    plan, views = plans.wo_a_fp8_wgmma(
+        1, 512, 64, g, n, k, sb, cfg, o_row=g * k, cos_row=32, sin_row=32,
+        w_scale=(n // sb * k // sb, k // sb, 1), y_row=g * n, out_bytes=2,
+        fp8="float8_e4m3fn", amax_floor=1e-8, o_dtype="bfloat16", rope_dtype="float32",
+        target="cuda")
+    wanted = {p.name for p in plan.kernel.params if p.is_constexpr}
+    assert wanted <= set(plan.compile_options()), wanted - set(plan.compile_options())
+    assert plan.grid == (g * n // 64 * split,) and plan.split_k == split
+    assert plan.compile_options().get("launch_pdl", False) == pdl
+    assert plan.constexprs["ROUND_PRODUCTS"] == configs.PRODUCTS_PTX
+    assert views == (((1, g * k), (g * k, 1), (8, sb)), ((g * n, k), (k, 1), (64, sb)),
+                     ((1, g * n), (g * n, 1), (8, 64)))
