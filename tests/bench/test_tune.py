@@ -161,8 +161,8 @@ def test_fused_wgmma_candidates_stay_within_two_waves():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU rows of the harness")
 def test_chain_wgmma_tune_times_the_rules_shape_and_the_two_kernels(bench):
-    """"chain-wgmma" times the rule's fused shape and the two-kernel chain, then on a GPU the
-    fused wgmma kernel's shapes (none here: it runs on Hopper only)."""
+    """"chain-wgmma" times the rule's fused shape and the two-kernel chain, then where the wgmma
+    kernel runs (Hopper) the fused wgmma kernel's shapes: none on this CPU."""
     sweep = problem.CPU
     rule = configs.wo_a_fp8_config(1, 2, sweep.n, sweep.k, 128)
     rc, rows = bench("--tune", "--tune-kinds", "chain-wgmma", "--ms", "1", "--reps", "1")

@@ -183,12 +183,12 @@ def run_tune(sweep: problem.Sweep, *, on_gpu: bool, reps: int, progress, seed: i
         if "quant" in kinds:
             jobs += [("quant", c.label(), c, quant_triton) for c in quant_candidates()]
         if ("chain" in kinds and m <= 64) or ("chain-wgmma" in kinds and m <= 32):
-            from torch_bridge.backends.triton import configs
+            from torch_bridge.backends.triton import configs, gemm
 
             fused = functools.partial(chain_fp8_triton, single_kernel=True)
             shapes = ([configs.wo_a_fp8_config(m, g, sweep.n, sweep.k, 128)]
                       if "chain" not in kinds else wo_a_fp8_candidates(m, g, sweep.n))
-            if on_gpu:
+            if on_gpu and gemm.wgmma_available(None)[0]:
                 shapes += wo_a_fp8_wgmma_candidates(m, g, sweep.n, sweep.k)
             jobs += [("chain", f"fused {c.label()}", c, fused) for c in shapes]
             jobs.append(("chain", "quant+gemm", None, chain_fp8_triton_2k))
