@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from torch_bridge.backends.triton import _common, chain, chain_eager  # noqa: E402
+from torch_bridge.backends.triton import _common, chain_eager  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -63,5 +63,5 @@ def test_cpu_calls_bind_no_direct_launch():
     ws = torch.zeros((2, 8, 32), dtype=torch.uint8)
     assert chain_eager.eager_wo_a_fp8(o, pos, cos, sin, w, ws, 2, 1e-8) is None
     w_bf16 = torch.zeros((2, 1024, 2048), dtype=torch.bfloat16)
-    assert chain.eager_wo_a_bf16(o, pos, cos, sin, w_bf16, 2) is None
+    assert chain_eager.eager_wo_a_bf16(o, pos, cos, sin, w_bf16, 2) is None
     assert not _common._KEPT

@@ -74,13 +74,14 @@ class Bf16Backend:
     def eager_launcher(self, op: str, o, positions, cos_cache, sin_cache, w_bf16,
                        num_groups: int):
         """Where the Triton rotation runs this call: its direct eager launcher of the chain
-        (``triton.chain.eager_wo_a_bf16``: one native call where it binds), else ``None``."""
+        (``triton.chain_eager.eager_wo_a_bf16``: one native call where it binds), else
+        ``None``."""
         if op != "wo_a_bf16" or not _triton_rotation(o, cos_cache):
             return None
-        from .triton import chain
+        from .triton import chain_eager
 
-        return chain.eager_wo_a_bf16(o, positions, cos_cache, sin_cache,
-                                     w_bf16.to(torch.bfloat16), num_groups)
+        return chain_eager.eager_wo_a_bf16(o, positions, cos_cache, sin_cache,
+                                           w_bf16.to(torch.bfloat16), num_groups)
 
     def wo_a_bf16(self, o, positions, cos_cache, sin_cache, w_bf16, num_groups: int, *,
                   overwrite_o: bool = False):
