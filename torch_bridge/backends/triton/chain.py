@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import torch
 
@@ -85,16 +86,17 @@ def _wo_a_fp8_launch(o, positions, cos_cache, sin_cache, w, w_scale, x_fp8, x_sc
     key = ("wo_a_fp8", *signature(o), *signature(cos_cache), sin_cache.stride(), *signature(w),
            *signature(w_scale), *signature(out), amax_floor, block_m, block_n, split_k,
            num_warps, num_stages, wgmma, pdl)
-    s, _, dh = o.shape
-    g, n, k = w.shape
-    block = k // w_scale.shape[2]
-    cfg = GemmConfig(block_m, block_n, split_k, True, num_warps, num_stages, wgmma=wgmma,
-                     pdl=pdl)
-    kinds = dict(fp8=dtype_name(w.dtype), amax_floor=amax_floor, o_dtype=dtype_name(o.dtype),
-                 rope_dtype=dtype_name(cos_cache.dtype), target=target())
-    rows = dict(o_row=o.stride(0), cos_row=cos_cache.stride(0), sin_row=sin_cache.stride(0))
 
     def make(split: int) -> Launch:
+        s, _, dh = o.shape
+        g, n, k = w.shape
+        block = k // w_scale.shape[2]
+        cfg = GemmConfig(block_m, block_n, split_k, True, num_warps, num_stages, wgmma=wgmma,
+                         pdl=pdl)
+        kinds = dict(fp8=dtype_name(w.dtype), amax_floor=amax_floor,
+                     o_dtype=dtype_name(o.dtype), rope_dtype=dtype_name(cos_cache.dtype),
+                     target=target())
+        rows = dict(o_row=o.stride(0), cos_row=cos_cache.stride(0), sin_row=sin_cache.stride(0))
         if wgmma:
             plan, views = plans.wo_a_fp8_wgmma(
                 s, dh, 2 * cos_cache.shape[1], g, n, k, block,
@@ -112,16 +114,18 @@ def _wo_a_fp8_launch(o, positions, cos_cache, sin_cache, w, w_scale, x_fp8, x_sc
                          f"each needs packed inner dims, a 16-byte aligned base and row stride, "
                          f"and N a multiple of block_n {block_n}")
     run = launch_for(key, lambda: make(split_k))
-    split, parts, counters = split_scratch(out, split_k, configs.programs(cfg, s, g, n),
+    # Output tiles, one counter each: the grid over its K parts, for either kernel.
+    split, parts, counters = split_scratch(out, split_k, math.prod(run.grid) // split_k,
                                            scratch)
     if split != split_k:  # no counters to be had: the same tile, unsplit
         run = launch_for((key, split), lambda: make(split))
     if wgmma:
         x_desc, w_desc, y_desc = (_descriptor(t, view) for t, view in zip(
             (x_fp8, w, out), run.extra, strict=True))
-        return run, (x_desc, w_desc, y_desc, o, positions, cos_cache, sin_cache, w_scale, s,
-                     cos_cache.shape[0], run.grid[0], x_fp8, x_scale, parts, counters)
-    return run, (o, positions, cos_cache, sin_cache, w, w_scale, s, cos_cache.shape[0],
+        return run, (x_desc, w_desc, y_desc, o, positions, cos_cache, sin_cache, w_scale,
+                     o.shape[0], cos_cache.shape[0], run.grid[0], x_fp8, x_scale, parts,
+                     counters)
+    return run, (o, positions, cos_cache, sin_cache, w, w_scale, o.shape[0], cos_cache.shape[0],
                  x_fp8, x_scale, out, parts, counters)
 
 
