@@ -144,7 +144,8 @@ def test_source_digest_tracks_the_code(tmp_path):
 def test_fused_wgmma_candidates_stay_within_two_waves():
     """The fused wgmma chain's shapes: the narrowest token tile holding M (up to 32 tokens; a
     64-token tile spills), 64 or 128 weight rows, K split while the grid stays within two
-    waves, and the one-wave split of the 64-row tile as a programmatic dependent."""
+    waves, and the one-wave split of the 64-row tile as a programmatic dependent; 32 tokens by
+    128 rows over eight warps (over four it spills with Triton 3.6)."""
     labels = [c.label() for c in tune.wo_a_fp8_wgmma_candidates(1, 2, 1024, 4096)]
     assert labels == ["m8n64k1sw4st8W", "m8n64k2sw4st8W", "m8n64k4sw4st8W", "m8n64k8sw4st8W",
                       "m8n64k4sw4st8WP", "m8n128k1sw4st8W", "m8n128k2sw4st8W",
@@ -152,6 +153,10 @@ def test_fused_wgmma_candidates_stay_within_two_waves():
     labels = [c.label() for c in tune.wo_a_fp8_wgmma_candidates(16, 16, 1024, 4096)]
     assert labels == ["m16n64k1sw4st8W", "m16n64k1sw4st8WP", "m16n128k1sw4st8W",
                       "m16n128k2sw4st8W"], labels
+    labels = [c.label() for c in tune.wo_a_fp8_wgmma_candidates(32, 4, 1024, 4096)]
+    assert labels == ["m32n64k1sw4st8W", "m32n64k2sw4st8W", "m32n64k4sw4st8W",
+                      "m32n64k2sw4st8WP", "m32n128k1sw8st8W", "m32n128k2sw8st8W",
+                      "m32n128k4sw8st8W", "m32n128k8sw8st8W"], labels
     for g, m in ((2, 1), (4, 9), (16, 32)):
         for c in tune.wo_a_fp8_wgmma_candidates(m, g, 1024, 4096):
             assert configs.wo_a_fp8_blocker(512, 64, 128, c) is None, c

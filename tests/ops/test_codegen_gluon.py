@@ -138,7 +138,7 @@ _FUSED_WGMMA_SCRIPT = textwrap.dedent("""
     cases = [(2, 1, C(8, 64, 4, True, 4, 8, wgmma=True), "float32", "bf16"),
              (16, 1, C(8, 64, 1, True, 4, 8, wgmma=True, pdl=True), "bfloat16", "bf16"),
              (4, 16, C(16, 64, 2, True, 4, 8, wgmma=True), "bfloat16", "bf16"),
-             (4, 32, C(32, 128, 2, True, 4, 8, wgmma=True), "bfloat16", "fp32")]
+             (4, 32, C(32, 128, 2, True, 8, 8, wgmma=True), "bfloat16", "fp32")]
     for g, s, cfg, table, out in cases:
         plan, views = plans.wo_a_fp8_wgmma(
             s, dh, rd, g, n, k, sb, cfg, o_row=g * k, cos_row=rd // 2, sin_row=rd // 2,
@@ -194,7 +194,7 @@ def test_fused_wgmma_chain_compiles_for_sm90(tmp_path):
     lines = run_compile_script(_FUSED_WGMMA_SCRIPT, tmp_path)
     assert lines == [f"{shape} True True True True True True True True" for shape in (
         "G2 M1 m8n64k4sw4st8W float32 bf16", "G16 M1 m8n64k1sw4st8WP bfloat16 bf16",
-        "G4 M16 m16n64k2sw4st8W bfloat16 bf16", "G4 M32 m32n128k2sw4st8W bfloat16 fp32")], lines
+        "G4 M16 m16n64k2sw4st8W bfloat16 bf16", "G4 M32 m32n128k2sw8st8W bfloat16 fp32")], lines
 
 
 _GLUON_WS_SCRIPT = textwrap.dedent("""

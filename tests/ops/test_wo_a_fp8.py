@@ -470,7 +470,7 @@ def _wgmma_fused_shapes():
     return [C(8, 64, 4, True, 4, 8, wgmma=True), C(8, 64, 4, True, 4, 8, wgmma=True, pdl=True),
             C(8, 128, 8, True, 4, 8, wgmma=True), C(16, 64, 1, True, 4, 6, wgmma=True),
             C(16, 64, 2, True, 4, 8, wgmma=True), C(32, 64, 4, True, 4, 8, wgmma=True),
-            C(32, 128, 2, True, 4, 8, wgmma=True)]
+            C(32, 128, 2, True, 8, 8, wgmma=True)]
 
 
 @gpu

@@ -131,7 +131,7 @@ def wo_a_fp8_wgmma_candidates(m: int, g: int, n: int, k: int, block: int = 128) 
     """Launch shapes of the fused chain on the wgmma kernel's swapped tile: the narrowest token
     tile that holds ``m`` (8 to 32; 64 spills), 64 or 128 weight rows, K split 1 to 8 ways
     while the grid stays within two waves, and the one-wave split launched as a programmatic
-    dependent."""
+    dependent. A 32 x 128 tile takes eight warps: over four, Triton 3.6 spills it."""
     from torch_bridge.backends.triton import configs
 
     tokens = max(8, 1 << max(0, m - 1).bit_length())
@@ -139,7 +139,8 @@ def wo_a_fp8_wgmma_candidates(m: int, g: int, n: int, k: int, block: int = 128) 
         return []
     out = []
     for block_n in (64, 128):
-        tile = configs.GemmConfig(tokens, block_n, swap_ab=True, num_warps=4, num_stages=8,
+        warps = 8 if tokens * block_n >= 32 * 128 else 4
+        tile = configs.GemmConfig(tokens, block_n, swap_ab=True, num_warps=warps, num_stages=8,
                                   wgmma=True)
         tiles = configs.programs(tile, m, g, n)
         out += [dataclasses.replace(tile, split_k=sk) for sk in (1, 2, 4, 8)
