@@ -76,6 +76,37 @@ def test_use_triton_switch(monkeypatch):
         tb.available_backends()
 
 
+def test_interpreter_on_triton_before_3_7_with_numpy_2_4_is_refused(args, monkeypatch,
+                                                                      caplog):
+    """Triton 3.6's interpreter fails inside a kernel with numpy 2.4: the probe says so, auto
+    takes the torch backend and an explicit request raises with the reason."""
+    pytest.importorskip("triton")
+    import triton
+
+    from torch_bridge.backends.triton import _interpreter_reason
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    monkeypatch.setattr(np, "__version__", "2.4.6")
+    _dispatch.reset_caches()
+    why = ("Triton 3.6.0's interpreter (TRITON_INTERPRET=1) cannot run with numpy 2.4.6: "
+           "install triton>=3.7 (pip install 'woa[triton]') or numpy<2.4")
+    assert tb.available_backends()["triton"] == (False, why)
+    caplog.set_level(logging.INFO, logger="woa")
+    q, _ = tb.inverse_rope_group_quant(*args, 1, 128)
+    assert f"backend triton not used: {why}" in caplog.text
+    np.testing.assert_array_equal(
+        q.view(torch.uint8).numpy(),
+        tb.inverse_rope_group_quant(*args, 1, 128, backend="torch")[0].view(torch.uint8).numpy())
+    with pytest.raises(tb.BackendUnavailableError, match="numpy<2.4"):
+        tb.inverse_rope_group_quant(*args, 1, 128, backend="triton")
+    # Either side of the boundary runs: a newer Triton, an older numpy, a local build's tag.
+    for versions in (("3.7.0", "2.4.6"), ("3.6.0", "2.3.5"), ("3.9.0+git1a2b3c", "2.4.0"),
+                     ("3.10.0", "3.0.0")):
+        assert _interpreter_reason(*versions) is None, versions
+    assert _interpreter_reason("3.6.0+gitabc", "2.4.0rc1") is not None
+
+
 def test_available_backends_and_explain(triton_off):
     avail = tb.available_backends()
     assert set(avail) == set(_dispatch.BACKENDS)

@@ -13,6 +13,7 @@ Importing this package touches no GPU and does not import Triton.
 from __future__ import annotations
 
 import functools
+import re
 import sys
 
 from ... import _capability
@@ -37,6 +38,20 @@ def _fp8_arch_reason(arch: str | None) -> str | None:
     return f"{arch} is not a Triton fp8 target here; needs gfx942 or gfx950"
 
 
+def _interpreter_reason(triton_version: str, numpy_version: str) -> str | None:
+    """``None`` where Triton's CPU interpreter runs the kernels; else why not. Before 3.7 the
+    interpreter turns a loop bound it holds as a one-element array into an int with ``int()``,
+    which numpy 2.4 refuses: every call would fail with a TypeError inside a kernel."""
+    def release(version: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+
+    if release(triton_version) < (3, 7) and release(numpy_version) >= (2, 4):
+        return (f"Triton {triton_version}'s interpreter (TRITON_INTERPRET=1) cannot run with "
+                f"numpy {numpy_version}: install triton>=3.7 (pip install 'woa[triton]') or "
+                f"numpy<2.4")
+    return None
+
+
 class _TritonBackend:
     name = "triton"
     ops = frozenset({"inverse_rope_group_quant", "batched_gemm_a8w8_mxscale", "wo_a_fp8"})
@@ -51,6 +66,12 @@ class _TritonBackend:
         if not _capability.module_found("triton"):
             return False, "triton is not installed (pip install 'woa[triton]')"
         if interpreter_on():
+            import numpy
+            import triton
+
+            reason = _interpreter_reason(triton.__version__, numpy.__version__)
+            if reason is not None:
+                return False, reason
             return True, "triton interpreter (TRITON_INTERPRET=1, CPU tensors)"
         reason = _fp8_arch_reason(_capability.gpu_arch())
         if reason is not None:
