@@ -18,11 +18,12 @@ NUM_WARPS = 8
 
 @triton.jit
 def read_kernel(words_ptr, sums_ptr, n_words, SLICE: tl.constexpr):
-    """Sum (wrapping int32) one ``SLICE``-word slice of ``words`` per program."""
+    """Sum one ``SLICE``-word slice of ``words`` per program, in int64: exact, so no check
+    relies on how an int32 sum wraps (Triton's interpreter before 3.9 raises instead)."""
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * SLICE + tl.arange(0, SLICE)
     words = tl.load(words_ptr + offs, mask=offs < n_words, other=0)
-    tl.store(sums_ptr + pid, tl.sum(words, 0))
+    tl.store(sums_ptr + pid, tl.sum(words.to(tl.int64), 0))
 
 
 def read_weight(sets, on_gpu):
@@ -33,7 +34,7 @@ def read_weight(sets, on_gpu):
     def prepare(p):
         words = p.w.view(torch.int32).view(-1)
         programs = triton.cdiv(words.numel(), SLICE_WORDS)
-        return words, torch.empty(programs, dtype=torch.int32, device=words.device)
+        return words, torch.empty(programs, dtype=torch.int64, device=words.device)
 
     def read(words, sums):
         read_kernel[(sums.numel(),)](words, sums, words.numel(), SLICE=SLICE_WORDS,
@@ -42,10 +43,10 @@ def read_weight(sets, on_gpu):
 
     prepared = [prepare(p) for p in sets]
     words, sums = prepared[0]
-    got = read(words, sums).to(torch.int64) & 0xFFFFFFFF
+    got = read(words, sums)
     padded = torch.zeros(sums.numel() * SLICE_WORDS, dtype=torch.int64, device=words.device)
     padded[:words.numel()] = words.to(torch.int64)
-    want = padded.view(-1, SLICE_WORDS).sum(1) & 0xFFFFFFFF
+    want = padded.view(-1, SLICE_WORDS).sum(1)
     if not torch.equal(got, want):
         raise AssertionError("read_weight: a program's sum differs from torch's")
     return [(lambda a=a: read(*a)) for a in prepared], "sums exact"
