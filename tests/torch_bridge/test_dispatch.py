@@ -107,6 +107,28 @@ def test_interpreter_on_triton_before_3_7_with_numpy_2_4_is_refused(args, monkey
     assert _interpreter_reason("3.6.0+gitabc", "2.4.0rc1") is not None
 
 
+def test_interpreter_before_3_8_refuses_e4m3fnuz(args, monkeypatch, caplog):
+    """Triton's interpreter before 3.8 has no e4m3fnuz: auto quantizes to it on the torch
+    backend, an explicit triton request raises the reason, e4m3fn still runs on Triton."""
+    pytest.importorskip("triton")
+    import triton
+
+    monkeypatch.setattr(triton, "__version__", "3.7.1")
+    _dispatch.reset_caches()
+    why = "Triton 3.7.1's interpreter has no float8_e4m3fnuz (3.8 or newer has)"
+    caplog.set_level(logging.INFO, logger="woa")
+    fnuz = dict(fp8_dtype=torch.float8_e4m3fnuz)
+    q, _ = tb.inverse_rope_group_quant(*args, 1, 128, **fnuz)
+    assert f"backend triton not used: {why}" in caplog.text and q.dtype == torch.float8_e4m3fnuz
+    np.testing.assert_array_equal(
+        q.view(torch.uint8).numpy(),
+        tb.inverse_rope_group_quant(*args, 1, 128, backend="torch", **fnuz)[0]
+        .view(torch.uint8).numpy())
+    with pytest.raises(tb.BackendUnavailableError, match="has no float8_e4m3fnuz"):
+        tb.inverse_rope_group_quant(*args, 1, 128, backend="triton", **fnuz)
+    tb.inverse_rope_group_quant(*args, 1, 128, backend="triton")
+
+
 def test_available_backends_and_explain(triton_off):
     avail = tb.available_backends()
     assert set(avail) == set(_dispatch.BACKENDS)

@@ -38,14 +38,16 @@ def _fp8_arch_reason(arch: str | None) -> str | None:
     return f"{arch} is not a Triton fp8 target here; needs gfx942 or gfx950"
 
 
+def _release(version: str) -> tuple[int, ...]:
+    """``(major, minor)`` of a version string (``"3.6.0+git1a2b"`` -> ``(3, 6)``)."""
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+
+
 def _interpreter_reason(triton_version: str, numpy_version: str) -> str | None:
     """``None`` where Triton's CPU interpreter runs the kernels; else why not. Before 3.7 the
     interpreter turns a loop bound it holds as a one-element array into an int with ``int()``,
     which numpy 2.4 refuses: every call would fail with a TypeError inside a kernel."""
-    def release(version: str) -> tuple[int, ...]:
-        return tuple(int(part) for part in re.findall(r"\d+", version)[:2])
-
-    if release(triton_version) < (3, 7) and release(numpy_version) >= (2, 4):
+    if _release(triton_version) < (3, 7) and _release(numpy_version) >= (2, 4):
         return (f"Triton {triton_version}'s interpreter (TRITON_INTERPRET=1) cannot run with "
                 f"numpy {numpy_version}: install triton>=3.7 (pip install 'woa[triton]') or "
                 f"numpy<2.4")
@@ -95,9 +97,15 @@ class _TritonBackend:
                            f"{want} here" + (" (TRITON_INTERPRET=1)" if want == "cpu" else ""))
         if case.fp8_dtype not in (None, "float8_e4m3fn", "float8_e4m3fnuz"):
             return False, f"fp8 dtype {case.fp8_dtype} is not supported (e4m3fn, e4m3fnuz)"
-        if case.fp8_dtype == "float8_e4m3fnuz" and not interpreter_on() \
-                and _capability.gpu_arch() != "gfx942":
-            return False, "float8_e4m3fnuz is native only on gfx942"
+        if case.fp8_dtype == "float8_e4m3fnuz":
+            if not interpreter_on() and _capability.gpu_arch() != "gfx942":
+                return False, "float8_e4m3fnuz is native only on gfx942"
+            if interpreter_on():
+                import triton
+
+                if _release(triton.__version__) < (3, 8):
+                    return False, (f"Triton {triton.__version__}'s interpreter has no "
+                                   f"float8_e4m3fnuz (3.8 or newer has)")
         if case.fp8_dtype == "float8_e4m3fn" and _capability.gpu_arch() == "gfx942" \
                 and not interpreter_on():
             return False, "gfx942 has no OCP float8_e4m3fn; use float8_e4m3fnuz"
