@@ -90,7 +90,7 @@ def test_interpreter_on_triton_before_3_7_with_numpy_2_4_is_refused(args, monkey
     monkeypatch.setattr(np, "__version__", "2.4.6")
     _dispatch.reset_caches()
     why = ("Triton 3.6.0's interpreter (TRITON_INTERPRET=1) cannot run with numpy 2.4.6: "
-           "install triton>=3.7 (pip install 'woa[triton]') or numpy<2.4")
+           "install triton>=3.8 (pip install 'woa[triton]') or numpy<2.4")
     assert tb.available_backends()["triton"] == (False, why)
     caplog.set_level(logging.INFO, logger="woa")
     q, _ = tb.inverse_rope_group_quant(*args, 1, 128)

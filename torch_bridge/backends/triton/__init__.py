@@ -49,7 +49,7 @@ def _interpreter_reason(triton_version: str, numpy_version: str) -> str | None:
     which numpy 2.4 refuses: every call would fail with a TypeError inside a kernel."""
     if _release(triton_version) < (3, 7) and _release(numpy_version) >= (2, 4):
         return (f"Triton {triton_version}'s interpreter (TRITON_INTERPRET=1) cannot run with "
-                f"numpy {numpy_version}: install triton>=3.7 (pip install 'woa[triton]') or "
+                f"numpy {numpy_version}: install triton>=3.8 (pip install 'woa[triton]') or "
                 f"numpy<2.4")
     return None
 
@@ -98,14 +98,14 @@ class _TritonBackend:
         if case.fp8_dtype not in (None, "float8_e4m3fn", "float8_e4m3fnuz"):
             return False, f"fp8 dtype {case.fp8_dtype} is not supported (e4m3fn, e4m3fnuz)"
         if case.fp8_dtype == "float8_e4m3fnuz":
-            if not interpreter_on() and _capability.gpu_arch() != "gfx942":
-                return False, "float8_e4m3fnuz is native only on gfx942"
             if interpreter_on():
                 import triton
 
                 if _release(triton.__version__) < (3, 8):
                     return False, (f"Triton {triton.__version__}'s interpreter has no "
                                    f"float8_e4m3fnuz (3.8 or newer has)")
+            elif _capability.gpu_arch() != "gfx942":
+                return False, "float8_e4m3fnuz is native only on gfx942"
         if case.fp8_dtype == "float8_e4m3fn" and _capability.gpu_arch() == "gfx942" \
                 and not interpreter_on():
             return False, "gfx942 has no OCP float8_e4m3fn; use float8_e4m3fnuz"
