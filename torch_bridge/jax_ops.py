@@ -358,7 +358,8 @@ def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_group
 
     Same arguments as ``woa_jax.wo_a_fp8`` and ``torch_bridge.wo_a_fp8``. Where the torch
     launcher runs the chain as one fused kernel (``configs.wo_a_fp8_chosen``: DeepSeek V4 at
-    M = 1 for G = 16, M <= 8 at G = 2, M <= 4 at G = 4, K split there) and the dispatcher
+    M = 1 for G = 16, M <= 4 at G = 4, M <= 8 at G = 2 where the GEMM cannot launch as the
+    quant's dependent, K split there) and the dispatcher
     picks triton, this launches that kernel too, natively or as one callback on XLA's scratch:
     the same bits, one launch. Elsewhere on triton the quant and the GEMM are one custom call
     or one callback, as the torch launcher runs them.

@@ -132,8 +132,8 @@ def test_fused_split_k_fp32_out_padded_tokens_and_clamped_positions(rng):
 
 def test_default_fuses_where_the_prologue_is_one_step(rng, monkeypatch):
     """``single_kernel=None`` runs the one-kernel chain when each program quantizes at most 4096
-    activations first (DeepSeek V4: M = 1 at G = 16, M <= 8 at G = 2), quant + GEMM otherwise;
-    the public ``WoAProjection`` takes the same road."""
+    activations first (DeepSeek V4 on a CPU: M = 1 at G = 16, M <= 8 at G = 2), quant + GEMM
+    otherwise; the public ``WoAProjection`` takes the same road."""
     from torch_bridge import WoAProjection
 
     calls = []
@@ -335,9 +335,12 @@ def test_gpu_chain_with_a_dependent_gemm_gives_the_plain_launches_bits(s, g):
 
 
 @gpu
-@pytest.mark.parametrize("s,g", ((1, 2), (1, 16)))  # (1, 2): split-K, its buffer in the pool
+@pytest.mark.parametrize("s,g", ((1, 4), (1, 16)))  # (1, 4): split-K, its buffer in the pool
 def test_gpu_fused_chain_cuda_graph_and_torch_compile(s, g):
-    assert launch.wo_a_fp8_chosen(s, g, N, HPG * DH, 128)
+    from torch_bridge.backends.triton import gemm
+
+    assert launch.wo_a_fp8_chosen(s, g, N, HPG * DH, 128, dependent=gemm.chain_dependent(
+        s, g, N, HPG * DH, 128, torch.device("cuda")))
 
     o, pos, cos, sin = rope_inputs(s, g, new_seed(), pos_dtype=torch.int32)
     weight, scale = checkpoint(g, new_seed())
@@ -345,7 +348,7 @@ def test_gpu_fused_chain_cuda_graph_and_torch_compile(s, g):
     y = torch.empty((s, g, N), dtype=torch.bfloat16, device="cuda")
     launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, out=y)
     torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()  # split-K (G = 2): the fp32 parts come from the pool
+    graph = torch.cuda.CUDAGraph()  # split-K (G = 4): the fp32 parts come from the pool
     with torch.cuda.graph(graph):
         launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, out=y)
     o2, pos2, _, _ = rope_inputs(s, g, new_seed(), pos_dtype=torch.int32)

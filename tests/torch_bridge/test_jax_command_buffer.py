@@ -247,11 +247,13 @@ def test_callback_chain_is_one_fused_launch_on_xla_scratch(monkeypatch, s, split
     from torch_bridge.backends.triton import launch
 
     g, n, k = 2, 128, 1024
+    # Fused by default on any device: a GPU's dependent GEMM would take these few tiles.
+    monkeypatch.setattr(configs, "dependent_streams_weight", lambda *a: False)
     if not split:  # the launch shape of a chain with enough tiles to leave K whole
         fused_config = configs.wo_a_fp8_config
         monkeypatch.setattr(configs, "wo_a_fp8_config", lambda *a: dataclasses.replace(
             fused_config(*a), split_k=1, num_stages=5))
-    assert configs.wo_a_fp8_chosen(s, g, n, k, 128)
+    assert configs.wo_a_fp8_chosen(s, g, n, k, 128, dependent=True)
     assert (configs.wo_a_fp8_config(s, g, n, k, 128).split_k > 1) == split
     (o, pos, cos, sin, w, ws), callbacks, ys = _callback_chain(monkeypatch, s, g, n)
     assert callbacks == [5 if split else 3], "not one callback to the fused launcher"
@@ -384,6 +386,8 @@ def _reference(route: str, layer, p, o, pos, on_gpu: bool):
     route runs (split K included), else the torch launcher running the route's kernels
     (``jax_step`` says which: the native GEMM takes the pointer kernel where torch's takes the
     TMA one)."""
+    import torch
+
     from torch_bridge.backends.triton import gemm, launch
     from torch_bridge.bench import jax_step
 
@@ -392,8 +396,9 @@ def _reference(route: str, layer, p, o, pos, on_gpu: bool):
     block = k // p.ws.shape[2]
     rd = 2 * p.cos_bf16.shape[1]
     fused, cfg = jax_step._route_kernels(route, m, g, n, k, block, dh, rd, on_gpu=on_gpu)
+    dependent = gemm.chain_dependent(m, g, n, k, block, torch.device(launch_device()))
     layer_fused = (configs.wo_a_fp8_blocker(dh, rd, block) is None
-                   and configs.wo_a_fp8_chosen(m, g, n, k, block))
+                   and configs.wo_a_fp8_chosen(m, g, n, k, block, dependent=dependent))
     own = configs.gemm_config(m, g, n, k, block, wgmma=gemm.wgmma_available(None)[0])
     same = fused if layer_fused else (not fused and (cfg is None or cfg == own))
     if same:

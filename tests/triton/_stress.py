@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 import torch
 from inputs import checkpoint, rope_inputs
 
-#: Shapes that reach every launch path: fused decode (G 16 unsplit, G 2 split-K), the unfused
-#: chain on the wgmma GEMM (prefill), the BF16 one-launch chain (decode), its copy + cuBLAS
-#: route (G 2, 64 tokens) and its TMA GEMM from ``o`` (1024 tokens).
-GROUPS = (16, 2)
-TOKENS = (1, 16, 64, 1024)
+#: Tokens per G that reach every launch path: fused decode (G 16 unsplit, G 4 split-K), the
+#: unfused chain with its split GEMM the quant's dependent (G 2 decode on Hopper) and on the
+#: wgmma GEMM (prefill), the BF16 one-launch chain (decode), its copy + cuBLAS route (G 2, 64
+#: tokens) and its TMA GEMM from ``o`` (1024 tokens).
+SHAPES = {16: (1, 16, 64, 1024), 4: (1,), 2: (1, 16, 64, 1024)}
 INPUT_SETS = 2
 #: Where the optional ``deepgemm`` backend joins in, if it can run: TP8's decode batches (each
 #: new shape costs DeepGEMM a JIT compile of tens of seconds).
@@ -70,7 +70,7 @@ def _differing(a, b) -> str:
     return "; ".join(parts)
 
 
-def build_cases(seed: int, groups=GROUPS, tokens=TOKENS) -> list[Case]:
+def build_cases(seed: int, shapes=SHAPES) -> list[Case]:
     """Every public entry point at every (G, M), with per-thread output buffers where a call
     takes them; the ``deepgemm`` backend's at ``DEEPGEMM_SHAPES`` where it can run."""
     import torch_bridge as tb
@@ -87,7 +87,7 @@ def build_cases(seed: int, groups=GROUPS, tokens=TOKENS) -> list[Case]:
             kept[key] = make()
         return kept[key]
 
-    for g in groups:
+    for g, tokens in shapes.items():
         w, ws = checkpoint(g, seed + g)
         _, _, cos, sin = rope_inputs(1, g, seed + g, rope_dtype=torch.float32)
         fp8 = tb.WoAProjection(w, ws, g, cos, sin)
@@ -226,13 +226,14 @@ class GraphCase:
 
 
 def graph_cases(seed: int) -> list[GraphCase]:
-    """Layer calls to capture: the fused FP8 decode chain with split-K (G 2) and without
-    (G 16), the BF16 one-launch chain without and with split-K (G 2), the FP8 chain at
-    prefill (wgmma), and the ``deepgemm`` backend's chain where it can run."""
+    """Layer calls to capture: the fused FP8 decode chain with split-K (G 4) and without
+    (G 16), the unfused one with its split GEMM (G 2, 16 tokens), the BF16 one-launch chain
+    without and with split-K (G 2), the FP8 chain at prefill (wgmma), and the ``deepgemm``
+    backend's chain where it can run."""
     import torch_bridge as tb
 
     found = []
-    layers = [(2, 16, "auto"), (16, 1, "auto"), (16, 64, "bf16"), (2, 64, "bf16"),
+    layers = [(4, 1, "auto"), (2, 16, "auto"), (16, 1, "auto"), (16, 64, "bf16"), (2, 64, "bf16"),
               (2, 1024, "auto")]
     if deepgemm_here():
         layers += [(g, m, "deepgemm") for g, m in DEEPGEMM_SHAPES[-1:]]

@@ -175,7 +175,7 @@ def test_fused_choices(key):
     m, g, block = key
     cfg, chosen = FUSED_CHOICES[key]
     assert configs.wo_a_fp8_config(m, g, N, K, block) == cfg
-    assert configs.wo_a_fp8_chosen(m, g, N, K, block) == chosen
+    assert configs.wo_a_fp8_chosen(m, g, N, K, block, dependent=False) == chosen
 
 
 def test_fused_rules():
@@ -196,11 +196,32 @@ def test_fused_rules():
             assert kb % cfg.split_k == 0 and cfg.split_k <= 8, (m, g, cfg)
             assert (cfg.split_k > 1) == (tiles <= configs.FEW_PROGRAMS), (m, g, cfg)
             assert cfg.split_k == 1 or max(tiles, 1) * cfg.split_k <= 256, (m, g, cfg)
-            chosen.append(configs.wo_a_fp8_chosen(m, g, N, K, block))
+            chosen.append(configs.wo_a_fp8_chosen(m, g, N, K, block, dependent=False))
             if chosen[-1]:
                 assert m * kb // cfg.split_k * block <= configs.WO_A_FP8_QUANT_LANES, (m, g, cfg)
                 assert m * g * K * N // cfg.block_n <= configs.WO_A_FP8_GRID_LANES, (m, g, cfg)
         assert chosen == sorted(chosen, reverse=True), (g, block, chosen)  # a prefix of MS
+
+
+def test_fused_chain_yields_to_a_dependent_gemm_that_streams_its_weight():
+    """Where the unfused chain's GEMM would be the quant's dependent and request its whole
+    weight before the quant ends (the wgmma kernel, K split into at most one wave of programs,
+    each part no deeper than its stages), the chain is not fused: at G = 1 and 2 at every size
+    the fused rule takes, nowhere else."""
+    for m, g in itertools.product(MS, GS):
+        streams = configs.dependent_streams_weight(m, g, N, K, 128)
+        gemm = configs.gemm_config(m, g, N, K, 128, wgmma=True)
+        assert streams == (gemm.wgmma and gemm.split_k > 1
+                           and _tiles(gemm, m, g, N) * gemm.split_k <= configs.ONE_WAVE_TILES
+                           and K // 128 // gemm.split_k <= gemm.num_stages), (m, g, gemm)
+        alone = configs.wo_a_fp8_chosen(m, g, N, K, 128, dependent=False)
+        assert configs.wo_a_fp8_chosen(m, g, N, K, 128, dependent=True) == (
+            alone and not streams), (m, g)
+    fused = {g: [m for m in MS[1:] if configs.wo_a_fp8_chosen(m, g, N, K, 128, dependent=True)]
+             for g in GS}
+    assert fused == {1: [], 2: [], 4: [1, 2], 8: [1, 2], 16: [1]}, fused
+    assert [m for m in MS[1:] if configs.wo_a_fp8_chosen(m, 2, N, K, 128, dependent=False)] == [
+        1, 2, 7, 8]
 
 
 def test_fused_blocker_names_the_obstacle():

@@ -52,7 +52,8 @@ def test_quant_op_direct_launch_gives_the_op_paths_bytes(g):
 
 @pytest.mark.parametrize("g", [16, 8, 2])
 def test_decode_layer_direct_launch_gives_the_op_paths_output(g):
-    """G 16 runs the fused chain unsplit, G 8 and 2 with split-K (scratch taken per call)."""
+    """G 16 runs the fused chain unsplit, G 8 with split-K (scratch taken per call); G 2 the
+    quant and its dependent split GEMM where the GEMM can be one (Hopper), else fused too."""
     import torch_bridge as tb
     from torch_bridge.backends.triton import launch
 
@@ -253,14 +254,14 @@ def test_bound_launches_call_tritons_c_launch_directly():
 
 
 def test_split_fused_layer_direct_launch_leaves_other_streams_and_captures_to_the_op():
-    """G 2 decode: the fused kernel splits K; its bound launch keeps the prologue's and the
+    """G 4 decode: the fused kernel splits K; its bound launch keeps the prologue's and the
     split's scratch for its stream. Another stream and a capture take the op's path."""
     import torch_bridge as tb
 
     seed = new_seed()
-    w, ws = checkpoint(2, seed)
-    o, pos, cos, sin = rope_inputs(1, 2, seed, rope_dtype=torch.float32)
-    layer = tb.WoAProjection(w, ws, 2, cos, sin)
+    w, ws = checkpoint(4, seed)
+    o, pos, cos, sin = rope_inputs(1, 4, seed, rope_dtype=torch.float32)
+    layer = tb.WoAProjection(w, ws, 4, cos, sin)
     want = layer(o, pos)
     (bound,) = [p.eager for p in layer._plans.values() if p.eager]
     assert bound(o, pos) is not None

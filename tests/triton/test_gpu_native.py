@@ -36,9 +36,10 @@ def _want(o, pos, cos, sin, w, ws, g):
                            ws.view(g, -1, ws.shape[1]), g)
 
 
-# Fused (G 16 and 2 at one token, split at G 2), then quant and GEMM: the split swapped GEMM
-# (G 2, 16 tokens), wgmma tiles (64 to 256 tokens) and G 16 at the kept buffers' bound.
-@pytest.mark.parametrize("g,s", [(16, 1), (2, 1), (2, 16), (8, 16), (2, 64), (4, 128),
+# Fused (G 16 and 4 at one token, split at G 4), then quant and GEMM: the split swapped GEMM
+# as the quant's dependent (G 2, 1 and 16 tokens), wgmma tiles (64 to 256 tokens) and G 16 at
+# the kept buffers' bound.
+@pytest.mark.parametrize("g,s", [(16, 1), (4, 1), (2, 1), (2, 16), (8, 16), (2, 64), (4, 128),
                                  (2, 256), (16, 64), (16, 256)])
 def test_decode_layer_binds_the_native_launcher_with_the_op_paths_bits(g, s):
     seed = new_seed()

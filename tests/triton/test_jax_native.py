@@ -366,9 +366,28 @@ def _chain_shapes(s, g):
     return o, pos, cos, sin, w, ws
 
 
+def test_chain_fuses_as_torch_would_on_hopper_with_pdl(monkeypatch):
+    """Where the GEMM may take the wgmma kernel and launch as the quant's dependent (an H100 or
+    H200), the one-launch chain gives way at G = 2, whose dependent GEMM requests its whole
+    weight during the quant, and stays at G = 4 and 16 for the fewest tokens; with
+    ``WOA_PDL=0`` G = 2 fuses again."""
+    k = HPG * DH
+    monkeypatch.setattr(jax_launch, "capability", lambda: 90)
+    monkeypatch.setattr(jax_launch, "wgmma_ok", lambda: True)
+    monkeypatch.setattr(jax_launch, "interpreter_on", lambda: False)
+    monkeypatch.setenv("WOA_PDL", "1")
+    assert jax_launch.chain_dependent(1, 2, N, k, 128)
+    assert not any(jax_launch.wo_a_fp8_fits(s, 2, N, k, 128, DH, RD) for s in (1, 2, 4, 8))
+    assert all(jax_launch.wo_a_fp8_fits(s, g, N, k, 128, DH, RD)
+               for s, g in ((1, 4), (4, 4), (1, 16)))
+    monkeypatch.setenv("WOA_PDL", "0")
+    assert jax_launch.wo_a_fp8_fits(1, 2, N, k, 128, DH, RD)
+
+
 def test_chain_fuses_where_the_torch_launcher_fuses(native_ok):
-    """Exactly where ``wo_a_fp8_chosen`` fuses, split K included (M <= 8 at G = 2, M <= 4 at
-    G = 4, M = 1 at G = 16); another backend never fuses natively."""
+    """Exactly where ``wo_a_fp8_chosen`` fuses, split K included (M <= 8 at G = 2 unless the
+    unfused chain's GEMM is the quant's dependent here, M <= 4 at G = 4, M = 1 at G = 16);
+    another backend never fuses natively."""
     def fused(s, g, backend="triton", dtype=jnp.bfloat16):
         o, pos, cos, sin, w, ws = _chain_shapes(s, g)
         on_triton, one_launch = jax_ops._wo_a_fp8_on_triton(o, pos, cos, sin, w, ws, 128, g,
@@ -380,8 +399,11 @@ def test_chain_fuses_where_the_torch_launcher_fuses(native_ok):
     assert launch.wo_a_fp8_config(1, 2, N, HPG * DH, 128).split_k > 1
     for g in (2, 4, 16):
         for s in (1, 2, 8, 16, 64, 256):
-            assert fused(s, g) == launch.wo_a_fp8_chosen(s, g, N, HPG * DH, 128), (s, g)
-    assert fused(1, 2) and fused(4, 4) and not fused(8, 4) and not fused(16, 2)
+            assert fused(s, g) == launch.wo_a_fp8_chosen(
+                s, g, N, HPG * DH, 128,
+                dependent=jax_launch.chain_dependent(s, g, N, HPG * DH, 128)), (s, g)
+    assert fused(1, 2) != jax_launch.chain_dependent(1, 2, N, HPG * DH, 128)
+    assert fused(4, 4) and not fused(8, 4) and not fused(16, 2)
     assert not fused(2, 16)
     assert not fused(1, 16, backend="torch")
     assert jax_launch.wo_a_fp8_fits(1, 16, N, HPG * DH, 128, DH, RD)
@@ -552,4 +574,4 @@ def test_jax_launches_what_the_torch_launcher_launches(m, g, wgmma):
     assert call.counters == (configs.programs(cfg, m, g, n) if cfg.split_k > 1 else 0)
     assert (cfg.split_k > 1) == (g == 2 and m <= (64 if wgmma else 256))
     assert jax_launch.wo_a_fp8_fits(m, g, n, k, 128, DH, RD) == launch.wo_a_fp8_chosen(
-        m, g, n, k, 128)
+        m, g, n, k, 128, dependent=jax_launch.chain_dependent(m, g, n, k, 128))

@@ -186,11 +186,13 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
     if single_kernel and blocker:
         raise ValueError(f"wo_a_fp8(single_kernel=True) cannot run this chain in one kernel: "
                          f"{blocker}")
+    dependent = chain_dependent(s, g, n, k, block, o.device)
     if single_kernel is None:
-        single_kernel = blocker is None and configs.wo_a_fp8_chosen(s, g, n, k, block)
+        single_kernel = blocker is None and configs.wo_a_fp8_chosen(s, g, n, k, block,
+                                                                    dependent=dependent)
     if not single_kernel:
         # An explicit GEMM shape is launched as given, never as a dependent.
-        dependent = config is None and chain_dependent(s, g, n, k, block, o.device)
+        dependent = dependent and config is None
         quant = configs.quant_config(s, heads=h, dependent=dependent)
         x_fp8 = x_scale = split = None
         if scratch is not None:

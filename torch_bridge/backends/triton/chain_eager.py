@@ -68,7 +68,8 @@ def eager_wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: i
             or not w.is_contiguous() or not w_scale.is_contiguous()):
         return None
     if (configs.wo_a_fp8_blocker(dh, 2 * cos_cache.shape[1], block, None)
-            or not configs.wo_a_fp8_chosen(s, g, n, k, block)):
+            or not configs.wo_a_fp8_chosen(
+                s, g, n, k, block, dependent=chain_dependent(s, g, n, k, block, o.device))):
         return _eager_unfused(o, positions, cos_cache, sin_cache, w, w_scale, amax_floor)
     cfg = configs.wo_a_fp8_config(s, g, n, k, block)
     ws = e8m0_bytes(w_scale)

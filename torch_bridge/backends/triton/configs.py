@@ -288,6 +288,16 @@ def chain_dependent(m: int, g: int, n: int, k: int, block: int, *, wgmma: bool) 
     return gemm_config(m, g, n, k, block, wgmma=wgmma).wgmma
 
 
+def dependent_streams_weight(m: int, g: int, n: int, k: int, block: int) -> bool:
+    """Whether the wgmma GEMM, as the quant's dependent, requests all of its weight before it
+    waits for the quant: K split into at most one wave of programs (``ONE_WAVE_TILES``), each
+    program's K slice no deeper than its stages."""
+    cfg = gemm_config(m, g, n, k, block, wgmma=True)
+    return (cfg.wgmma and cfg.split_k > 1
+            and programs(cfg, m, g, n) * cfg.split_k <= ONE_WAVE_TILES
+            and k // block // cfg.split_k <= cfg.num_stages)
+
+
 @_memoized
 def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
                 wgmma: bool = False) -> GemmConfig:
@@ -483,12 +493,20 @@ WO_A_FP8_QUANT_LANES = 4096
 WO_A_FP8_GRID_LANES = 1 << 19
 
 
-def wo_a_fp8_chosen(m: int, g: int, n: int, k: int, block: int) -> bool:
+def wo_a_fp8_chosen(m: int, g: int, n: int, k: int, block: int, *, dependent: bool) -> bool:
     """Whether ``wo_a_fp8`` runs the fused kernel by default: when each program's prologue is
     one step (at most ``WO_A_FP8_QUANT_LANES`` activations) and the grid's prologues together
     quantize at most ``WO_A_FP8_GRID_LANES`` (M <= 8 at G = 2, M <= 4 at G = 4, M <= 2 at
     G = 8, M = 1 at G = 16). Beyond either, the repeated quantization keeps the tensor cores
-    idle longer than a second launch costs."""
+    idle longer than a second launch costs.
+
+    ``dependent``: the unfused chain would launch its GEMM as the quant's programmatic
+    dependent on this device (``chain_dependent`` where PDL is on). Where that GEMM then has
+    its whole weight requested before the quant ends (``dependent_streams_weight``: G = 2 up
+    to 8 tokens on V4), the quant's time hides under the weight stream and the two launches
+    win, so the kernel is not fused."""
+    if dependent and dependent_streams_weight(m, g, n, k, block):
+        return False
     cfg = wo_a_fp8_config(m, g, n, k, block)
     return (m * (k // block) // cfg.split_k * block <= WO_A_FP8_QUANT_LANES
             and m * g * k * cdiv(n, cfg.block_n) <= WO_A_FP8_GRID_LANES)

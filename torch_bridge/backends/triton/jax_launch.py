@@ -47,9 +47,11 @@ def unavailable_reason() -> str | None:
 
 @functools.cache
 def capability() -> int:
-    """The compute capability the kernels are compiled for: JAX's first device's (``90``)."""
-    major, minor = jax.devices()[0].compute_capability.split(".")
-    return 10 * int(major) + int(minor)
+    """The compute capability the kernels are compiled for: JAX's first device's (``90``); 0
+    where it reports none as CUDA's ``major.minor`` (a CPU backend, a ROCm GPU)."""
+    found = str(getattr(jax.devices()[0], "compute_capability", ""))
+    major, _, minor = found.partition(".")
+    return 10 * int(major) + int(minor) if major.isdigit() and minor.isdigit() else 0
 
 
 @functools.cache
@@ -304,9 +306,18 @@ def gemm_call(m: int, g: int, n: int, k: int, block: int, n_blocks: int, *, dtyp
 
 def wo_a_fp8_fits(s: int, g: int, n: int, k: int, block: int, dh: int, rd: int) -> bool:
     """Whether the chain runs natively as one fused launch: exactly where the torch launcher
-    fuses it (``configs.wo_a_fp8_chosen``), split K included, so both run the same kernel."""
+    fuses it (``configs.wo_a_fp8_chosen``, with ``wo_a_fp8_chain_call``'s dependent GEMM),
+    split K included, so both run the same kernels."""
     return (configs.wo_a_fp8_blocker(dh, rd, block) is None
-            and configs.wo_a_fp8_chosen(s, g, n, k, block))
+            and configs.wo_a_fp8_chosen(s, g, n, k, block,
+                                        dependent=chain_dependent(s, g, n, k, block)))
+
+
+def chain_dependent(s: int, g: int, n: int, k: int, block: int) -> bool:
+    """Whether ``wo_a_fp8_chain_call`` launches its GEMM as the quant's programmatic dependent
+    here (``configs.chain_dependent`` where ``pdl_ok``), as ``gemm.chain_dependent`` decides
+    for torch."""
+    return pdl_ok() and configs.chain_dependent(s, g, n, k, block, wgmma=wgmma_ok())
 
 
 def wo_a_fp8_call(s: int, h: int, dh: int, rd: int, n_pos: int, g: int, n: int, k: int,
