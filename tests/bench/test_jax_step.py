@@ -155,9 +155,9 @@ def test_callback_kernels_are_the_launchers_own(m, g, monkeypatch):
     n, k, block, dh, rd = 1024, 4096, 128, 512, 64
     from torch_bridge.backends.triton import jax_launch
 
-    fused = configs.wo_a_fp8_chosen(m, g, n, k, block,
-                                    dependent=jax_launch.chain_dependent(m, g, n, k, block))
-    assert fused == (m == 1 and not (g == 2 and jax_launch.chain_dependent(m, g, n, k, block)))
+    dependent = jax_launch.chain_dependent(m, g, n, k, block, wgmma=jax_launch.wgmma_ok())
+    fused = configs.wo_a_fp8_chosen(m, g, n, k, block, dependent=dependent)
+    assert fused == (m == 1 and not (g == 2 and dependent))
     for flag in ("1", "0"):
         monkeypatch.setenv("WOA_JAX_COMMAND_BUFFER", flag)
         assert jax_step._route_kernels("callback", m, g, n, k, block, dh, rd,

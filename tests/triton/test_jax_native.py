@@ -366,6 +366,27 @@ def _chain_shapes(s, g):
     return o, pos, cos, sin, w, ws
 
 
+@pytest.mark.parametrize("platform, version, reported, want", [
+    ("gpu", "cuda 13.0", "9.0", 90), ("gpu", "rocm 6.4", "9.4", 0), ("cpu", "<unknown>", "", 0)])
+def test_capability_is_cudas_only(monkeypatch, platform, version, reported, want):
+    """The capability the wgmma and PDL rules read is CUDA's; any other device reports 0."""
+    import types
+
+    device = types.SimpleNamespace(platform=platform, compute_capability=reported,
+                                   client=types.SimpleNamespace(platform_version=version))
+    monkeypatch.setattr(jax, "devices", lambda *a: [device])
+    jax_launch.capability.cache_clear()
+    try:
+        assert jax_launch.capability() == want
+    finally:
+        jax_launch.capability.cache_clear()
+
+
+def _dependent_here(s: int, g: int, n: int, k: int) -> bool:
+    """Whether the JAX launcher's unfused chain makes its GEMM the quant's dependent here."""
+    return jax_launch.chain_dependent(s, g, n, k, 128, wgmma=jax_launch.wgmma_ok())
+
+
 def test_chain_fuses_as_torch_would_on_hopper_with_pdl(monkeypatch):
     """Where the GEMM may take the wgmma kernel and launch as the quant's dependent (an H100 or
     H200), the one-launch chain gives way at G = 2, whose dependent GEMM requests its whole
@@ -376,7 +397,7 @@ def test_chain_fuses_as_torch_would_on_hopper_with_pdl(monkeypatch):
     monkeypatch.setattr(jax_launch, "wgmma_ok", lambda: True)
     monkeypatch.setattr(jax_launch, "interpreter_on", lambda: False)
     monkeypatch.setenv("WOA_PDL", "1")
-    assert jax_launch.chain_dependent(1, 2, N, k, 128)
+    assert _dependent_here(1, 2, N, k)
     assert not any(jax_launch.wo_a_fp8_fits(s, 2, N, k, 128, DH, RD) for s in (1, 2, 4, 8))
     assert all(jax_launch.wo_a_fp8_fits(s, g, N, k, 128, DH, RD)
                for s, g in ((1, 4), (4, 4), (1, 16)))
@@ -401,8 +422,8 @@ def test_chain_fuses_where_the_torch_launcher_fuses(native_ok):
         for s in (1, 2, 8, 16, 64, 256):
             assert fused(s, g) == launch.wo_a_fp8_chosen(
                 s, g, N, HPG * DH, 128,
-                dependent=jax_launch.chain_dependent(s, g, N, HPG * DH, 128)), (s, g)
-    assert fused(1, 2) != jax_launch.chain_dependent(1, 2, N, HPG * DH, 128)
+                dependent=_dependent_here(s, g, N, HPG * DH)), (s, g)
+    assert fused(1, 2) != _dependent_here(1, 2, N, HPG * DH)
     assert fused(4, 4) and not fused(8, 4) and not fused(16, 2)
     assert not fused(2, 16)
     assert not fused(1, 16, backend="torch")
@@ -574,4 +595,4 @@ def test_jax_launches_what_the_torch_launcher_launches(m, g, wgmma):
     assert call.counters == (configs.programs(cfg, m, g, n) if cfg.split_k > 1 else 0)
     assert (cfg.split_k > 1) == (g == 2 and m <= (64 if wgmma else 256))
     assert jax_launch.wo_a_fp8_fits(m, g, n, k, 128, DH, RD) == launch.wo_a_fp8_chosen(
-        m, g, n, k, 128, dependent=jax_launch.chain_dependent(m, g, n, k, 128))
+        m, g, n, k, 128, dependent=_dependent_here(m, g, n, k))

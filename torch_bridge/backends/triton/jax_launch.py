@@ -48,10 +48,12 @@ def unavailable_reason() -> str | None:
 @functools.cache
 def capability() -> int:
     """The compute capability the kernels are compiled for: JAX's first device's (``90``); 0
-    where it reports none as CUDA's ``major.minor`` (a CPU backend, a ROCm GPU)."""
-    found = str(getattr(jax.devices()[0], "compute_capability", ""))
-    major, _, minor = found.partition(".")
-    return 10 * int(major) + int(minor) if major.isdigit() and minor.isdigit() else 0
+    off CUDA (a CPU backend, a ROCm GPU), where nothing here is Hopper's."""
+    device = jax.devices()[0]
+    if device.platform == "cpu" or "cuda" not in device.client.platform_version.lower():
+        return 0
+    major, minor = device.compute_capability.split(".")
+    return 10 * int(major) + int(minor)
 
 
 @functools.cache
@@ -310,14 +312,15 @@ def wo_a_fp8_fits(s: int, g: int, n: int, k: int, block: int, dh: int, rd: int) 
     split K included, so both run the same kernels."""
     return (configs.wo_a_fp8_blocker(dh, rd, block) is None
             and configs.wo_a_fp8_chosen(s, g, n, k, block,
-                                        dependent=chain_dependent(s, g, n, k, block)))
+                                        dependent=chain_dependent(s, g, n, k, block,
+                                                                  wgmma=wgmma_ok())))
 
 
-def chain_dependent(s: int, g: int, n: int, k: int, block: int) -> bool:
+def chain_dependent(s: int, g: int, n: int, k: int, block: int, *, wgmma: bool) -> bool:
     """Whether ``wo_a_fp8_chain_call`` launches its GEMM as the quant's programmatic dependent
-    here (``configs.chain_dependent`` where ``pdl_ok``), as ``gemm.chain_dependent`` decides
-    for torch."""
-    return pdl_ok() and configs.chain_dependent(s, g, n, k, block, wgmma=wgmma_ok())
+    (``configs.chain_dependent`` where ``pdl_ok``; ``wgmma``: the GEMM may take the wgmma
+    kernel), as ``gemm.chain_dependent`` decides for torch."""
+    return pdl_ok() and configs.chain_dependent(s, g, n, k, block, wgmma=wgmma)
 
 
 def wo_a_fp8_call(s: int, h: int, dh: int, rd: int, n_pos: int, g: int, n: int, k: int,
@@ -373,7 +376,7 @@ def wo_a_fp8_chain_call(s: int, h: int, dh: int, rd: int, n_pos: int, g: int, n:
     positions, cos, sin, ``w``, ``w_scale`` (uint8) and, split, the GEMM's counters; outputs
     ``y``, then one scratch holding the quant's outputs (``x_fp8`` first, where the GEMM's
     descriptor may start) and the GEMM's parts, then the counters."""
-    dependent = pdl_ok() and configs.chain_dependent(s, g, n, k, block, wgmma=wgmma)
+    dependent = chain_dependent(s, g, n, k, block, wgmma=wgmma)
     quant = quant_call(s, h, dh, rd, n_pos, g, block, fp8_dtype=fp8_dtype, amax_floor=amax_floor,
                        o_dtype=o_dtype, rope_dtype=rope_dtype, dependent=dependent)
     gemm = gemm_call(s, g, n, k, block, n_blocks, dtype=dtype, wgmma=wgmma, sms=sms,
