@@ -48,6 +48,16 @@ def interpreter_on() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def jax_gpu_platform() -> str:
+    """``cpu``, ``cuda``, ``rocm`` (or another platform name) of JAX's default backend."""
+    import jax
+
+    if jax.default_backend() == "cpu":
+        return "cpu"
+    version = jax.devices()[0].client.platform_version.lower()
+    return next((p for p in ("cuda", "rocm") if p in version), jax.default_backend())
+
+
 def env_flag(name: str, default: bool) -> bool:
     """A ``0``/``1`` switch; unset or empty means ``default``; anything else is a ``ValueError``."""
     raw = os.environ.get(name, "").strip()

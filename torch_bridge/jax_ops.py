@@ -48,7 +48,7 @@ from woa_jax import AITER_AMAX_FLOOR, checks
 from woa_jax.checks import check_fp8_dtype
 
 from . import _dispatch
-from ._capability import env_flag
+from ._capability import env_flag, jax_gpu_platform
 from ._dispatch import BackendName
 
 __all__ = ["batched_gemm_a8w8_mxscale", "inverse_rope_group_quant", "wo_a_bf16", "wo_a_fp8"]
@@ -64,14 +64,6 @@ def _device_type() -> str:
     return "cpu" if jax.default_backend() == "cpu" else "cuda"
 
 
-def _jax_gpu_platform() -> str:
-    """``cpu``, ``cuda``, ``rocm`` (or another platform name) of JAX's default backend."""
-    if jax.default_backend() == "cpu":
-        return "cpu"
-    version = jax.devices()[0].client.platform_version.lower()
-    return next((p for p in ("cuda", "rocm") if p in version), jax.default_backend())
-
-
 def native_route_reason(backend_name: str) -> str | None:
     """``None`` when an op on backend ``backend_name`` takes the native route;
     else why it goes through ``buffer_callback``."""
@@ -79,7 +71,7 @@ def native_route_reason(backend_name: str) -> str | None:
         return f"the dispatcher picked backend {backend_name!r}; only triton has a native route"
     if not env_flag("WOA_JAX_NATIVE", True):
         return "disabled by WOA_JAX_NATIVE=0"
-    platform = _jax_gpu_platform()
+    platform = jax_gpu_platform()
     if platform != "cuda":
         return f"JAX's default backend is {platform}; the native route needs cuda"
     from .backends.triton import jax_launch

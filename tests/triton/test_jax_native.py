@@ -35,7 +35,7 @@ from woa_jax.testing import assert_bitwise_equal
 def native_ok(monkeypatch):
     """A CUDA JAX with the custom call's handler built, as far as route selection can tell."""
     monkeypatch.delenv("WOA_JAX_NATIVE", raising=False)
-    monkeypatch.setattr(jax_ops, "_jax_gpu_platform", lambda: "cuda")
+    monkeypatch.setattr(jax_ops, "jax_gpu_platform", lambda: "cuda")
     monkeypatch.setattr(jax_launch, "unavailable_reason", lambda: None)
 
 
@@ -70,7 +70,7 @@ def test_env_var_is_registered():
 
 @pytest.mark.parametrize("platform", ["cpu", "rocm"])
 def test_non_cuda_platforms_keep_buffer_callback(native_ok, monkeypatch, platform):
-    monkeypatch.setattr(jax_ops, "_jax_gpu_platform", lambda: platform)
+    monkeypatch.setattr(jax_ops, "jax_gpu_platform", lambda: platform)
     assert jax_ops.native_route_reason("triton") == (
         f"JAX's default backend is {platform}; the native route needs cuda")
 
@@ -89,7 +89,7 @@ cpu_only = pytest.mark.skipif(jax.default_backend() != "cpu",
 
 @cpu_only
 def test_this_cpu_box_has_no_native_route():
-    assert jax_ops._jax_gpu_platform() == "cpu"
+    assert jax_ops.jax_gpu_platform() == "cpu"
     assert jax_ops.native_route_reason("triton") == (
         "JAX's default backend is cpu; the native route needs cuda")
 
@@ -375,6 +375,7 @@ def test_capability_is_cudas_only(monkeypatch, platform, version, reported, want
     device = types.SimpleNamespace(platform=platform, compute_capability=reported,
                                    client=types.SimpleNamespace(platform_version=version))
     monkeypatch.setattr(jax, "devices", lambda *a: [device])
+    monkeypatch.setattr(jax, "default_backend", lambda: platform)
     jax_launch.capability.cache_clear()
     try:
         assert jax_launch.capability() == want

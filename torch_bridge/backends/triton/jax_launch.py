@@ -35,7 +35,7 @@ import numpy as np
 
 import woa_jax
 
-from ..._capability import env_flag, interpreter_on
+from ..._capability import env_flag, interpreter_on, jax_gpu_platform
 from . import configs, plans, xla_ffi
 from .xla_ffi import Ref
 
@@ -49,10 +49,9 @@ def unavailable_reason() -> str | None:
 def capability() -> int:
     """The compute capability the kernels are compiled for: JAX's first device's (``90``); 0
     off CUDA (a CPU backend, a ROCm GPU), where nothing here is Hopper's."""
-    device = jax.devices()[0]
-    if device.platform == "cpu" or "cuda" not in device.client.platform_version.lower():
+    if jax_gpu_platform() != "cuda":
         return 0
-    major, minor = device.compute_capability.split(".")
+    major, minor = jax.devices()[0].compute_capability.split(".")
     return 10 * int(major) + int(minor)
 
 
