@@ -126,7 +126,8 @@ def test_split_candidates_rank_the_pointer_split_beside_the_wgmma_splits(g, m):
 
 
 def test_source_digest_tracks_the_code(tmp_path):
-    """It changes with any source file's bytes or path and ignores files outside the packages."""
+    """It changes with any source file's bytes or path, the C++ launchers' included, and ignores
+    files outside the packages."""
     root = results._ROOT
     for d in results.SOURCE_PACKAGES:
         shutil.copytree(root / d, tmp_path / d, ignore=shutil.ignore_patterns("__pycache__"))
@@ -138,7 +139,11 @@ def test_source_digest_tracks_the_code(tmp_path):
     module.write_text(module.read_text() + "\n")
     assert results.source_digest(tmp_path) != first
     module.rename(module.with_name("timers.py"))
-    assert results.source_digest(tmp_path) not in (first, results.source_digest())
+    renamed = results.source_digest(tmp_path)
+    assert renamed not in (first, results.source_digest())
+    header = tmp_path / "torch_bridge" / "backends" / "triton" / "launch_params.h"
+    header.write_text(header.read_text() + "\n")  # the native launchers' sources count too
+    assert results.source_digest(tmp_path) != renamed
 
 
 def test_fused_wgmma_candidates_stay_within_two_waves():

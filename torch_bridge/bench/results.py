@@ -28,6 +28,9 @@ COLUMNS = ("run", "machine", "device", "python", "torch", "triton", "jax", "cuda
            "vs_peer", "host_us")
 #: The packages whose sources a row measures, beside this one in the same directory.
 SOURCE_PACKAGES = ("woa_jax", "torch_bridge")
+#: Their files a row's numbers depend on: Python, and the C++ launchers that encode the kernels'
+#: tensor maps and launch them (``torch_bridge/backends/triton``).
+SOURCE_SUFFIXES = frozenset({".py", ".cc", ".h"})
 _ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -37,11 +40,13 @@ def machine_slug(device_name: str) -> str:
 
 
 def source_digest(root: str | os.PathLike | None = None) -> str:
-    """sha256 (12 hex digits) of the ``.py`` files of ``SOURCE_PACKAGES`` under ``root``
-    (default: where this package is installed or checked out), by relative path."""
+    """sha256 (12 hex digits) of the source files (``SOURCE_SUFFIXES``) of ``SOURCE_PACKAGES``
+    under ``root`` (default: where this package is installed or checked out), by relative
+    path."""
     base = pathlib.Path(root) if root is not None else _ROOT
     h = hashlib.sha256()
-    for path in sorted(p for d in SOURCE_PACKAGES for p in (base / d).rglob("*.py")):
+    for path in sorted(p for d in SOURCE_PACKAGES for p in (base / d).rglob("*")
+                       if p.suffix in SOURCE_SUFFIXES and p.is_file()):
         h.update(path.relative_to(base).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:12]
 
