@@ -256,7 +256,5 @@ def batched_gemm_a8w8_mxscale_wgmma_ws_kernel(
         (_ws_producer, (x_desc, w_desc, a_bufs, b_bufs, ready, empty, M, num_programs, G, N, K,
                         STAGES, PDL)),
     ], [1], [PRODUCER_NUM_REGS])
-
-    for st in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(st))
-        mbarrier.invalidate(empty.index(st))
+    # No mbarrier.invalidate at exit: the barriers die with the CTA, and Gluon puts a partition
+    # barrier between each pair of invalidations, on every launch's critical path.
