@@ -92,7 +92,8 @@ _GLUON_SCRIPT = textwrap.dedent("""
               f"k{k // sb}/{split_k} st{stages}", waits,
               "wgmma.mma_async" in ptx,
               "cp.async.bulk.tensor" in ptx, "C7514" not in info,
-              " 0 bytes spill stores" in info, ticket == (split_k > 1))
+              " 0 bytes spill stores" in info, ticket == (split_k > 1),
+              "mbarrier.inval" not in ptx)
 """)
 
 
@@ -107,7 +108,7 @@ def test_wgmma_gemm_compiles_for_sm90_without_serialized_wgmma(tmp_path):
     grid-dependency wait; otherwise it never waits."""
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     lines = run_compile_script(_GLUON_SCRIPT, tmp_path)
-    assert lines == [f"{shape} True True True True True True" for shape in (
+    assert lines == [f"{shape} True True True True True True True" for shape in (
         "m128n128 bf16 k32/1 st5", "m64n128 fp32 k32/1 st4", "m128n128 bf16 k31/1 st4",
         "m128n128 bf16 k1/1 st1", "m128n128 fp32 k32/1 st5", "m64n128 bf16 k32/1 st8",
         "m64n128 bf16 k32/1 st8", "m8n64s bf16 k32/1 st8", "m16n64s bf16 k32/1 st6",
@@ -179,7 +180,7 @@ _FUSED_WGMMA_SCRIPT = textwrap.dedent("""
               "wgmma.mma_async" in ptx, "C7514" not in info, " 0 bytes spill stores" in info,
               ("mul.rn.f32" in ptx) == (table == "float32"),
               ("atom.global.gpu.acq_rel.add" in ptx) == split,
-              compiled.metadata.shared <= configs.SMEM_BYTES)
+              compiled.metadata.shared <= configs.SMEM_BYTES, "mbarrier.inval" not in ptx)
 """)
 
 
@@ -192,7 +193,7 @@ def test_fused_wgmma_chain_compiles_for_sm90(tmp_path):
     waits before any of them; products rounded apart with fp32 tables; split-K's tickets."""
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     lines = run_compile_script(_FUSED_WGMMA_SCRIPT, tmp_path)
-    assert lines == [f"{shape} True True True True True True True True" for shape in (
+    assert lines == [f"{shape} True True True True True True True True True" for shape in (
         "G2 M1 m8n64k4sw4st8W float32 bf16", "G16 M1 m8n64k1sw4st8WP bfloat16 bf16",
         "G4 M16 m16n64k2sw4st8W bfloat16 bf16", "G4 M32 m32n128k2sw8st8W bfloat16 fp32")], lines
 

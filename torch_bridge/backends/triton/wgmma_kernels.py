@@ -389,8 +389,8 @@ def _run_units(x_desc, w_desc, y_desc, xs_ptr, ws_ptr, M, num_programs, part_ptr
             _reduce_parts(acc, part_ptr, count_ptr, unit // SPLIT_K, unit % SPLIT_K, g, m0, n0,
                           M, y_desc, y_smem, G, N, SPLIT_K, SWAP_AB, num_warps)
     tma.store_wait(pendings=0)
-    for st in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(st))
+    # No mbarrier.invalidate at exit: the barriers die with the CTA, and each invalidation
+    # costs a CTA barrier on every launch's critical path.
 
 
 @gluon.jit
