@@ -134,9 +134,11 @@ _FUSED_WGMMA_SCRIPT = textwrap.dedent("""
         short = {"float8e4nv": "fp8e4nv", "bfloat16": "bf16", "float32": "fp32"}[dtype]
         return f"tensordesc<{short}{tile},{layout!r}>"
 
-    # G = 2, one token (K split 4, fp32 tables: products rounded apart), G = 16 (unsplit, as a
+    # G = 2, one token (K split 4, fp32 tables: products rounded apart) and three (four token
+    # rows computed, repeated over the tile's eight), G = 16 (unsplit, as a
     # programmatic dependent), G = 4 with 16 and 32 tokens, 128 weight rows, fp32 output.
     cases = [(2, 1, C(8, 64, 4, True, 4, 8, wgmma=True), "float32", "bf16"),
+             (2, 3, C(8, 64, 4, True, 4, 8, wgmma=True), "bfloat16", "bf16"),
              (16, 1, C(8, 64, 1, True, 4, 8, wgmma=True, pdl=True), "bfloat16", "bf16"),
              (4, 16, C(16, 64, 2, True, 4, 8, wgmma=True), "bfloat16", "bf16"),
              (4, 32, C(32, 128, 2, True, 8, 8, wgmma=True), "bfloat16", "fp32")]
@@ -170,11 +172,13 @@ _FUSED_WGMMA_SCRIPT = textwrap.dedent("""
                                    "-o", f"{d}/k.cubin"], capture_output=True, text=True,
                                   check=True).stderr
         tma, load = ptx.find("cp.async.bulk.tensor"), ptx.find("ld.global")
-        fence = ptx.find("fence.proxy.async.global")
+        fence = ptx.find("fence.proxy.async.shared::cta")
         wait = ptx.find("griddepcontrol.wait")
-        # The weight's first tiles are requested before o is read; the activations' after the
-        # prologue's writes are fenced for the copy engine; a dependent waits before either.
-        order = 0 <= tma < load < fence and ptx.find("cp.async.bulk.tensor", fence) > fence
+        # The weight's first tiles are requested before o is read; the activations are written
+        # to shared memory and fenced for the tensor cores before the first MMA, never copied
+        # through global memory; a dependent waits before any of it.
+        order = (0 <= tma < load < fence < ptx.find("wgmma.mma_async")
+                 and "fence.proxy.async.global" not in ptx)
         waits = 0 <= wait < tma if cfg.pdl else wait < 0
         print(f"G{g} M{s} {cfg.label()} {table} {out}", order, waits,
               "wgmma.mma_async" in ptx, "C7514" not in info, " 0 bytes spill stores" in info,
@@ -189,12 +193,14 @@ def test_fused_wgmma_chain_compiles_for_sm90(tmp_path):
     of ``plans.wo_a_fp8_wgmma`` (split and unsplit, 8 to 32 tokens, bf16 and fp32 tables and
     outputs, as a programmatic dependent): async wgmma, no spills, no serialized wgmma (ptxas
     C7514), shared memory within Hopper's; the weight tiles requested before ``o`` is read and
-    the activations' after the prologue's writes are fenced for the copy engine; a dependent
-    waits before any of them; products rounded apart with fp32 tables; split-K's tickets."""
+    the activations written to shared memory and fenced for the MMAs that read them; a
+    dependent waits before any of them; products rounded apart with fp32 tables; split-K's
+    tickets."""
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     lines = run_compile_script(_FUSED_WGMMA_SCRIPT, tmp_path)
     assert lines == [f"{shape} True True True True True True True True True" for shape in (
-        "G2 M1 m8n64k4sw4st8W float32 bf16", "G16 M1 m8n64k1sw4st8WP bfloat16 bf16",
+        "G2 M1 m8n64k4sw4st8W float32 bf16", "G2 M3 m8n64k4sw4st8W bfloat16 bf16",
+        "G16 M1 m8n64k1sw4st8WP bfloat16 bf16",
         "G4 M16 m16n64k2sw4st8W bfloat16 bf16", "G4 M32 m32n128k2sw8st8W bfloat16 fp32")], lines
 
 

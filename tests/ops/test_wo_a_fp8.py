@@ -482,9 +482,10 @@ def _wgmma_fused_shapes():
                                                   (5, 4, *ROPE_TABLES[3]),
                                                   (33, 16, *ROPE_TABLES[1])))
 def test_gpu_fused_wgmma_chain_is_the_quant_then_the_wgmma_gemm(s, g, table, rope_dtype, cfg):
-    """The fused wgmma kernel's quantized activations are the oracle's, and its output the
-    bits of the quant followed by the wgmma GEMM with the same tile and K split (the parts are
-    added in K order either way); tiles wider than the tokens mask the rest."""
+    """The fused wgmma kernel's scale bytes are the oracle's, and its output the bits of the
+    quant followed by the wgmma GEMM with the same tile and K split (the parts are added in K
+    order either way): its activations, kept in shared memory, are the quant's. Tiles wider
+    than the tokens leave the rest unstored."""
     if not gemm.wgmma_available(0)[0]:
         pytest.skip(gemm.wgmma_available(0)[1])
     seed = new_seed()
@@ -498,10 +499,8 @@ def test_gpu_fused_wgmma_chain_is_the_quant_then_the_wgmma_gemm(s, g, table, rop
     chain._wo_a_fp8_op.launch_fn(
         o, pos, cos, sin, w, ws.view(torch.uint8), x_fp8, x_scale, out, 1e-8, cfg.block_m,
         cfg.block_n, cfg.split_k, cfg.num_warps, cfg.num_stages, True, cfg.pdl)
-    rq, rs = quant_oracle(o, pos, cos, sin, g)
+    _, rs = quant_oracle(o, pos, cos, sin, g)
     assert count_differing(x_scale, rs) == 0, f"seed {seed}: scale bytes differ"
-    bad = count_differing(x_fp8, rq)
-    assert bad == 0, f"seed {seed}: {bad} of {x_fp8.numel()} fp8 bytes differ from the oracle"
     two = launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, single_kernel=False,
                           config=dataclasses.replace(cfg, pdl=False))
     assert count_differing(out, two) == 0, (

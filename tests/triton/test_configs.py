@@ -233,6 +233,12 @@ def test_fused_blocker_names_the_obstacle():
         512, 64, 64, configs.GemmConfig(8, 128, swap_ab=True, wgmma=True))
     assert configs.wo_a_fp8_blocker(512, 64, 128, configs.GemmConfig(8, 64, swap_ab=True,
                                                                       wgmma=True)) is None
+    # The fused wgmma kernel holds its K part's activations: 32 blocks of 64 rows fill the SM.
+    wide = configs.GemmConfig(64, 64, swap_ab=True, wgmma=True)
+    assert "leave no room for a weight stage" in configs.wo_a_fp8_blocker(512, 64, 128, wide,
+                                                                         k=4096)
+    assert configs.wo_a_fp8_blocker(512, 64, 128, dataclasses.replace(wide, split_k=2),
+                                    k=4096) is None
 
 
 def test_quant_launch_rules():
@@ -277,6 +283,16 @@ def test_wgmma_stages_fit_shared_memory():
         assert 1 <= stages <= min(8, kb)
         scales = configs.staged_scale_bytes(kb, bm) if staged else 0
         assert stages * (bm + bn) * 128 + bm * bn * out_bytes + scales <= configs.SMEM_BYTES
+
+
+def test_resident_activations_take_their_share_of_shared_memory():
+    """The fused wgmma kernel's stages are weight tiles beside its work unit's every
+    activation tile: fewer fit as the unit deepens, none once the activations fill it."""
+    for bm, bn, kb in itertools.product((8, 16, 32), (64, 128), (4, 8, 16, 32)):
+        stages = configs.wgmma_stages(8, kb, bm, bn, 128, 4, resident_x=True)
+        assert 1 <= stages <= min(8, kb)
+        assert kb * bm * 128 + stages * bn * 128 + bm * bn * 4 <= configs.SMEM_BYTES
+    assert configs.wgmma_stages(8, 32, 64, 128, 128, 4, resident_x=True) == 0
 
 
 def test_staged_scales_pad_the_k_blocks_to_a_power_of_two():

@@ -182,7 +182,7 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
         raise ValueError(f"o [S, H, Dh] = {list(o.shape)} and w [G, N, K] = {list(w.shape)} "
                          f"do not make num_groups = {num_groups} groups of K (need H * Dh = G * K)")
     blocker = configs.wo_a_fp8_blocker(dh, 2 * cos_cache.shape[1], block,
-                                    config if single_kernel is not False else None)
+                                       config if single_kernel is not False else None, k=k)
     if single_kernel and blocker:
         raise ValueError(f"wo_a_fp8(single_kernel=True) cannot run this chain in one kernel: "
                          f"{blocker}")

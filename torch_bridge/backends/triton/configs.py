@@ -435,17 +435,19 @@ class WgmmaLaunch:
 
 def wgmma_launch(m: int, g: int, n: int, k: int, block: int, cfg: GemmConfig, *,
                  out_bytes: int, sms: int, x_row: int, y_row: int,
-                 scale_strides: tuple[int, int, int, int]) -> WgmmaLaunch:
+                 scale_strides: tuple[int, int, int, int],
+                 resident_x: bool = False) -> WgmmaLaunch:
     """The wgmma kernel's launch for ``x [M, G, K]`` (rows ``x_row`` apart, (G, K) packed),
     ``w [G, N, K]`` contiguous, ``y [M, G, N]`` (rows ``y_row`` apart) and scales with strides
     ``(x_scale M, x_scale G, w_scale G, w_scale N)``, on a GPU of ``sms`` SMs. ``cfg.split_k``
-    must divide the K blocks (``check_split``)."""
+    must divide the K blocks (``check_split``). ``resident_x``: the fused chain's, whose
+    program holds its work unit's activations in shared memory (``wgmma_stages``)."""
     bm, bn = cfg.block_m, cfg.block_n
     check_split(cfg, k // block)
     programs = tile_programs(m, g, n, bm, bn, cfg.programs_per_sm, sms, cfg.split_k)
     specialized = warp_specialized(cfg)
     stages = wgmma_stages(cfg.num_stages, k // block // cfg.split_k, bm, bn, block, out_bytes,
-                          staged_scales=specialized)
+                          staged_scales=specialized, resident_x=resident_x)
     if specialized:  # its ring spans tiles; a lone stage would wait for itself
         stages = max(2, stages)
     sxsm, sxsg, swsg, swsn = scale_strides
@@ -460,17 +462,21 @@ def wgmma_launch(m: int, g: int, n: int, k: int, block: int, cfg: GemmConfig, *,
 
 
 def wgmma_stages(requested: int, k_blocks: int, block_m: int, block_n: int, block: int,
-                 out_bytes: int, *, staged_scales: bool = False) -> int:
+                 out_bytes: int, *, staged_scales: bool = False,
+                 resident_x: bool = False) -> int:
     """The wgmma kernel's pipeline depth: ``requested``, at most one stage per K block (of a
     K part, when split) and as many fp8 ``x``/``w`` tile pairs as fit in shared memory beside
     the output tile (so an fp32 output gets fewer stages than a bf16 one) and, with
     ``staged_scales`` (the warp-specialized kernel), a tile's block scales
-    (``staged_scale_bytes``)."""
-    stage_bytes = (block_m + block_n) * block
+    (``staged_scale_bytes``); with ``resident_x`` (the fused chain's kernel), ``w`` tiles
+    beside the work unit's every ``x`` tile (``wo_a_fp8_blocker`` says when one fits)."""
+    stage_bytes = (block_n if resident_x else block_m + block_n) * block
     fixed = block_m * block_n * out_bytes
     if staged_scales:
         fixed += staged_scale_bytes(k_blocks, block_m)
-    return min(requested, k_blocks, (SMEM_BYTES - fixed) // stage_bytes)
+    if resident_x:
+        fixed += k_blocks * block_m * block
+    return max(0, min(requested, k_blocks, (SMEM_BYTES - fixed) // stage_bytes))
 
 
 def staged_scale_bytes(k_blocks: int, block_m: int) -> int:
@@ -534,10 +540,10 @@ def hw_fp8_cast(fp8_name: str, target: str) -> bool:
     return target == "cuda" and fp8_name == "float8_e4m3fn"
 
 
-def wo_a_fp8_blocker(dh: int, rd: int, block: int,
-                  config: GemmConfig | None = None) -> str | None:
+def wo_a_fp8_blocker(dh: int, rd: int, block: int, config: GemmConfig | None = None, *,
+                     k: int | None = None) -> str | None:
     """Why the fused kernel cannot run a chain of head dim ``dh``, rope dim ``rd`` and scale
-    block ``block`` at launch shape ``config`` (``None`` when it can)."""
+    block ``block`` at launch shape ``config`` over ``k`` (``None`` when it can)."""
     if dh % block:
         return f"head_dim {dh} is not a multiple of the scale block {block}"
     if rd > dh:
@@ -548,4 +554,10 @@ def wo_a_fp8_blocker(dh: int, rd: int, block: int,
     if config is not None and config.wgmma and block % config.block_n:
         return (f"the fused wgmma kernel's weight rows share one scale block: block_n "
                 f"{config.block_n} must divide {block}")
+    if config is not None and config.wgmma and k is not None and wgmma_stages(
+            1, k // block // config.split_k, config.block_m, config.block_n, block, 4,
+            resident_x=True) < 1:
+        return (f"the fused wgmma kernel holds its K part's activations in shared memory: "
+                f"{k // block // config.split_k} K blocks of block_m {config.block_m} rows "
+                f"leave no room for a weight stage; split K further or take fewer tokens")
     return None

@@ -159,11 +159,13 @@ def wo_a_fp8_wgmma(s: int, dh: int, rd: int, g: int, n: int, k: int, block: int,
     # One program per unit (``programs_per_sm`` 0): the SM count does not enter the grid.
     launch = configs.wgmma_launch(s, g, n, k, block, cfg, out_bytes=out_bytes, sms=0,
                                   x_row=g * k, y_row=y_row,
-                                  scale_strides=(g * (k // block), k // block, *w_scale[:2]))
+                                  scale_strides=(g * (k // block), k // block, *w_scale[:2]),
+                                  resident_x=True)
     cx = launch.constexprs
     return (Plan(wgmma_kernels.wo_a_fp8_wgmma_kernel, (launch.programs,), dict(
         SOM=o_row, SCP=cos_row, SSP=sin_row, SWSG=w_scale[0], SWSN=w_scale[1], G=g, N=n, K=k,
         DH=dh, RD=rd, **_fp8_constants(fp8, amax_floor, o_dtype, rope_dtype, target),
+        TOKEN_ROWS=min(cfg.block_m, 1 << (s - 1).bit_length()),
         QUANT_ROWS=configs.WO_A_FP8_QUANT_LANES // block, STAGES=cx["STAGES"],
         num_warps=cfg.num_warps, SPLIT_K=cfg.split_k, PDL=cfg.pdl), cfg.num_warps,
         split_k=cfg.split_k), launch.views)

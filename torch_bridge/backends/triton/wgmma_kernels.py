@@ -7,7 +7,7 @@ previous block's product is promoted while the next MMA runs (two products in fl
 
 ``wo_a_fp8_wgmma_kernel`` runs the FP8 chain in one launch on the same K loop: each program
 requests its weight tiles, quantizes its activations with ``kernels``' rotation and scale
-helpers while they stream, and hands them to the loop through global memory and TMA.
+helpers while they stream, and writes them to shared memory, where the loop's MMAs read them.
 
 Like ``kernels``, this module imports no torch: the operands arrive as tensor descriptors and
 raw pointers. Importing it needs a Triton with Gluon's Hopper dialect (3.5 or newer).
@@ -37,6 +37,9 @@ _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 
+#: Triton 3.6 names the shared-memory view ``_reinterpret``; later versions ``reinterpret``.
+_PUBLIC_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
+
 #: Gluon element types by dtype name (torch's and NumPy's names agree for these).
 _GL_DTYPES = {"float8_e4m3fn": gl.float8e4nv, "bfloat16": gl.bfloat16, "float32": gl.float32}
 
@@ -62,15 +65,21 @@ def _block_scale(x_bytes, w_byte):
 
 
 @gluon.jit
-def _mma(a_bufs, b_bufs, s, product, SWAP_AB: gl.constexpr):
-    """Start the MMA of stage ``s`` into ``product`` (overwritten): ``x @ w^T`` or, swapped,
-    ``w @ x^T``."""
-    if SWAP_AB:
-        return warpgroup_mma(b_bufs.index(s), a_bufs.index(s).permute((1, 0)), product,
-                             use_acc=False, is_async=True)
+def _mma(a_bufs, b_bufs, i, product, SWAP_AB: gl.constexpr, STAGES: gl.constexpr,
+         X_RESIDENT: gl.constexpr = False):
+    """Start the MMA of K block ``i`` into ``product`` (overwritten): ``x @ w^T`` or, swapped,
+    ``w @ x^T``. The weight tile sits in stage ``i % STAGES``; the activations' there too, or
+    with ``X_RESIDENT`` (a program's one work unit, its activations written to shared memory
+    up front) in slot ``i``."""
+    if X_RESIDENT:
+        a = a_bufs.index(i)
     else:
-        return warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), product,
-                             use_acc=False, is_async=True)
+        a = a_bufs.index(i % STAGES)
+    b = b_bufs.index(i % STAGES)
+    if SWAP_AB:
+        return warpgroup_mma(b, a.permute((1, 0)), product, use_acc=False, is_async=True)
+    else:
+        return warpgroup_mma(a, b.permute((1, 0)), product, use_acc=False, is_async=True)
 
 
 @gluon.jit
@@ -106,7 +115,7 @@ def _issue_load(x_desc, w_desc, a_bufs, b_bufs, ready, j, first_unit, num_progra
                 PART: gl.constexpr = 0):
     """TMA-load this program's ``j``-th K block (over all its work units) into stage
     ``j % STAGES``: both tiles (``PART`` 0), or the weight's with the stage's byte count (1)
-    and later the activations' (2)."""
+    and later the activations' (2), or the weight's alone, activations resident (3)."""
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
@@ -114,10 +123,13 @@ def _issue_load(x_desc, w_desc, a_bufs, b_bufs, ready, j, first_unit, num_progra
                                   NUM_N, BLOCK_M, BLOCK_N, SPLIT_K, KB_PER)
     k0 = (kb0 + j % KB_PER) * BLOCK_K
     s = j % STAGES
-    if PART != 2:
+    if PART == 3:
+        mbarrier.expect(ready.index(s), w_desc.block_type.nbytes)
+    elif PART != 2:
         mbarrier.expect(ready.index(s), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+    if PART != 2:
         _tma_load(w_desc, [g * N + n0, k0], ready.index(s), b_bufs.index(s))
-    if PART != 1:
+    if PART == 0 or PART == 2:
         _tma_load(x_desc, [m0, g * K + k0], ready.index(s), a_bufs.index(s))
 
 
@@ -244,7 +256,7 @@ def batched_gemm_a8w8_mxscale_wgmma_kernel(
     pid = gl.program_id(0)
     tiles_per_group, my_units, total = _program_units(x_desc, w_desc, M, pid, num_programs, G,
                                                       N, K, SPLIT_K)
-    a_bufs, b_bufs, y_smem, ready = _allocate(x_desc, w_desc, y_desc, STAGES)
+    a_bufs, b_bufs, y_smem, ready = _allocate(x_desc, w_desc, y_desc, STAGES, STAGES)
     if PDL:
         _first_loads(x_desc, w_desc, a_bufs, b_bufs, ready, pid, num_programs, tiles_per_group,
                      total, K, N, SPLIT_K, STAGES, 1)
@@ -269,12 +281,13 @@ def _program_units(x_desc, w_desc, M, pid, num_programs, G: gl.constexpr, N: gl.
 
 
 @gluon.jit
-def _allocate(x_desc, w_desc, y_desc, STAGES: gl.constexpr):
-    """The ring of ``STAGES`` x / w tile pairs with a ready barrier each, and the output tile."""
+def _allocate(x_desc, w_desc, y_desc, STAGES: gl.constexpr, X_SLOTS: gl.constexpr):
+    """The ring of ``STAGES`` w tiles with a ready barrier each, ``X_SLOTS`` x tiles (the ring's
+    ``STAGES``, or a resident work unit's K blocks) and the output tile."""
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
-    a_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
+    a_bufs = gl.allocate_shared_memory(x_desc.dtype, [X_SLOTS, BLOCK_M, BLOCK_K], x_desc.layout)
     b_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
     y_smem = gl.allocate_shared_memory(y_desc.dtype, [BLOCK_M, BLOCK_N], y_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -302,15 +315,19 @@ def _run_units(x_desc, w_desc, y_desc, xs_ptr, ws_ptr, M, num_programs, part_ptr
                a_bufs, b_bufs, y_smem, ready, pid, my_units, total, tiles_per_group,
                SXSM: gl.constexpr, SXSG: gl.constexpr, SWSG: gl.constexpr, SWSN: gl.constexpr,
                G: gl.constexpr, N: gl.constexpr, K: gl.constexpr, STAGES: gl.constexpr,
-               num_warps: gl.constexpr, SWAP_AB: gl.constexpr, SPLIT_K: gl.constexpr):
+               num_warps: gl.constexpr, SWAP_AB: gl.constexpr, SPLIT_K: gl.constexpr,
+               X_RESIDENT: gl.constexpr = False):
     """This program's work units, their first ``STAGES`` K blocks already requested: the K
-    loop with the promotion overlapped, then the store or the split-K reduction."""
+    loop with the promotion overlapped, then the store or the split-K reduction.
+    ``X_RESIDENT``: one work unit, its activations already in ``a_bufs`` slot by K block, so
+    refills load the weight alone."""
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
     KB: gl.constexpr = K // BLOCK_K
     KB_PER: gl.constexpr = KB // SPLIT_K
     NUM_N: gl.constexpr = N // BLOCK_N
+    REFILL: gl.constexpr = 3 if X_RESIDENT else 0  # _issue_load's PART
     MMA_M: gl.constexpr = BLOCK_N if SWAP_AB else BLOCK_M
     MMA_N: gl.constexpr = BLOCK_M if SWAP_AB else BLOCK_N
     gl.static_assert(BLOCK_K % BLOCK_N == 0, "a tile's weight rows share one scale block")
@@ -337,51 +354,56 @@ def _run_units(x_desc, w_desc, y_desc, xs_ptr, ws_ptr, M, num_programs, part_ptr
             xs_ptr, ws_ptr, g, m0, n0, kb0, M, SXSM, SXSG, SWSG, SWSN, BLOCK_M, BLOCK_K, KB_PER,
             token_layout)
         mbarrier.wait(ready.index(base % STAGES), (base // STAGES) & 1)
-        pending = _mma(a_bufs, b_bufs, base % STAGES, acc, SWAP_AB)
+        pending = _mma(a_bufs, b_bufs, base, acc, SWAP_AB, STAGES, X_RESIDENT)
         for kb in gl.static_range(1, KB_PER - 1, 2):
             i = base + kb
             mbarrier.wait(ready.index(i % STAGES), (i // STAGES) & 1)
-            in_b = _mma(a_bufs, b_bufs, i % STAGES, spent, SWAP_AB)
+            in_b = _mma(a_bufs, b_bufs, i, spent, SWAP_AB, STAGES, X_RESIDENT)
             xs_far = gl.load(xs_rows + (kb + 1), mask=rows_ok, other=127)
             ws_far = gl.load(ws_row + (kb + 1))
             prod_a = warpgroup_mma_wait(num_outstanding=1, deps=(pending,))
             if i - 1 + STAGES < total:
                 _issue_load(x_desc, w_desc, a_bufs, b_bufs, ready, i - 1 + STAGES, pid,
-                            num_programs, tiles_per_group, K, N, KB_PER, NUM_N, SPLIT_K, STAGES)
+                            num_programs, tiles_per_group, K, N, KB_PER, NUM_N, SPLIT_K, STAGES,
+                            REFILL)
             acc = _promote(acc, prod_a, _block_scale(xs_a, ws_a), SWAP_AB)
             xs_a, ws_a = xs_far, ws_far
 
             mbarrier.wait(ready.index((i + 1) % STAGES), ((i + 1) // STAGES) & 1)
-            pending = _mma(a_bufs, b_bufs, (i + 1) % STAGES, prod_a, SWAP_AB)
+            pending = _mma(a_bufs, b_bufs, i + 1, prod_a, SWAP_AB, STAGES, X_RESIDENT)
             ahead = kb + 2 < KB_PER
             xs_far = gl.load(xs_rows + (kb + 2), mask=rows_ok & ahead, other=127)
             ws_far = gl.load(ws_row + (kb + 2), mask=ahead, other=127)
             spent = warpgroup_mma_wait(num_outstanding=1, deps=(in_b,))
             if i + STAGES < total:
                 _issue_load(x_desc, w_desc, a_bufs, b_bufs, ready, i + STAGES, pid,
-                            num_programs, tiles_per_group, K, N, KB_PER, NUM_N, SPLIT_K, STAGES)
+                            num_programs, tiles_per_group, K, N, KB_PER, NUM_N, SPLIT_K, STAGES,
+                            REFILL)
             acc = _promote(acc, spent, _block_scale(xs_b, ws_b), SWAP_AB)
             xs_b, ws_b = xs_far, ws_far
         if KB_PER % 2 == 0:  # one block left for set B
             i = base + KB_PER - 1
             mbarrier.wait(ready.index(i % STAGES), (i // STAGES) & 1)
-            in_b = _mma(a_bufs, b_bufs, i % STAGES, spent, SWAP_AB)
+            in_b = _mma(a_bufs, b_bufs, i, spent, SWAP_AB, STAGES, X_RESIDENT)
             prod_a = warpgroup_mma_wait(num_outstanding=1, deps=(pending,))
             if i - 1 + STAGES < total:
                 _issue_load(x_desc, w_desc, a_bufs, b_bufs, ready, i - 1 + STAGES, pid,
-                            num_programs, tiles_per_group, K, N, KB_PER, NUM_N, SPLIT_K, STAGES)
+                            num_programs, tiles_per_group, K, N, KB_PER, NUM_N, SPLIT_K, STAGES,
+                            REFILL)
             acc = _promote(acc, prod_a, _block_scale(xs_a, ws_a), SWAP_AB)
             prod_b = warpgroup_mma_wait(num_outstanding=0, deps=(in_b,))
             if i + STAGES < total:
                 _issue_load(x_desc, w_desc, a_bufs, b_bufs, ready, i + STAGES, pid,
-                            num_programs, tiles_per_group, K, N, KB_PER, NUM_N, SPLIT_K, STAGES)
+                            num_programs, tiles_per_group, K, N, KB_PER, NUM_N, SPLIT_K, STAGES,
+                            REFILL)
             acc = _promote(acc, prod_b, _block_scale(xs_b, ws_b), SWAP_AB)
         else:
             i = base + KB_PER - 1
             prod_a = warpgroup_mma_wait(num_outstanding=0, deps=(pending,))
             if i + STAGES < total:
                 _issue_load(x_desc, w_desc, a_bufs, b_bufs, ready, i + STAGES, pid,
-                            num_programs, tiles_per_group, K, N, KB_PER, NUM_N, SPLIT_K, STAGES)
+                            num_programs, tiles_per_group, K, N, KB_PER, NUM_N, SPLIT_K, STAGES,
+                            REFILL)
             acc = _promote(acc, prod_a, _block_scale(xs_a, ws_a), SWAP_AB)
         if SPLIT_K == 1:
             _store_tile(acc, y_desc, y_smem, m0, g * N + n0, SWAP_AB)
@@ -394,42 +416,53 @@ def _run_units(x_desc, w_desc, y_desc, xs_ptr, ws_ptr, M, num_programs, part_ptr
 
 
 @gluon.jit
-def _publish_to_tma():
-    """Make this CTA's plain global writes visible to its TMA loads: each thread fences its
-    own writes into the async proxy, then the CTA barrier."""
-    gl.inline_asm_elementwise("fence.proxy.async.global; // dummy $0", "=r", [], dtype=gl.int32,
-                              is_pure=False, pack=1)
-    _cta_barrier()
-
-
-@gluon.jit
-def _quantize_unit(o_ptr, pos_ptr, cos_ptr, sin_ptr, x_ptr, xs_ptr, M, n_pos_rows, g, m0, kb0,
+def _quantize_unit(o_ptr, pos_ptr, cos_ptr, sin_ptr, x_tiles, xs_ptr, M, n_pos_rows, g, m0, kb0,
                    SOM: gl.constexpr, SCP: gl.constexpr, SSP: gl.constexpr, G: gl.constexpr,
                    K: gl.constexpr, SB: gl.constexpr, DH: gl.constexpr, RD: gl.constexpr,
-                   KB_PER: gl.constexpr, BLOCK_M: gl.constexpr, INV_FP8_MAX: gl.constexpr,
-                   FP8_MAX: gl.constexpr, FP8_MIN_NORMAL_EXP: gl.constexpr,
-                   AMAX_FLOOR: gl.constexpr, HW_CAST: gl.constexpr,
-                   ROUND_PRODUCTS: gl.constexpr, QUANT_ROWS: gl.constexpr,
-                   num_warps: gl.constexpr):
-    """Inverse RoPE + 1 x SB E8M0 quant of the (token, K block) rows a work unit reads (tokens
-    ``m0`` on, K blocks ``kb0`` on), ``QUANT_ROWS`` at a time, into ``x [M, G, K]`` and
-    ``x_scale [M, G, K/SB]``, with ``kernels``' rotation and scale rule. A GPT-J pair's two
-    lanes are loaded apart, so the rotation needs no reshape (layouts are explicit here)."""
+                   KB_PER: gl.constexpr, BLOCK_M: gl.constexpr, TOKEN_ROWS: gl.constexpr,
+                   INV_FP8_MAX: gl.constexpr, FP8_MAX: gl.constexpr,
+                   FP8_MIN_NORMAL_EXP: gl.constexpr, AMAX_FLOOR: gl.constexpr,
+                   HW_CAST: gl.constexpr, ROUND_PRODUCTS: gl.constexpr,
+                   QUANT_ROWS: gl.constexpr, num_warps: gl.constexpr):
+    """Inverse RoPE + 1 x SB E8M0 quant of a work unit's activations (tokens ``m0`` on, K
+    blocks ``kb0`` on), with ``kernels``' rotation and scale rule: K block ``kb0 + j`` of the
+    tile's tokens into ``x_tiles [KB_PER, BLOCK_M, SB]`` slot ``j``, the scale bytes into
+    ``x_scale [M, G, K/SB]``.
+
+    Only ``TOKEN_ROWS`` token rows (a power of two, ``BLOCK_M`` or fewer when the call has
+    fewer tokens) are computed, up to ``QUANT_ROWS`` (token, K block) rows a step, K block
+    major; each slot's other rows repeat them (their products land in output columns nothing
+    stores). A GPT-J pair's two lanes are loaded apart, so the rotation needs no reshape
+    (layouts are explicit here), and joined again for the store."""
     KB: gl.constexpr = K // SB
+    STEP_BLOCKS: gl.constexpr = (KB_PER if KB_PER * TOKEN_ROWS <= QUANT_ROWS
+                                 else max(1, QUANT_ROWS // TOKEN_ROWS))
+    ROWS: gl.constexpr = STEP_BLOCKS * TOKEN_ROWS
+    gl.static_assert(KB_PER % STEP_BLOCKS == 0, "the steps cover the unit's K blocks evenly")
+    gl.static_assert(BLOCK_M % TOKEN_ROWS == 0, "the computed rows tile the slot")
+    # The slots as one [KB_PER * BLOCK_M, SB] tile: the same bytes, as the swizzle repeats
+    # every 8 rows.
+    gl.static_assert(BLOCK_M % 8 == 0, "a slot holds whole swizzle periods")
+    if _PUBLIC_REINTERPRET:
+        x_rows = x_tiles.reinterpret(x_tiles.dtype, [KB_PER * BLOCK_M, SB], x_tiles.layout)
+    else:
+        x_rows = x_tiles._reinterpret(x_tiles.dtype, [KB_PER * BLOCK_M, SB], x_tiles.layout)
     layout: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [num_warps, 1], [1, 0])
+    repeat: gl.constexpr = gl.BlockedLayout([1, 1, 1, 4], [1, 1, 1, 32], [1, 1, num_warps, 1],
+                                            [3, 2, 1, 0])
     pairs = gl.arange(0, SB // 2, layout=gl.SliceLayout(0, layout))
-    n_rows = gl.minimum(M - m0, BLOCK_M) * KB_PER
-    for r0 in range(0, n_rows, QUANT_ROWS):
-        r = r0 + gl.arange(0, QUANT_ROWS, layout=gl.SliceLayout(1, layout))
-        row_ok = r < n_rows
-        tok = (m0 + r // KB_PER).to(gl.int64)
-        lane0 = g * K + (kb0 + r % KB_PER) * SB  # the row's first lane among the token's G * K
+    r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    toks = m0 + r % TOKEN_ROWS
+    row_ok = toks < M
+    tok = toks.to(gl.int64)
+    pos = gl.load(pos_ptr + tok, mask=row_ok, other=0).to(gl.int64)
+    pos = gl.minimum(gl.maximum(pos, 0), n_pos_rows - 1)  # AITER's clamp
+    ok = row_ok[:, None]
+    for j in gl.static_range(0, KB_PER, STEP_BLOCKS):
+        lane0 = g * K + (kb0 + j + r // TOKEN_ROWS) * SB  # the row's first lane in its token
         even = lane0[:, None] + 2 * pairs[None, :]
-        ok = row_ok[:, None]
         a = gl.load(o_ptr + tok[:, None] * SOM + even, mask=ok, other=0.0).to(gl.float32)
         b = gl.load(o_ptr + tok[:, None] * SOM + even + 1, mask=ok, other=0.0).to(gl.float32)
-        pos = gl.load(pos_ptr + tok, mask=row_ok, other=0).to(gl.int64)
-        pos = gl.minimum(gl.maximum(pos, 0), n_pos_rows - 1)  # AITER's clamp
         c, s, is_rope = kernels._rope_cos_sin(even % DH, row_ok, pos, cos_ptr, sin_ptr, SCP,
                                               SSP, DH - RD)
         ra, rb = kernels._rotate(a, b, c, s, ROUND_PRODUCTS)
@@ -437,11 +470,16 @@ def _quantize_unit(o_ptr, pos_ptr, cos_ptr, sin_ptr, x_ptr, xs_ptr, M, n_pos_row
         b = gl.where(is_rope, rb, b)
         byte, inv = kernels._e8m0_scale(gl.maximum(kernels._abs_max(a), kernels._abs_max(b)),
                                         INV_FP8_MAX, AMAX_FLOOR)
-        dst = x_ptr + tok[:, None] * (G * K) + even
-        gl.store(dst, kernels._to_fp8(a, inv[:, None], FP8_MAX, FP8_MIN_NORMAL_EXP, HW_CAST,
-                                      x_ptr.dtype.element_ty), mask=ok)
-        gl.store(dst + 1, kernels._to_fp8(b, inv[:, None], FP8_MAX, FP8_MIN_NORMAL_EXP,
-                                          HW_CAST, x_ptr.dtype.element_ty), mask=ok)
+        q = gl.join(kernels._to_fp8(a, inv[:, None], FP8_MAX, FP8_MIN_NORMAL_EXP, HW_CAST,
+                                    x_tiles.dtype),
+                    kernels._to_fp8(b, inv[:, None], FP8_MAX, FP8_MIN_NORMAL_EXP, HW_CAST,
+                                    x_tiles.dtype))
+        if BLOCK_M > TOKEN_ROWS:
+            q = gl.convert_layout(gl.reshape(q, [STEP_BLOCKS, 1, TOKEN_ROWS, SB]), repeat)
+            q, _ = gl.broadcast(q, gl.zeros([STEP_BLOCKS, BLOCK_M // TOKEN_ROWS, TOKEN_ROWS, SB],
+                                            x_tiles.dtype, repeat))
+        x_rows.slice(j * BLOCK_M, STEP_BLOCKS * BLOCK_M).store(
+            gl.reshape(q, [STEP_BLOCKS * BLOCK_M, SB]))
         gl.store(xs_ptr + tok * (G * KB) + lane0 // SB, byte.to(gl.uint8), mask=row_ok)
 
 
@@ -449,7 +487,7 @@ def _quantize_unit(o_ptr, pos_ptr, cos_ptr, sin_ptr, x_ptr, xs_ptr, M, n_pos_row
 def wo_a_fp8_wgmma_kernel(
     x_desc, w_desc, y_desc, o_ptr, pos_ptr, cos_ptr, sin_ptr, ws_ptr, M, n_pos_rows,
     num_programs,
-    x_ptr, xs_ptr,  # outputs: the quantized activations (``x_desc`` views x_ptr), their scales
+    x_ptr, xs_ptr,  # x_ptr unused (see x_desc); xs_ptr: the activations' scales, written
     part_ptr, count_ptr,  # SPLIT_K > 1 only (see batched_gemm_a8w8_mxscale_wgmma_kernel)
     SOM: gl.constexpr,  # o [S, H, Dh] token stride; group g's K lanes start at g * K
     SCP: gl.constexpr, SSP: gl.constexpr,  # cos/sin row strides
@@ -457,19 +495,21 @@ def wo_a_fp8_wgmma_kernel(
     G: gl.constexpr, N: gl.constexpr, K: gl.constexpr, DH: gl.constexpr, RD: gl.constexpr,
     INV_FP8_MAX: gl.constexpr, FP8_MAX: gl.constexpr, FP8_MIN_NORMAL_EXP: gl.constexpr,
     AMAX_FLOOR: gl.constexpr, HW_CAST: gl.constexpr, ROUND_PRODUCTS: gl.constexpr,
-    QUANT_ROWS: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
-    SPLIT_K: gl.constexpr = 1, PDL: gl.constexpr = False,
+    TOKEN_ROWS: gl.constexpr, QUANT_ROWS: gl.constexpr, STAGES: gl.constexpr,
+    num_warps: gl.constexpr, SPLIT_K: gl.constexpr = 1, PDL: gl.constexpr = False,
 ):
     """The decode chain in one launch on the wgmma GEMM's swapped tile: each program requests
-    its weight tiles, quantizes the activations its tile reads (``_quantize_unit``) while they
-    stream, then runs ``batched_gemm_a8w8_mxscale_wgmma_kernel``'s K loop on them.
+    its weight tiles, quantizes the activations its tile reads (``_quantize_unit``) into
+    shared memory while they stream, then runs ``batched_gemm_a8w8_mxscale_wgmma_kernel``'s K
+    loop on them, the activations resident (one slot per K block of its K part), only the
+    weight streaming through the stages.
 
     One work unit (a tile's K part) per program: ``num_programs`` is the grid, every tile's
-    every part. ``x [M, G, K]`` / ``x_scale [M, G, K/SB]`` (contiguous) are scratch: the
-    programs of a group's other N tiles write the same bytes there, and a program's TMA reads
-    only rows it wrote itself, after ``_publish_to_tma``. So the products are those of the quant
-    followed by the wgmma GEMM with the same tile, in one launch, with the weight read
-    overlapping the quant.
+    every part. ``x_scale [M, G, K/SB]`` (contiguous) is scratch: the programs of a group's
+    other N tiles write the same bytes there, and a program reads only rows it wrote itself.
+    ``x_desc`` gives the activations' tile and shared layout; nothing reads or writes its
+    memory. So the products are those of the quant followed by the wgmma GEMM with the same
+    tile, in one launch, with the weight read overlapping the quant.
 
     ``PDL``: launched as a programmatic dependent; it waits for the kernel before it ahead of
     any load, the weight's included (that kernel may write it).
@@ -478,23 +518,23 @@ def wo_a_fp8_wgmma_kernel(
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
     KB: gl.constexpr = K // BLOCK_K
+    KB_PER: gl.constexpr = KB // SPLIT_K
     pid = gl.program_id(0)
     tiles_per_group, my_units, total = _program_units(x_desc, w_desc, M, pid, num_programs, G,
                                                       N, K, SPLIT_K)
-    a_bufs, b_bufs, y_smem, ready = _allocate(x_desc, w_desc, y_desc, STAGES)
+    a_bufs, b_bufs, y_smem, ready = _allocate(x_desc, w_desc, y_desc, STAGES, KB_PER)
     if PDL:
         _wait_prior_grid()
     _first_loads(x_desc, w_desc, a_bufs, b_bufs, ready, pid, num_programs, tiles_per_group,
-                 total, K, N, SPLIT_K, STAGES, 1)
+                 total, K, N, SPLIT_K, STAGES, 3)
     g, m0, n0, kb0 = _unit_origin(pid, tiles_per_group, N // BLOCK_N, BLOCK_M, BLOCK_N,
-                                  SPLIT_K, KB // SPLIT_K)
-    _quantize_unit(o_ptr, pos_ptr, cos_ptr, sin_ptr, x_ptr, xs_ptr, M, n_pos_rows, g, m0, kb0,
-                   SOM, SCP, SSP, G, K, BLOCK_K, DH, RD, KB // SPLIT_K, BLOCK_M, INV_FP8_MAX,
-                   FP8_MAX, FP8_MIN_NORMAL_EXP, AMAX_FLOOR, HW_CAST, ROUND_PRODUCTS, QUANT_ROWS,
-                   num_warps)
-    _publish_to_tma()
-    _first_loads(x_desc, w_desc, a_bufs, b_bufs, ready, pid, num_programs, tiles_per_group,
-                 total, K, N, SPLIT_K, STAGES, 2)
+                                  SPLIT_K, KB_PER)
+    _quantize_unit(o_ptr, pos_ptr, cos_ptr, sin_ptr, a_bufs, xs_ptr, M, n_pos_rows, g, m0, kb0,
+                   SOM, SCP, SSP, G, K, BLOCK_K, DH, RD, KB_PER, BLOCK_M, TOKEN_ROWS,
+                   INV_FP8_MAX, FP8_MAX, FP8_MIN_NORMAL_EXP, AMAX_FLOOR, HW_CAST, ROUND_PRODUCTS,
+                   QUANT_ROWS, num_warps)
+    fence_async_shared()  # the tiles' generic-proxy writes, ahead of the MMAs that read them
+    _cta_barrier()  # and every thread's tiles and scale bytes written before any is read
     _run_units(x_desc, w_desc, y_desc, xs_ptr, ws_ptr, M, num_programs, part_ptr, count_ptr,
                a_bufs, b_bufs, y_smem, ready, pid, my_units, total, tiles_per_group, G * KB, KB,
-               SWSG, SWSN, G, N, K, STAGES, num_warps, True, SPLIT_K)
+               SWSG, SWSN, G, N, K, STAGES, num_warps, True, SPLIT_K, True)

@@ -37,6 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .wgmma_kernels import (
+    _PUBLIC_REINTERPRET,
     _block_scale,
     _cta_barrier,
     _issue_load,
@@ -46,9 +47,6 @@ from .wgmma_kernels import (
     _tile_origin,
     _wait_prior_grid,
 )
-
-#: Triton 3.6 names the shared-memory view ``_reinterpret``; later versions ``reinterpret``.
-_PUBLIC_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
 
 
 @gluon.jit
@@ -121,7 +119,7 @@ def _ws_producer(x_desc, w_desc, a_bufs, b_bufs, ready, empty, M, num_programs,
 def _take(a_bufs, b_bufs, ready, i, product, STAGES: gl.constexpr):
     """Wait until stage ``i % STAGES`` holds K block ``i``, and start its MMA into ``product``."""
     mbarrier.wait(ready.index(i % STAGES), (i // STAGES) & 1)
-    return _mma(a_bufs, b_bufs, i % STAGES, product, False)
+    return _mma(a_bufs, b_bufs, i, product, False, STAGES)
 
 
 @gluon.jit
