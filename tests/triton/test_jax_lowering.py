@@ -222,6 +222,7 @@ _COMPILE_SCRIPT = textwrap.dedent("""
               "griddepcontrol.wait" in k.asm["ptx"])
     # Lowered for CUDA: one custom call carrying the cubin and the parameter map.
     jax_launch.capability = lambda: 90
+    jax_launch.wgmma_ok.cache_clear()  # the calls above asked it off Hopper
     jax_launch.sm_count = lambda: 132
     xla_ffi._registered = lambda: None
     f8, u8 = jnp.float8_e4m3fn, jnp.uint8
@@ -241,7 +242,8 @@ _COMPILE_SCRIPT = textwrap.dedent("""
                                      rope_dtype=jnp.bfloat16)
     k = compiled(fused, rope + ["float8_e4m3fn", "uint8"])
     print("fused wgmma", fused.kernel.__name__, "wgmma.mma_async" in k.asm["ptx"],
-          "fence.proxy.async.global" in k.asm["ptx"], "atom.global" in k.asm["ptx"],
+          "fence.proxy.async.shared::cta" in k.asm["ptx"]
+          and "fence.proxy.async.global" not in k.asm["ptx"], "atom.global" in k.asm["ptx"],
           len(k.metadata.tensordesc_meta))
 """)
 
@@ -253,8 +255,9 @@ def test_specs_compile_for_sm90(tmp_path):
     tickets in the split wgmma GEMM and fused chain; the unfused chain's quant and GEMM compiled
     as programmatic dependents (``launch_pdl``, ``griddepcontrol.wait``); the GEMM
     lowers to one custom call with the cubin (an ELF) and the descriptors' parameter map; a
-    wgmma tile of the fused chain compiles its Gluon kernel (wgmma, the prologue's writes
-    fenced for the copy engine, split-K's tickets, three descriptors). A subprocess, since the
+    wgmma tile of the fused chain compiles its Gluon kernel (wgmma, the prologue's shared-memory
+    writes fenced for the MMAs, none through global memory, split-K's tickets, three
+    descriptors). A subprocess, since the
     kernels of this process are interpreted."""
     lines = run_compile_script(_COMPILE_SCRIPT, tmp_path)
     assert len(lines) == 12, lines
