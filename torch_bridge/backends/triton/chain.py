@@ -218,7 +218,9 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
     shape = (float(amax_floor), cfg.block_m, cfg.block_n, cfg.split_k, cfg.num_warps,
              cfg.num_stages, cfg.wgmma, cfg.pdl)
     if scratch is None:
-        # The prologue's quantized activations (read back by the same program, never returned).
+        # The prologue's quantized activations, never returned: the pointer kernel reads them
+        # back in the same program; the wgmma kernel keeps them in shared memory and its x
+        # descriptor only names their tile.
         x_fp8 = torch.empty((s, g, k), dtype=w.dtype, device=o.device)
         x_scale = torch.empty((s, g, k // block), dtype=torch.uint8, device=o.device)
         run_mutating(_wo_a_fp8_op, (x_fp8, x_scale, out), *args, x_fp8, x_scale, out, *shape)
