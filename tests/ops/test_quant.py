@@ -42,7 +42,7 @@ from inputs import (  # noqa: E402, F401
     xla_memory,
 )
 
-from torch_bridge.backends.triton import launch  # noqa: E402
+from torch_bridge.backends.triton import configs, launch  # noqa: E402
 
 gpu = pytest.mark.gpu
 
@@ -217,7 +217,8 @@ def test_gpu_quant_whole_rows_bytes_exact(s, g):
     """Decode batches of whole head rows, 1 and 2 tokens a program (one masked at odd S), at
     G 2 / 4 / 16 as the rule launches them: every byte written and the oracle's."""
     cfg = launch.quant_config(s, heads=g * HPG)
-    assert cfg.whole_head and cfg.block_r == (1 if s * g * HPG <= 1024 else 2), cfg
+    one_token = s * g * HPG <= configs.DEPENDENT_QUANT_ROWS
+    assert cfg.whole_head and cfg.block_r == (1 if one_token else 2), cfg
     _check_rule_bytes(s, g)
 
 
