@@ -116,6 +116,15 @@ def test_older_csv_reads_and_is_extended_before_appending(tmp_path):
     assert old["vs_graph"] is None and new["vs_graph"] == 1.5 and new["mode"] == "jax_step"
 
 
+def test_measured_columns_read_as_numbers(tmp_path):
+    """Every measured column written by ``append`` reads back as a float, the host time too."""
+    path = tmp_path / "nvidia-h200.csv"
+    values = {k: 1.5 for k in results.COLUMNS if k in results.FLOAT_COLUMNS or k.startswith("vs_")}
+    results.append(path, {"run": "2025-01-02T00:00:00"}, [{"provider": "gemm_triton", **values}])
+    (row,) = results.read(path)
+    assert {k: row[k] for k in values} == values and "host_us" in values
+
+
 def test_csv_whose_header_is_not_a_prefix_is_refused(tmp_path):
     path = tmp_path / "x.csv"
     path.write_text(",".join(results.COLUMNS[1:]) + "\n")

@@ -26,6 +26,8 @@ COLUMNS = ("run", "machine", "device", "python", "torch", "triton", "jax", "cuda
            "timer", "clock", "us", "device_us", "TFLOP/s", "GB/s", "pct_ceiling", "vs_bf16",
            "vs_ref", "vs_deepgemm", "vs_scaled_mm", "runs_ms", "config", "check", "vs_graph",
            "vs_peer", "host_us")
+#: Measured columns besides the ``vs_`` ratios: ``read`` returns them as floats.
+FLOAT_COLUMNS = frozenset({"us", "device_us", "TFLOP/s", "GB/s", "pct_ceiling", "host_us"})
 #: The packages whose sources a row measures, beside this one in the same directory.
 SOURCE_PACKAGES = ("woa_jax", "torch_bridge")
 #: Their files a row's numbers depend on: Python, and the C++ launchers that encode the kernels'
@@ -157,8 +159,7 @@ def read(path: str | os.PathLike) -> list[dict]:
                     row[k] = None
                 elif k in ("G", "M", "N", "K", "sets", "chunk", "calls"):
                     row[k] = int(v)
-                elif k in ("us", "device_us", "TFLOP/s", "GB/s", "pct_ceiling") or \
-                        k.startswith("vs_"):
+                elif k in FLOAT_COLUMNS or k.startswith("vs_"):
                     row[k] = float(v)
                 else:
                     row[k] = v
