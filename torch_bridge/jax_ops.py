@@ -425,7 +425,7 @@ def _wo_a_fp8_callback(o, positions, cos_cache, sin_cache, w, w_scale, num_group
     g, n, k = w.shape
     block = k // w_scale.shape[2]
     if fused:
-        cfg = configs.wo_a_fp8_config(s, g, n, k, block)
+        cfg = configs.wo_a_fp8_config(s, g, n, k, block, wgmma=_torch_wgmma())
         split, tiles = cfg.split_k, configs.programs(cfg, s, g, n)
     else:
         cfg = None  # the launcher's own GEMM shape, and its dependent launch

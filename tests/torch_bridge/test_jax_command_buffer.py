@@ -251,8 +251,8 @@ def test_callback_chain_is_one_fused_launch_on_xla_scratch(monkeypatch, s, split
     monkeypatch.setattr(configs, "dependent_streams_weight", lambda *a: False)
     if not split:  # the launch shape of a chain with enough tiles to leave K whole
         fused_config = configs.wo_a_fp8_config
-        monkeypatch.setattr(configs, "wo_a_fp8_config", lambda *a: dataclasses.replace(
-            fused_config(*a), split_k=1, num_stages=5))
+        monkeypatch.setattr(configs, "wo_a_fp8_config", lambda *a, **kw: dataclasses.replace(
+            fused_config(*a, **kw), split_k=1, num_stages=5))
     assert configs.wo_a_fp8_chosen(s, g, n, k, 128, dependent=True)
     assert (configs.wo_a_fp8_config(s, g, n, k, 128).split_k > 1) == split
     (o, pos, cos, sin, w, ws), callbacks, ys = _callback_chain(monkeypatch, s, g, n)
@@ -398,7 +398,8 @@ def _reference(route: str, layer, p, o, pos, on_gpu: bool):
     fused, cfg = jax_step._route_kernels(route, m, g, n, k, block, dh, rd, on_gpu=on_gpu)
     dependent = gemm.chain_dependent(m, g, n, k, block, torch.device(launch_device()))
     layer_fused = (configs.wo_a_fp8_blocker(dh, rd, block) is None
-                   and configs.wo_a_fp8_chosen(m, g, n, k, block, dependent=dependent))
+                   and configs.wo_a_fp8_chosen(m, g, n, k, block, dependent=dependent,
+                                               wgmma=gemm.wgmma_available(None)[0]))
     own = configs.gemm_config(m, g, n, k, block, wgmma=gemm.wgmma_available(None)[0])
     same = fused if layer_fused else (not fused and (cfg is None or cfg == own))
     if same:

@@ -224,6 +224,23 @@ def test_fused_chain_yields_to_a_dependent_gemm_that_streams_its_weight():
         1, 2, 7, 8]
 
 
+def test_one_token_at_few_groups_fuses_on_the_wgmma_tile_on_hopper():
+    """Where the wgmma kernel runs, one token at G <= 4 fuses on its swapped 8 x 128 tile, K in
+    8 (each part's slice in flight), even where the quant's dependent GEMM would stream its
+    whole weight; more tokens or groups keep the pointer kernel's rule."""
+    tile = configs.GemmConfig(8, 128, split_k=8, swap_ab=True, num_warps=4, num_stages=8,
+                              wgmma=True)
+    for g in (2, 4):
+        assert configs.wo_a_fp8_config(1, g, N, K, 128, wgmma=True) == tile
+        assert configs.wo_a_fp8_chosen(1, g, N, K, 128, dependent=True, wgmma=True)
+        assert not configs.wo_a_fp8_config(1, g, N, K, 128).wgmma
+    for m, g in ((2, 2), (1, 8), (1, 16)):
+        assert configs.wo_a_fp8_config(m, g, N, K, 128, wgmma=True) == configs.wo_a_fp8_config(
+            m, g, N, K, 128)
+    assert not configs.wo_a_fp8_config(1, 2, N, K, 64, wgmma=True).wgmma  # 64-blocks
+    assert not configs.wo_a_fp8_chosen(1, 2, N, K, 128, dependent=True)  # the dependent GEMM
+
+
 def test_fused_blocker_names_the_obstacle():
     assert "not a multiple of the scale block" in configs.wo_a_fp8_blocker(192, 64, 128)
     assert "exceeds head_dim" in configs.wo_a_fp8_blocker(128, 256, 128)

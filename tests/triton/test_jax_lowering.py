@@ -222,6 +222,7 @@ _COMPILE_SCRIPT = textwrap.dedent("""
               "griddepcontrol.wait" in k.asm["ptx"])
     # Lowered for CUDA: one custom call carrying the cubin and the parameter map.
     jax_launch.capability = lambda: 90
+    jax_launch.wgmma_ok.cache_clear()  # the calls above asked it off Hopper
     jax_launch.sm_count = lambda: 132
     xla_ffi._registered = lambda: None
     f8, u8 = jnp.float8_e4m3fn, jnp.uint8

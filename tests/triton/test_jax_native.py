@@ -390,20 +390,21 @@ def _dependent_here(s: int, g: int, n: int, k: int) -> bool:
 
 def test_chain_fuses_as_torch_would_on_hopper_with_pdl(monkeypatch):
     """Where the GEMM may take the wgmma kernel and launch as the quant's dependent (an H100 or
-    H200), the one-launch chain gives way at G = 2, whose dependent GEMM requests its whole
-    weight during the quant, and stays at G = 4 and 16 for the fewest tokens; with
-    ``WOA_PDL=0`` G = 2 fuses again."""
+    H200), the one-launch chain gives way at G = 2 from 2 tokens, whose dependent GEMM requests
+    its whole weight during the quant, and stays at G = 4 and 16 for the fewest tokens; one
+    token at G = 2 fuses on the wgmma tile; with ``WOA_PDL=0`` G = 2 fuses again."""
     k = HPG * DH
     monkeypatch.setattr(jax_launch, "capability", lambda: 90)
     monkeypatch.setattr(jax_launch, "wgmma_ok", lambda: True)
     monkeypatch.setattr(jax_launch, "interpreter_on", lambda: False)
     monkeypatch.setenv("WOA_PDL", "1")
     assert _dependent_here(1, 2, N, k)
-    assert not any(jax_launch.wo_a_fp8_fits(s, 2, N, k, 128, DH, RD) for s in (1, 2, 4, 8))
+    assert not any(jax_launch.wo_a_fp8_fits(s, 2, N, k, 128, DH, RD) for s in (2, 4, 8))
     assert all(jax_launch.wo_a_fp8_fits(s, g, N, k, 128, DH, RD)
-               for s, g in ((1, 4), (4, 4), (1, 16)))
+               for s, g in ((1, 2), (1, 4), (4, 4), (1, 16)))
+    assert configs.wo_a_fp8_config(1, 2, N, k, 128, wgmma=True).wgmma
     monkeypatch.setenv("WOA_PDL", "0")
-    assert jax_launch.wo_a_fp8_fits(1, 2, N, k, 128, DH, RD)
+    assert all(jax_launch.wo_a_fp8_fits(s, 2, N, k, 128, DH, RD) for s in (1, 2))
 
 
 def test_chain_fuses_where_the_torch_launcher_fuses(native_ok):

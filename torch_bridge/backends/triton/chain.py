@@ -45,6 +45,7 @@ from .gemm import (
     default_config,
     tma_ok,
     wgmma_available,
+    wgmma_on,
 )
 from .quant import inverse_rope_group_quant
 from .split_k import split_scratch
@@ -189,6 +190,7 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
     dependent = chain_dependent(s, g, n, k, block, o.device)
     if single_kernel is None:
         single_kernel = blocker is None and configs.wo_a_fp8_chosen(s, g, n, k, block,
+                                                                    wgmma=wgmma_on(o.device),
                                                                     dependent=dependent)
     if not single_kernel:
         # An explicit GEMM shape is launched as given, never as a dependent.
@@ -205,7 +207,7 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
             else x_fp8, x_scale=x_scale, config=quant)
         return batched_gemm_a8w8_mxscale(x_fp8, w, x_scale, w_scale, dtype=dtype, out=out,
                                          config=config, dependent=dependent, scratch=split)
-    cfg = config or configs.wo_a_fp8_config(s, g, n, k, block)
+    cfg = config or configs.wo_a_fp8_config(s, g, n, k, block, wgmma=wgmma_on(o.device))
     configs.check_split(cfg, k // block)
     if cfg.wgmma:
         ok, why = (wgmma_available(o.device.index) if o.is_cuda else

@@ -32,7 +32,13 @@ from .chain import (
     _tma_loads,
     _wo_a_fp8_launch,
 )
-from .gemm import batched_gemm_a8w8_mxscale, chain_dependent, default_launch, eager_gemm
+from .gemm import (
+    batched_gemm_a8w8_mxscale,
+    chain_dependent,
+    default_launch,
+    eager_gemm,
+    wgmma_on,
+)
 from .quant import _quant_launch, eager_quant
 
 #: Where ``_wo_a_fp8_launch``'s runtime arguments hold the call's tensors.
@@ -69,9 +75,10 @@ def eager_wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: i
         return None
     if (configs.wo_a_fp8_blocker(dh, 2 * cos_cache.shape[1], block, None)
             or not configs.wo_a_fp8_chosen(
-                s, g, n, k, block, dependent=chain_dependent(s, g, n, k, block, o.device))):
+                s, g, n, k, block, dependent=chain_dependent(s, g, n, k, block, o.device),
+                wgmma=wgmma_on(o.device))):
         return _eager_unfused(o, positions, cos_cache, sin_cache, w, w_scale, amax_floor)
-    cfg = configs.wo_a_fp8_config(s, g, n, k, block)
+    cfg = configs.wo_a_fp8_config(s, g, n, k, block, wgmma=wgmma_on(o.device))
     ws = e8m0_bytes(w_scale)
     device = o.device
     x_fp8 = torch.empty((s, g, k), dtype=w.dtype, device=device)

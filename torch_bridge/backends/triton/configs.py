@@ -499,30 +499,44 @@ WO_A_FP8_QUANT_LANES = 4096
 WO_A_FP8_GRID_LANES = 1 << 19
 
 
-def wo_a_fp8_chosen(m: int, g: int, n: int, k: int, block: int, *, dependent: bool) -> bool:
-    """Whether ``wo_a_fp8`` runs the fused kernel by default: when each program's prologue is
-    one step (at most ``WO_A_FP8_QUANT_LANES`` activations) and the grid's prologues together
-    quantize at most ``WO_A_FP8_GRID_LANES`` (M <= 8 at G = 2, M <= 4 at G = 4, M <= 2 at
-    G = 8, M = 1 at G = 16). Beyond either, the repeated quantization keeps the tensor cores
-    idle longer than a second launch costs.
+def wo_a_fp8_chosen(m: int, g: int, n: int, k: int, block: int, *, dependent: bool,
+                    wgmma: bool = False) -> bool:
+    """Whether ``wo_a_fp8`` runs the fused kernel by default: always where its launch shape is
+    the wgmma kernel's (``wo_a_fp8_config``: one token at G <= 4 on Hopper); else when each
+    program's prologue is one step (at most ``WO_A_FP8_QUANT_LANES`` activations) and the
+    grid's prologues together quantize at most ``WO_A_FP8_GRID_LANES`` (M <= 8 at G = 2,
+    M <= 4 at G = 4, M <= 2 at G = 8, M = 1 at G = 16). Beyond either, the repeated
+    quantization keeps the tensor cores idle longer than a second launch costs.
 
     ``dependent``: the unfused chain would launch its GEMM as the quant's programmatic
     dependent on this device (``chain_dependent`` where PDL is on). Where that GEMM then has
     its whole weight requested before the quant ends (``dependent_streams_weight``: G = 2 up
     to 8 tokens on V4), the quant's time hides under the weight stream and the two launches
     win, so the kernel is not fused."""
+    cfg = wo_a_fp8_config(m, g, n, k, block, wgmma=wgmma)
+    if cfg.wgmma:
+        return True
     if dependent and dependent_streams_weight(m, g, n, k, block):
         return False
-    cfg = wo_a_fp8_config(m, g, n, k, block)
     return (m * (k // block) // cfg.split_k * block <= WO_A_FP8_QUANT_LANES
             and m * g * k * cdiv(n, cfg.block_n) <= WO_A_FP8_GRID_LANES)
 
 
 @_memoized
-def wo_a_fp8_config(m: int, g: int, n: int, k: int, block: int) -> GemmConfig:
+def wo_a_fp8_config(m: int, g: int, n: int, k: int, block: int, *,
+                    wgmma: bool = False) -> GemmConfig:
     """The fused kernel's launch shape for ``m`` tokens: 16-64 token columns x 128 weight rows,
     8 warps; K split as the GEMM splits it when the tiles are few (``FEW_PROGRAMS``), then 4
-    stages, else 5."""
+    stages, else 5.
+
+    ``wgmma`` (the wgmma kernel can run, ``wgmma_available``), with 128-blocks, N a multiple of
+    128 and K of 8 blocks: one token at G <= 4 takes the wgmma kernel's swapped 8 x 128 tile,
+    K split 8 ways, 8 stages (each part's whole K slice in flight), faster than both the
+    pointer kernel's fused tile and the quant with its dependent GEMM there."""
+    if (wgmma and m == 1 and g <= 4 and block == 128 and n % 128 == 0
+            and k % (8 * block) == 0):
+        return GemmConfig(8, 128, split_k=8, swap_ab=True, num_warps=4, num_stages=8,
+                          wgmma=True)
     block_m = min(64, max(16, 1 << max(0, m - 1).bit_length()))
     cfg = GemmConfig(block_m, 128, swap_ab=True, num_warps=8, num_stages=5)
     if programs(cfg, m, g, n) > FEW_PROGRAMS:

@@ -90,6 +90,11 @@ def chain_dependent(m: int, g: int, n: int, k: int, block: int, device: torch.de
                                         wgmma=wgmma_available(device.index)[0]))
 
 
+def wgmma_on(device: torch.device) -> bool:
+    """Whether the wgmma kernels can run on ``device`` (``wgmma_available``)."""
+    return device.type == "cuda" and wgmma_available(device.index)[0]
+
+
 def wgmma_chosen(m: int, g: int, n: int, k: int, block: int) -> bool:
     """Whether ``batched_gemm_a8w8_mxscale`` runs this problem on the wgmma kernel by default
     (on the current CUDA device)."""

@@ -312,7 +312,8 @@ def wo_a_fp8_fits(s: int, g: int, n: int, k: int, block: int, dh: int, rd: int) 
     return (configs.wo_a_fp8_blocker(dh, rd, block) is None
             and configs.wo_a_fp8_chosen(s, g, n, k, block,
                                         dependent=chain_dependent(s, g, n, k, block,
-                                                                  wgmma=wgmma_ok())))
+                                                                  wgmma=wgmma_ok()),
+                                        wgmma=wgmma_ok()))
 
 
 def chain_dependent(s: int, g: int, n: int, k: int, block: int, *, wgmma: bool) -> bool:
@@ -331,7 +332,7 @@ def wo_a_fp8_call(s: int, h: int, dh: int, rd: int, n_pos: int, g: int, n: int, 
     ``x_fp8 [S, G, K]`` and ``x_scale [S, G, K / B]`` (uint8), and split-K's parts where
     ``configs.wo_a_fp8_config`` (the tile) splits, then its counters. The kernel is the one
     that tile names: ``wo_a_fp8_kernel``, or for a wgmma tile ``wo_a_fp8_wgmma_kernel``."""
-    cfg = configs.wo_a_fp8_config(s, g, n, k, block)
+    cfg = configs.wo_a_fp8_config(s, g, n, k, block, wgmma=wgmma_ok())
     kb = k // block
     out_shape, refs, tiles = _layout(
         6, (jax.ShapeDtypeStruct((s, g, n), dtype),), cfg, s, g, n,
