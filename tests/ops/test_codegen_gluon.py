@@ -174,12 +174,12 @@ _FUSED_WGMMA_SCRIPT = textwrap.dedent("""
         tma, load = ptx.find("cp.async.bulk.tensor"), ptx.find("ld.global")
         fence = ptx.find("fence.proxy.async.shared::cta")
         wait = ptx.find("griddepcontrol.wait")
-        # The weight's first tiles are requested before o is read; the activations are written
-        # to shared memory and fenced for the tensor cores before the first MMA, never copied
-        # through global memory; a dependent waits before any of it.
-        order = (0 <= tma < load < fence < ptx.find("wgmma.mma_async")
+        # o is read, and the activations written to shared memory and fenced for the tensor
+        # cores, before the weight's first tiles are requested, never copied through global
+        # memory; a dependent waits before any of it.
+        order = (0 <= load < fence < tma < ptx.find("wgmma.mma_async")
                  and "fence.proxy.async.global" not in ptx)
-        waits = 0 <= wait < tma if cfg.pdl else wait < 0
+        waits = 0 <= wait < load if cfg.pdl else wait < 0
         print(f"G{g} M{s} {cfg.label()} {table} {out}", order, waits,
               "wgmma.mma_async" in ptx, "C7514" not in info, " 0 bytes spill stores" in info,
               ("mul.rn.f32" in ptx) == (table == "float32"),
@@ -192,8 +192,8 @@ def test_fused_wgmma_chain_compiles_for_sm90(tmp_path):
     """The fused chain on the wgmma GEMM's swapped tile compiles to sm_90a at the launch shapes
     of ``plans.wo_a_fp8_wgmma`` (split and unsplit, 8 to 32 tokens, bf16 and fp32 tables and
     outputs, as a programmatic dependent): async wgmma, no spills, no serialized wgmma (ptxas
-    C7514), shared memory within Hopper's; the weight tiles requested before ``o`` is read and
-    the activations written to shared memory and fenced for the MMAs that read them; a
+    C7514), shared memory within Hopper's; ``o`` read and the activations written to shared
+    memory and fenced for the MMAs that read them before the weight tiles are requested; a
     dependent waits before any of them; products rounded apart with fp32 tables; split-K's
     tickets."""
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")

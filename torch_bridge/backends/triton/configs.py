@@ -531,8 +531,9 @@ def wo_a_fp8_config(m: int, g: int, n: int, k: int, block: int, *,
 
     ``wgmma`` (the wgmma kernel can run, ``wgmma_available``), with 128-blocks, N a multiple of
     128 and K of 8 blocks: one token at G <= 4 takes the wgmma kernel's swapped 8 x 128 tile,
-    K split 8 ways, 8 stages (each part's whole K slice in flight), faster than both the
-    pointer kernel's fused tile and the quant with its dependent GEMM there."""
+    K split 8 ways (``wgmma_stages`` gives each part a stage per K block, its whole slice in
+    flight), faster in a model step of many layers than both the pointer kernel's fused tile
+    and the quant with its dependent GEMM there."""
     if (wgmma and m == 1 and g <= 4 and block == 128 and n % 128 == 0
             and k % (8 * block) == 0):
         return GemmConfig(8, 128, split_k=8, swap_ab=True, num_warps=4, num_stages=8,

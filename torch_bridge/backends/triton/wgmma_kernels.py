@@ -6,8 +6,8 @@ promote. Here each K block's product goes to a fresh accumulator asynchronously,
 previous block's product is promoted while the next MMA runs (two products in flight).
 
 ``wo_a_fp8_wgmma_kernel`` runs the FP8 chain in one launch on the same K loop: each program
-requests its weight tiles, quantizes its activations with ``kernels``' rotation and scale
-helpers while they stream, and writes them to shared memory, where the loop's MMAs read them.
+quantizes its activations with ``kernels``' rotation and scale helpers into shared memory,
+where the loop's MMAs read them, then streams its weight tiles.
 
 Like ``kernels``, this module imports no torch: the operands arrive as tensor descriptors and
 raw pointers. Importing it needs a Triton with Gluon's Hopper dialect (3.5 or newer).
@@ -498,18 +498,20 @@ def wo_a_fp8_wgmma_kernel(
     TOKEN_ROWS: gl.constexpr, QUANT_ROWS: gl.constexpr, STAGES: gl.constexpr,
     num_warps: gl.constexpr, SPLIT_K: gl.constexpr = 1, PDL: gl.constexpr = False,
 ):
-    """The decode chain in one launch on the wgmma GEMM's swapped tile: each program requests
-    its weight tiles, quantizes the activations its tile reads (``_quantize_unit``) into
-    shared memory while they stream, then runs ``batched_gemm_a8w8_mxscale_wgmma_kernel``'s K
-    loop on them, the activations resident (one slot per K block of its K part), only the
-    weight streaming through the stages.
+    """The decode chain in one launch on the wgmma GEMM's swapped tile: each program quantizes
+    the activations its tile reads (``_quantize_unit``) into shared memory, then requests its
+    weight tiles and runs ``batched_gemm_a8w8_mxscale_wgmma_kernel``'s K loop on them, the
+    activations resident (one slot per K block of its K part), only the weight streaming
+    through the stages. The weight is requested after the quant's loads: requested first, the
+    grid's whole weight stream sits ahead of the few activation and rope-table loads that
+    every MMA waits on.
 
     One work unit (a tile's K part) per program: ``num_programs`` is the grid, every tile's
     every part. ``x_scale [M, G, K/SB]`` (contiguous) is scratch: the programs of a group's
     other N tiles write the same bytes there, and a program reads only rows it wrote itself.
     ``x_desc`` gives the activations' tile and shared layout; nothing reads or writes its
     memory. So the products are those of the quant followed by the wgmma GEMM with the same
-    tile, in one launch, with the weight read overlapping the quant.
+    tile, in one launch.
 
     ``PDL``: launched as a programmatic dependent; it waits for the kernel before it ahead of
     any load, the weight's included (that kernel may write it).
@@ -525,8 +527,6 @@ def wo_a_fp8_wgmma_kernel(
     a_bufs, b_bufs, y_smem, ready = _allocate(x_desc, w_desc, y_desc, STAGES, KB_PER)
     if PDL:
         _wait_prior_grid()
-    _first_loads(x_desc, w_desc, a_bufs, b_bufs, ready, pid, num_programs, tiles_per_group,
-                 total, K, N, SPLIT_K, STAGES, 3)
     g, m0, n0, kb0 = _unit_origin(pid, tiles_per_group, N // BLOCK_N, BLOCK_M, BLOCK_N,
                                   SPLIT_K, KB_PER)
     _quantize_unit(o_ptr, pos_ptr, cos_ptr, sin_ptr, a_bufs, xs_ptr, M, n_pos_rows, g, m0, kb0,
@@ -534,6 +534,8 @@ def wo_a_fp8_wgmma_kernel(
                    INV_FP8_MAX, FP8_MAX, FP8_MIN_NORMAL_EXP, AMAX_FLOOR, HW_CAST, ROUND_PRODUCTS,
                    QUANT_ROWS, num_warps)
     fence_async_shared()  # the tiles' generic-proxy writes, ahead of the MMAs that read them
+    _first_loads(x_desc, w_desc, a_bufs, b_bufs, ready, pid, num_programs, tiles_per_group,
+                 total, K, N, SPLIT_K, STAGES, 3)
     _cta_barrier()  # and every thread's tiles and scale bytes written before any is read
     _run_units(x_desc, w_desc, y_desc, xs_ptr, ws_ptr, M, num_programs, part_ptr, count_ptr,
                a_bufs, b_bufs, y_smem, ready, pid, my_units, total, tiles_per_group, G * KB, KB,
