@@ -189,6 +189,13 @@ def xla_memory():
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 
+def capture(graph: torch.cuda.CUDAGraph, **kwargs):
+    """``torch.cuda.graph`` in thread-local mode: the oracle's JAX runtime threads (alive in any
+    worker that ran a JAX test) call the driver at any time, which invalidates a global-mode
+    capture; this thread's own calls are checked either way."""
+    return torch.cuda.graph(graph, capture_error_mode="thread_local", **kwargs)
+
+
 def oracle(name: str):
     """The ``woa_jax`` function ``name`` under ``jax.jit`` (one compile per shape, not per op)."""
     static = {"inverse_rope_group_quant": (4, 5), "wo_a_fp8": (6,), "wo_a_bf16": (6,),

@@ -16,6 +16,7 @@ from inputs import (  # noqa: E402
     DH,
     HPG,
     N,
+    capture,
     chain_oracle,
     checkpoint,
     gemm_inputs,
@@ -86,7 +87,7 @@ def test_gpu_deepgemm_layer_eager_and_graph(s, g):
         assert deepgemm.deep_gemm().get_mn_major_tma_aligned_tensor(by_group).data_ptr() == \
             by_group.data_ptr()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with capture(graph):
         replayed = layer(o, pos)
     o2, pos2, _, _ = rope_inputs(s, g, seed + 1)
     o.copy_(o2)

@@ -31,6 +31,7 @@ from inputs import (  # noqa: E402, F401
     HPG,
     TOKENS,
     N,
+    capture,
     gemm_inputs,
     gemm_oracle,
     gemm_tensors,
@@ -287,7 +288,7 @@ def _check_same_bits_elsewhere(first, runs: list, operands: tuple, seed: int,
     torch.cuda.current_stream().wait_stream(side)
     y = torch.empty_like(first)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with capture(graph):
         launch.batched_gemm_a8w8_mxscale(*operands, out=y)
     for _ in range(3):
         y.fill_(float("nan"))
@@ -331,7 +332,7 @@ def test_gpu_split_k_captured_before_any_eager_launch_runs_unsplit(monkeypatch, 
                                      config=launch.GemmConfig(16, 64, swap_ab=True))  # compile
     monkeypatch.setattr(split_k, "COUNTER_POOLS", {})
     graph = torch.cuda.CUDAGraph()
-    with caplog.at_level(logging.WARNING, logger="woa"), torch.cuda.graph(graph):
+    with caplog.at_level(logging.WARNING, logger="woa"), capture(graph):
         launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, out=y,
                                          config=launch.GemmConfig(16, 64, 8, swap_ab=True))
     y.fill_(float("nan"))
@@ -487,7 +488,7 @@ def test_gpu_gemm_wgmma_split_k(m, g, split):
     again = launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, config=config)
     y = torch.full_like(first, float("nan"))
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with capture(graph):
         launch.batched_gemm_a8w8_mxscale(x, w, xs, ws, out=y, config=config)
     graph.replay()
     torch.cuda.synchronize()

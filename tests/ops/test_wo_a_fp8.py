@@ -31,6 +31,7 @@ from inputs import (  # noqa: E402, F401
     ROPE_TABLES,
     N,
     assert_bytes_equal,
+    capture,
     chain_oracle,
     chain_tensors,
     checkpoint,
@@ -322,7 +323,7 @@ def test_gpu_chain_with_a_dependent_gemm_gives_the_plain_launches_bits(s, g):
     bad = int((y.view(torch.int16) != plain().view(torch.int16)).sum())
     assert bad == 0, f"seed {seed}: {bad} of {y.numel()} outputs differ"
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with capture(graph):
         launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, single_kernel=False, out=y)
     for step in range(3):
         o2, pos2, _, _ = rope_inputs(s, g, seed + 1 + step)
@@ -349,7 +350,7 @@ def test_gpu_fused_chain_cuda_graph_and_torch_compile(s, g):
     launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, out=y)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()  # split-K (G = 4): the fp32 parts come from the pool
-    with torch.cuda.graph(graph):
+    with capture(graph):
         launch.wo_a_fp8(o, pos, cos, sin, w, ws, g, out=y)
     o2, pos2, _, _ = rope_inputs(s, g, new_seed(), pos_dtype=torch.int32)
     o.copy_(o2)
@@ -416,7 +417,7 @@ def test_gpu_cuda_graph_and_torch_compile(s):
     chain()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with capture(graph):
         chain()
     o2, pos2, _, _ = rope_inputs(s, g, new_seed(), pos_dtype=torch.int32)
     o.copy_(o2)

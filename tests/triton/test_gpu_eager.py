@@ -13,6 +13,7 @@ from inputs import (  # noqa: E402, F401
     DH,
     HPG,
     N,
+    capture,
     checkpoint,
     gemm_inputs,
     new_seed,
@@ -209,7 +210,7 @@ def test_split_k_direct_launch_stays_on_its_stream_and_out_of_captures():
     assert torch.equal(y.view(torch.int16), want.view(torch.int16)), f"seed {seed}"
     graph = torch.cuda.CUDAGraph()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.graph(graph, stream=side):
+    with capture(graph, stream=side):
         captured = tb.batched_gemm_a8w8_mxscale(x, w, xs, ws)
     for _ in range(2):
         captured.fill_(float("nan"))
@@ -273,7 +274,7 @@ def test_split_fused_layer_direct_launch_leaves_other_streams_and_captures_to_th
     torch.cuda.current_stream().wait_stream(side)
     assert torch.equal(y, want), f"seed {seed}"
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side):
+    with capture(graph, stream=side):
         captured = layer(o, pos)
     captured.fill_(float("nan"))
     graph.replay()
@@ -345,7 +346,7 @@ def _check_kept_per_stream(layers, o, pos, want, kept: bool, mine, seed) -> list
     torch.cuda.current_stream().wait_stream(side)
     assert torch.equal(y, want), f"seed {seed}"
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side):
+    with capture(graph, stream=side):
         captured = layers[1](o, pos)
     captured.fill_(float("nan"))
     graph.replay()

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from _stress import build_cases, graph_cases, stress, take_references  # noqa: E402
-from inputs import new_seed, xla_memory  # noqa: E402, F401
+from inputs import capture, new_seed, xla_memory  # noqa: E402, F401
 
 pytestmark = pytest.mark.gpu
 
@@ -78,11 +78,11 @@ def test_capturing_a_layers_first_call_raises_and_leaves_it_usable():
     layer = tb.WoAProjection(w, ws, 2, cos, sin, backend="bf16")
     side = torch.cuda.Stream()
     with pytest.raises(RuntimeError, match="call it once outside capture"):
-        with torch.cuda.graph(torch.cuda.CUDAGraph(), stream=side):
+        with capture(torch.cuda.CUDAGraph(), stream=side):
             layer(o, pos)
     want = layer(o, pos)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side):
+    with capture(graph, stream=side):
         y = layer(o, pos)
     graph.replay()
     torch.cuda.synchronize()
