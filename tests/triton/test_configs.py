@@ -234,6 +234,9 @@ def test_one_token_at_few_groups_fuses_on_the_wgmma_tile_on_hopper():
         assert configs.wo_a_fp8_config(1, g, N, K, 128, wgmma=True) == tile
         assert configs.wo_a_fp8_chosen(1, g, N, K, 128, dependent=True, wgmma=True)
         assert not configs.wo_a_fp8_config(1, g, N, K, 128).wgmma
+    # A stage per K block of a part, no more: the rest would only take shared memory.
+    assert configs.wgmma_stages(tile.num_stages, K // 128 // tile.split_k, tile.block_m,
+                                tile.block_n, 128, 2, resident_x=True) == K // 128 // 8
     for m, g in ((2, 2), (1, 8), (1, 16)):
         assert configs.wo_a_fp8_config(m, g, N, K, 128, wgmma=True) == configs.wo_a_fp8_config(
             m, g, N, K, 128)
