@@ -188,9 +188,10 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
         raise ValueError(f"wo_a_fp8(single_kernel=True) cannot run this chain in one kernel: "
                          f"{blocker}")
     dependent = chain_dependent(s, g, n, k, block, o.device)
+    wgmma = wgmma_on(o.device)
     if single_kernel is None:
         single_kernel = blocker is None and configs.wo_a_fp8_chosen(s, g, n, k, block,
-                                                                    wgmma=wgmma_on(o.device),
+                                                                    wgmma=wgmma,
                                                                     dependent=dependent)
     if not single_kernel:
         # An explicit GEMM shape is launched as given, never as a dependent.
@@ -207,7 +208,7 @@ def wo_a_fp8(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor,
             else x_fp8, x_scale=x_scale, config=quant)
         return batched_gemm_a8w8_mxscale(x_fp8, w, x_scale, w_scale, dtype=dtype, out=out,
                                          config=config, dependent=dependent, scratch=split)
-    cfg = config or configs.wo_a_fp8_config(s, g, n, k, block, wgmma=wgmma_on(o.device))
+    cfg = config or configs.wo_a_fp8_config(s, g, n, k, block, wgmma=wgmma)
     configs.check_split(cfg, k // block)
     if cfg.wgmma:
         ok, why = (wgmma_available(o.device.index) if o.is_cuda else

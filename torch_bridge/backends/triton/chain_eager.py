@@ -73,12 +73,13 @@ def eager_wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: i
             or any(t.stride(-1) != 1 for t in (positions, cos_cache, sin_cache))
             or not w.is_contiguous() or not w_scale.is_contiguous()):
         return None
+    wgmma = wgmma_on(o.device)
     if (configs.wo_a_fp8_blocker(dh, 2 * cos_cache.shape[1], block, None)
             or not configs.wo_a_fp8_chosen(
                 s, g, n, k, block, dependent=chain_dependent(s, g, n, k, block, o.device),
-                wgmma=wgmma_on(o.device))):
+                wgmma=wgmma)):
         return _eager_unfused(o, positions, cos_cache, sin_cache, w, w_scale, amax_floor)
-    cfg = configs.wo_a_fp8_config(s, g, n, k, block, wgmma=wgmma_on(o.device))
+    cfg = configs.wo_a_fp8_config(s, g, n, k, block, wgmma=wgmma)
     ws = e8m0_bytes(w_scale)
     device = o.device
     x_fp8 = torch.empty((s, g, k), dtype=w.dtype, device=device)

@@ -82,17 +82,16 @@ def _probe_wgmma(device_index: int | None) -> tuple[bool, str]:
     return True, "ok"
 
 
+def wgmma_on(device: torch.device) -> bool:
+    """Whether the wgmma kernels can run on ``device`` (``wgmma_available``)."""
+    return device.type == "cuda" and wgmma_available(device.index)[0]
+
+
 def chain_dependent(m: int, g: int, n: int, k: int, block: int, device: torch.device) -> bool:
     """Whether the unfused FP8 chain launches its GEMM as the quant's programmatic dependent on
     ``device``: ``configs.chain_dependent``, where ``chain_pdl`` allows."""
     return (device.type == "cuda" and chain_pdl(device.index)
-            and configs.chain_dependent(m, g, n, k, block,
-                                        wgmma=wgmma_available(device.index)[0]))
-
-
-def wgmma_on(device: torch.device) -> bool:
-    """Whether the wgmma kernels can run on ``device`` (``wgmma_available``)."""
-    return device.type == "cuda" and wgmma_available(device.index)[0]
+            and configs.chain_dependent(m, g, n, k, block, wgmma=wgmma_on(device)))
 
 
 def wgmma_chosen(m: int, g: int, n: int, k: int, block: int) -> bool:
@@ -224,8 +223,7 @@ def default_config(m: int, g: int, n: int, k: int, block: int, device: torch.dev
     """``configs.gemm_config`` for this device; a programmatic dependent of the chain's quant
     where ``dependent`` (``batched_gemm_a8w8_mxscale``), the device takes one and the GEMM is
     the wgmma kernel. Only the launch differs, never the shape: the bits are the GEMM's alone."""
-    cuda = device.type == "cuda"
-    cfg = configs.gemm_config(m, g, n, k, block, wgmma=cuda and wgmma_available(device.index)[0])
+    cfg = configs.gemm_config(m, g, n, k, block, wgmma=wgmma_on(device))
     if dependent and cfg.wgmma and pdl_capable(device.index):
         return dataclasses.replace(cfg, pdl=True)
     return cfg
