@@ -222,3 +222,14 @@ def test_the_step_is_laid_out_as_a_models(route, monkeypatch):
     assert len(jax.tree.leaves(args)) == 2 + (6 if route == "fp8" else 3) + 4
     # Two barriers tie layers 2 and 3 to the ones before; one more guards the outputs.
     assert lowered.as_text().count("optimization_barrier") == 3
+
+
+def test_jax_rows_record_the_device_allocator_only_when_one_is_set(monkeypatch):
+    """Step times move with JAX's device allocator, so a row taken under another one says so;
+    the torch graph's row never carries JAX's settings."""
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_ALLOCATOR", raising=False)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/x")
+    assert jax_step._config("xla_bf16", 8) == {"layers": 8, "XLA_FLAGS": "--xla_dump_to=/tmp/x"}
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_ALLOCATOR", "cuda_async")
+    assert jax_step._config("native", 61)["XLA_PYTHON_CLIENT_ALLOCATOR"] == "cuda_async"
+    assert jax_step._config("torch_graph", 61) == {"layers": 61}

@@ -319,9 +319,14 @@ def layers_of(row: dict) -> int | None:
 
 
 def _config(route: str, layers: int, extra: dict | None = None) -> dict:
+    """A row's ``config``: L, the route's switches, and for JAX's routes ``XLA_FLAGS`` and a
+    non-default device allocator (``XLA_PYTHON_CLIENT_ALLOCATOR``), which both move step
+    times."""
     out = {"layers": layers, **route_env(route), **(extra or {})}
     if route != "torch_graph":
         out["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "")
+        if os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR"):
+            out["XLA_PYTHON_CLIENT_ALLOCATOR"] = os.environ["XLA_PYTHON_CLIENT_ALLOCATOR"]
     return out
 
 
