@@ -233,3 +233,19 @@ def test_jax_rows_record_the_device_allocator_only_when_one_is_set(monkeypatch):
     monkeypatch.setenv("XLA_PYTHON_CLIENT_ALLOCATOR", "cuda_async")
     assert jax_step._config("native", 61)["XLA_PYTHON_CLIENT_ALLOCATOR"] == "cuda_async"
     assert jax_step._config("torch_graph", 61) == {"layers": 61}
+
+
+def test_step_timing_discards_one_repetition_before_timing(monkeypatch):
+    """Each variant once, then one untimed repetition, then ``reps`` timed ones (on CPU one
+    step each): the first run of back-to-back steps never counts."""
+    import jax.numpy as jnp
+
+    calls = []
+
+    def f(params, base_o, base_pos, scale, shift):
+        calls.append(int(shift))
+        return jnp.zeros(())
+
+    times = jax_step.time_jax_step(f, None, (None, None), layers=2, reps=2, on_gpu=False)
+    assert len(times) == 2 and all(t > 0 for t in times)
+    assert len(calls) == len(jax_step.VARIANTS) + 1 + 2

@@ -23,11 +23,12 @@ step returns the last layer's output and a sum of one element of every layer's o
 behind an optimization barrier, so XLA can neither drop a layer nor compute less of it.
 
 JAX rows: wall time of back-to-back steps (host dispatch included, one wait at the end) over
-the steps' layers. Torch row: ``timing.time_cuda`` of the step, over its layers. ``vs_graph``
-is a row's time over the torch graph's (GPU only). Checks: the FP8 steps' last layer equals the
-torch layer's output bytes (where the layer launches other kernels, as when it splits K, the
-torch launcher running the route's kernels instead, and the row says so), the BF16 step is
-within the ``gemm_bf16`` tolerance of the oracle, the graph's output equals the eager layer's.
+the steps' layers, after one untimed repetition. Torch row: ``timing.time_cuda`` of the
+step, over its layers. ``vs_graph`` is a row's time over the torch graph's (GPU only).
+Checks: the FP8 steps' last layer equals the torch layer's output bytes (where the layer
+launches other kernels, as when it splits K, the torch launcher running the route's kernels
+instead, and the row says so), the BF16 step is within the ``gemm_bf16`` tolerance of the
+oracle, the graph's output equals the eager layer's.
 """
 
 from __future__ import annotations
@@ -196,7 +197,9 @@ def _variants():
 
 def time_jax_step(f, params, base, *, layers: int, reps: int, on_gpu: bool) -> list[float]:
     """Microseconds per layer of back-to-back calls of the jitted step ``f`` over ``VARIANTS``
-    (one wait at the end of each repetition); on GPU enough steps for ``STEP_FILL_S``."""
+    (one wait at the end of each repetition); on GPU enough steps for ``STEP_FILL_S``. One
+    untimed repetition goes first: the first time the host runs that many steps ahead of the
+    device, JAX's allocator may still be growing its pool (without preallocation)."""
     import jax
 
     variants = _variants()
@@ -211,13 +214,13 @@ def time_jax_step(f, params, base, *, layers: int, reps: int, on_gpu: bool) -> l
         one = time.perf_counter() - t0
         steps = max(MIN_STEPS, min(MAX_STEPS, math.ceil(STEP_FILL_S / max(one, 1e-9))))
     times = []
-    for _ in range(reps if on_gpu else min(reps, 3)):
+    for _ in range(1 + (reps if on_gpu else min(reps, 3))):
         t0 = time.perf_counter()
         for i in range(steps):
             out = f(params, *base, *variants[i % len(variants)])  # earlier outputs dropped
         jax.block_until_ready(out)
         times.append((time.perf_counter() - t0) * 1e6 / (steps * layers))
-    return times
+    return times[1:]
 
 
 def torch_step(layers: list, base_o, base_pos):
