@@ -235,7 +235,7 @@ def test_jax_rows_record_the_device_allocator_only_when_one_is_set(monkeypatch):
     assert jax_step._config("torch_graph", 61) == {"layers": 61}
 
 
-def test_step_timing_discards_one_repetition_before_timing(monkeypatch):
+def test_step_timing_discards_one_repetition_before_timing():
     """Each variant once, then one untimed repetition, then ``reps`` timed ones (on CPU one
     step each): the first run of back-to-back steps never counts."""
     import jax.numpy as jnp

@@ -213,14 +213,19 @@ def time_jax_step(f, params, base, *, layers: int, reps: int, on_gpu: bool) -> l
         jax.block_until_ready(f(params, *base, *variants[0]))
         one = time.perf_counter() - t0
         steps = max(MIN_STEPS, min(MAX_STEPS, math.ceil(STEP_FILL_S / max(one, 1e-9))))
-    times = []
-    for _ in range(1 + (reps if on_gpu else min(reps, 3))):
-        t0 = time.perf_counter()
+    def run_steps():
+        out = None
         for i in range(steps):
             out = f(params, *base, *variants[i % len(variants)])  # earlier outputs dropped
         jax.block_until_ready(out)
+
+    run_steps()  # untimed
+    times = []
+    for _ in range(reps if on_gpu else min(reps, 3)):
+        t0 = time.perf_counter()
+        run_steps()
         times.append((time.perf_counter() - t0) * 1e6 / (steps * layers))
-    return times[1:]
+    return times
 
 
 def torch_step(layers: list, base_o, base_pos):
