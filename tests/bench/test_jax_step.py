@@ -4,6 +4,7 @@ rows of older harnesses without that column."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -66,7 +67,8 @@ def test_cpu_rows(bench):
     graph = by["jax_step_torch_graph"]
     assert graph["timer"] == "wall" and graph["check"].startswith("bytes exact step vs eager")
     assert json.loads(graph["config"]) == {"layers": 2, "backend": "triton"}
-    assert all(r["vs_graph"] is None for r in rows)  # no ratios of interpreter wall times
+    # No ratios or host times of interpreter wall times.
+    assert all(r["vs_graph"] is None and r["host_us"] is None for r in rows)
 
 
 def _row(route, layers, g, m, us):
@@ -249,3 +251,20 @@ def test_step_timing_discards_one_repetition_before_timing():
     times = jax_step.time_jax_step(f, None, (None, None), layers=2, reps=2, on_gpu=False)
     assert len(times) == 2 and all(t > 0 for t in times)
     assert len(calls) == len(jax_step.VARIANTS) + 1 + 2
+
+
+def test_step_host_time_is_one_dispatch_per_layer():
+    """A step first, then each timed step after the last one's wait, over the variants: the
+    median dispatch over the layers."""
+    import jax.numpy as jnp
+
+    calls = []
+
+    def f(params, base_o, base_pos, scale, shift):
+        calls.append(int(shift))
+        time.sleep(0.002)
+        return jnp.zeros(())
+
+    us = jax_step.step_host_us(f, None, (None, None), layers=4, calls=3)
+    assert calls == [0, 0, 1, 2]
+    assert 500 <= us < 5000  # 2 ms a step over 4 layers, plus the call

@@ -23,7 +23,9 @@ step returns the last layer's output and a sum of one element of every layer's o
 behind an optimization barrier, so XLA can neither drop a layer nor compute less of it.
 
 JAX rows: wall time of back-to-back steps (host dispatch included, one wait at the end) over
-the steps' layers, after one untimed repetition. Torch row: ``timing.time_cuda`` of the
+the steps' layers, after one untimed repetition; on GPU ``host_us`` is the host's time to
+dispatch one step with the device idle, over its layers: where it nears ``us`` the step is
+host-bound, and its time then follows the host's. Torch row: ``timing.time_cuda`` of the
 step, over its layers. ``vs_graph`` is a row's time over the torch graph's (GPU only).
 Checks: the FP8 steps' last layer equals the torch layer's output bytes (where the layer
 launches other kernels, as when it splits K, the torch launcher running the route's kernels
@@ -198,8 +200,8 @@ def _variants():
 def time_jax_step(f, params, base, *, layers: int, reps: int, on_gpu: bool) -> list[float]:
     """Microseconds per layer of back-to-back calls of the jitted step ``f`` over ``VARIANTS``
     (one wait at the end of each repetition); on GPU enough steps for ``STEP_FILL_S``. One
-    untimed repetition goes first: the first time the host runs that many steps ahead of the
-    device, JAX's allocator may still be growing its pool (without preallocation)."""
+    untimed repetition goes first, so that no cost of the first run that far ahead of the
+    device counts."""
     import jax
 
     variants = _variants()
@@ -226,6 +228,28 @@ def time_jax_step(f, params, base, *, layers: int, reps: int, on_gpu: bool) -> l
         run_steps()
         times.append((time.perf_counter() - t0) * 1e6 / (steps * layers))
     return times
+
+
+#: Single steps whose dispatch ``step_host_us`` times.
+HOST_CALLS = 10
+
+
+def step_host_us(f, params, base, *, layers: int, calls: int = HOST_CALLS) -> float:
+    """The host's microseconds per layer to dispatch one step of ``f`` with the device idle
+    (the median of ``calls`` steps over ``VARIANTS``, each after the last one's wait): what a
+    step costs the host however far ahead of the device it runs."""
+    import jax
+
+    variants = _variants()
+    out = f(params, *base, *variants[0])
+    times = []
+    for i in range(calls):
+        jax.block_until_ready(out)
+        t0 = time.perf_counter()
+        out = f(params, *base, *variants[i % len(variants)])
+        times.append((time.perf_counter() - t0) * 1e6 / layers)
+    jax.block_until_ready(out)
+    return timing.median(times)
 
 
 def torch_step(layers: list, base_o, base_pos):
@@ -379,7 +403,10 @@ def _jax_route(route: str, g: int, lay: Layers, count: int, inputs, ref_layer, o
             msg = check_fp8(y, route, ref_layer, p, on_gpu)
         del y
         times = time_jax_step(f, params, base, layers=count, reps=reps, on_gpu=on_gpu)
-    return {"timer": "jit", "clock": None, "us": timing.median(times), "times_us": times}, msg
+        fields = {"timer": "jit", "clock": None, "us": timing.median(times), "times_us": times}
+        if on_gpu:
+            fields["host_us"] = step_host_us(f, params, base, layers=count)
+    return fields, msg
 
 
 def _torch_route(lay: Layers, count: int, inputs, ref_layer, on_gpu: bool, reps: int):
