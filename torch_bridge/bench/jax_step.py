@@ -215,6 +215,7 @@ def time_jax_step(f, params, base, *, layers: int, reps: int, on_gpu: bool) -> l
         jax.block_until_ready(f(params, *base, *variants[0]))
         one = time.perf_counter() - t0
         steps = max(MIN_STEPS, min(MAX_STEPS, math.ceil(STEP_FILL_S / max(one, 1e-9))))
+
     def run_steps():
         out = None
         for i in range(steps):
@@ -236,8 +237,8 @@ HOST_CALLS = 10
 
 def step_host_us(f, params, base, *, layers: int, calls: int = HOST_CALLS) -> float:
     """The host's microseconds per layer to dispatch one step of ``f`` with the device idle
-    (the median of ``calls`` steps over ``VARIANTS``, each after the last one's wait): what a
-    step costs the host however far ahead of the device it runs."""
+    (the median of ``calls`` steps over ``VARIANTS``, each after the last one's wait): the
+    host's share of a step, with no wait on the device in it."""
     import jax
 
     variants = _variants()
