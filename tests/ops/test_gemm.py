@@ -302,13 +302,12 @@ def _check_same_bits_elsewhere(first, runs: list, operands: tuple, seed: int,
 
 
 @gpu
-@pytest.mark.parametrize("m", (1, 16, 32, 64))
-def test_gpu_split_k_gemm_bits_never_depend_on_timing(m):
-    """G = 2 decode splits K over up to 8 parts per tile, on either kernel family. Whatever
-    order the parts arrive in, the kernel adds them in K order: 20 eager launches, a launch on
-    another stream and a CUDA graph replay all give the same bits, and every tile counter is
-    back at zero after each."""
-    g = 2
+@pytest.mark.parametrize("m,g", ((1, 2), (16, 2), (32, 1), (64, 1)))
+def test_gpu_split_k_gemm_bits_never_depend_on_timing(m, g):
+    """Decode grids of few tiles (G = 2 up to 16 tokens, G = 1 up to 64) split K over up to 8
+    parts per tile, on either kernel family. Whatever order the parts arrive in, the kernel adds
+    them in K order: 20 eager launches, a launch on another stream and a CUDA graph replay all
+    give the same bits, and every tile counter is back at zero after each."""
     wgmma = gemm.wgmma_on(torch.device("cuda"))
     assert launch.gemm_config(m, g, N, HPG * DH, 128, wgmma=wgmma).split_k > 1
     seed = new_seed()
@@ -402,12 +401,13 @@ def test_gpu_gemm_wgmma_kernel(m, g, dtype, k, cfg):
                                               (128, 2, torch.bfloat16, HPG * DH, None),
                                               (256, 2, torch.float32, HPG * DH, None),
                                               (64, 16, torch.bfloat16, HPG * DH, None),
+                                              (64, 2, torch.bfloat16, HPG * DH, None),
                                               (100, 4, torch.bfloat16, 31 * 128, (64, 64, 10))))
 def test_gpu_gemm_warp_specialized_gives_the_wgmma_kernels_bits(m, g, dtype, k, tile):
     """Persistent tiles run the warp-specialized kernel (``wgmma_ws_kernels``); the plain wgmma
     kernel at the same launch gives the same bits: the rule's 128 x 128 tile (ragged tiles, an
-    odd K-block count, one K block with its two-stage ring, fp32 output), its 64-token tiles 32,
-    64 and 128 weight rows wide, and ``tile`` (``(block_m, block_n, stages)``, ragged M)."""
+    odd K-block count, one K block with its two-stage ring, fp32 output), its 64-token tiles 16,
+    32, 64 and 128 weight rows wide, and ``tile`` (``(block_m, block_n, stages)``, ragged M)."""
     from torch_bridge.backends.triton import configs, wgmma_kernels, wgmma_ws_kernels
 
     cfg = launch.gemm_config(m, g, N, k, 128, wgmma=True)

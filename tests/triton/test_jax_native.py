@@ -318,17 +318,18 @@ def test_gemm_spec_follows_gemm_config(m, g):
     assert not dict(fp32.constexprs)["OUT_BF16"] and fp32.out_shape[0].dtype == jnp.float32
 
 
-@pytest.mark.parametrize("m,g", [(1, 16), (64, 16), (1024, 2), (8192, 16), (64, 2), (128, 4)])
+@pytest.mark.parametrize("m,g", [(1, 16), (64, 16), (1024, 2), (8192, 16), (64, 2), (64, 1),
+                                 (128, 4)])
 def test_wgmma_spec_follows_the_torch_launcher(m, g):
     """Where ``gemm_config(wgmma=True)`` picks the wgmma kernel: its tile, grid and stages,
     descriptors over x [M, G * K], w [G * N, K] and y [M, G * N]; K split as the torch launcher
-    splits it (G = 2 at M = 64), into XLA's parts and counters."""
+    splits it (G = 1 at M = 64), into XLA's parts and counters."""
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     from torch_bridge.backends.triton import wgmma_kernels, wgmma_ws_kernels
 
     n, k = 1024, 4096
     cfg = launch.gemm_config(m, g, n, k, 128, wgmma=True)
-    assert cfg.wgmma and (cfg.split_k > 1) == (g == 2 and m == 64)
+    assert cfg.wgmma and (cfg.split_k > 1) == (g == 1 and m == 64)
     call = jax_launch.gemm_call(m, g, n, k, 128, n // 128, dtype=jnp.bfloat16, wgmma=True,
                                 sms=132)
     assert call.kernel is (wgmma_ws_kernels.batched_gemm_a8w8_mxscale_wgmma_ws_kernel
@@ -595,6 +596,6 @@ def test_jax_launches_what_the_torch_launcher_launches(m, g, wgmma):
         call.args[2].block)  # wgmma: the y descriptor's tile
     assert (block_m, block_n, cx["SPLIT_K"]) == (cfg.block_m, cfg.block_n, cfg.split_k)
     assert call.counters == (configs.programs(cfg, m, g, n) if cfg.split_k > 1 else 0)
-    assert (cfg.split_k > 1) == (g == 2 and m <= (64 if wgmma else 256))
+    assert (cfg.split_k > 1) == (g == 2 and m <= (16 if wgmma else 256))
     assert jax_launch.wo_a_fp8_fits(m, g, n, k, 128, DH, RD) == launch.wo_a_fp8_chosen(
         m, g, n, k, 128, dependent=_dependent_here(m, g, n, k))

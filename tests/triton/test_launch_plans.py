@@ -87,7 +87,7 @@ def test_chain_plans_are_reused(rng, made):
     assert made == ["wo_a_fp8", "inverse_rope", "inverse_rope"]
 
 
-@pytest.mark.parametrize("m,g", ((16, 2), (64, 2), (1024, 16), (8192, 2)))
+@pytest.mark.parametrize("m,g", ((16, 2), (64, 1), (64, 2), (1024, 16), (8192, 2)))
 def test_wgmma_plans_name_every_constexpr_of_their_kernel(m, g):
     """A wgmma GEMM plan (the plain kernel or the warp-specialized one, plain or as a dependent
     launch) names every constexpr its kernel takes: the bound eager launch and JAX's custom call
@@ -108,7 +108,7 @@ def test_wgmma_plans_name_every_constexpr_of_their_kernel(m, g):
         wanted = {p.name for p in plan.kernel.params if p.is_constexpr}
         assert wanted <= set(plan.compile_options()), wanted - set(plan.compile_options())
         assert plan.kernel.__name__.endswith("_ws_kernel") == configs.warp_specialized(c)
-        assert configs.warp_specialized(c) == (m >= 1024)
+        assert configs.warp_specialized(c) == (m >= 1024 or (m, g) == (64, 2))
 
 
 @pytest.mark.parametrize("split,pdl", ((4, False), (1, True)))

@@ -316,12 +316,13 @@ def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
     chain launches as its quant's dependent (between, G = 4, the pointer kernel's split is
     faster alone).
     Above 16 tokens, persistent 64-token tiles, warp-specialized (``warp_specialized``), the
-    narrowest of 32, 64 or 128 weight rows whose tiles fit one wave (``wave_tile``): their
-    producer warp keeps a program's whole weight slice streaming. Where even the narrowest
-    make at most ``FEW_PROGRAMS`` (G = 2 up to 64 tokens), 64 x 64 tiles, 8 stages, K split
-    until they make one wave (each part streams its weight slice with all its loads in
-    flight). Where none fits one wave, above 64 tokens, persistent 128 x 128 tiles, 8 warps,
-    5 stages, warp-specialized too, where more than 64 tiles fill the GPU.
+    narrowest of 16, 32, 64 or 128 weight rows whose tiles fit one wave (``wave_tile``): their
+    producer warp keeps a program's whole weight slice streaming, and unsplit tiles skip the
+    split's write, ticket and read back. Where even the narrowest make at most
+    ``FEW_PROGRAMS`` (G = 1 up to 64 tokens), 64 x 64 tiles, 8 stages, K split until they make
+    one wave (each part streams its weight slice with all its loads in flight). Where none
+    fits one wave, above 64 tokens, persistent 128 x 128 tiles, 8 warps, 5 stages,
+    warp-specialized too, where more than 64 tiles fill the GPU.
     """
     if wgmma and block == 128 and n % 128 == 0:
         if m <= 16:
@@ -361,8 +362,9 @@ def gemm_config(m: int, g: int, n: int, k: int, block: int, *,
 
 
 #: Weight rows and stages of the persistent 64-token tiles ``wave_tile`` picks from, narrowest
-#: first; each width with the stages it was measured at on the H200.
-WAVE_TILES = ((32, 12), (64, 10), (128, 8))
+#: first; each width with the stages it was measured at (16 rows on the H100, the others on the
+#: H200). 16 rows give G = 2 up to 64 tokens a wave of unsplit tiles.
+WAVE_TILES = ((16, 12), (32, 12), (64, 10), (128, 8))
 
 
 def wave_tile(m: int, g: int, n: int) -> GemmConfig | None:
