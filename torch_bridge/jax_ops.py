@@ -36,6 +36,7 @@ recorded (DLPack wrapping, a torch stream object, the torch launcher).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 
 import jax
@@ -51,7 +52,8 @@ from . import _dispatch
 from ._capability import env_flag, jax_gpu_platform
 from ._dispatch import BackendName
 
-__all__ = ["batched_gemm_a8w8_mxscale", "inverse_rope_group_quant", "wo_a_bf16", "wo_a_fp8"]
+__all__ = ["FP8Weight", "batched_gemm_a8w8_mxscale", "inverse_rope_group_quant", "pack_weight",
+           "wo_a_bf16", "wo_a_fp8"]
 
 log = logging.getLogger("woa")
 
@@ -358,11 +360,13 @@ def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_group
 
     Args:
       o: ``[S, H, Dh]`` bf16; positions ``[>= S]``; cos/sin ``[P, rd / 2]`` (bf16 for AITER bytes).
-      weight: ``[G * N, K]`` fp8 checkpoint weight, or the GEMM's ``[G, N, K]`` view of it.
+      weight: ``[G * N, K]`` fp8 checkpoint weight, or the GEMM's ``[G, N, K]`` view of it, or
+        both with their scales as one ``FP8Weight`` (``pack_weight``; one argument of a jitted
+        step instead of two; the Triton routes read it in place).
       weight_scale: ``[G * N / B, K / B]`` block scales: E8M0 bytes (uint8 or float8_e8m0fnu),
         or float powers of two when concrete (converted on the host, so not under ``jax.jit``).
         With a 3-D weight: ``[G, N / B, K / B]`` E8M0 bytes (``woa_jax.wo_a_weight_e8m0``
-        gives both).
+        gives both). ``None`` with an ``FP8Weight``.
       num_groups: G.
       command_buffer: see ``inverse_rope_group_quant``.
 
@@ -373,14 +377,7 @@ def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_group
       TypeError, ValueError: the oracle's errors for bad shapes, dtypes and scales.
     """
     amax_floor = checks.check_amax_floor(amax_floor)
-    if len(weight.shape) == 3:
-        w, w_scale = weight, weight_scale
-        _, _, ks = checks.check_rank(w_scale, 3, "weight_scale", "[G, N / B, K / B]")
-        if ks < 1 or w.shape[2] % ks != 0:
-            raise ValueError(f"weight_scale [G, N / B, K / B] = {tuple(w_scale.shape)} does not "
-                             f"tile K = {w.shape[2]} of weight [G, N, K]")
-    else:
-        w, w_scale = woa_jax.wo_a_weight_e8m0(weight, weight_scale, num_groups)
+    w, w_scale, packed = _unpacked_weight(weight, weight_scale, num_groups)
     block = w.shape[2] // w_scale.shape[2]
     on_triton, fused = _wo_a_fp8_on_triton(o, positions, cos_cache, sin_cache, w, w_scale, block,
                                            num_groups, amax_floor, dtype, backend)
@@ -388,16 +385,116 @@ def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_group
         from .backends.triton import jax_launch
 
         return jax_launch.wo_a_fp8(o, positions[:o.shape[0]], cos_cache, sin_cache, w, w_scale,
-                                   num_groups, amax_floor=amax_floor, dtype=dtype)
+                                   num_groups, amax_floor=amax_floor, dtype=dtype,
+                                   packed=packed)
     if on_triton:
-        return _wo_a_fp8_callback(o, positions[:o.shape[0]], cos_cache, sin_cache, w,
-                                  woa_jax.e8m0_bytes(w_scale), num_groups, amax_floor, dtype,
-                                  command_buffer, fused=fused)
+        return _wo_a_fp8_callback(o, positions[:o.shape[0]], cos_cache, sin_cache,
+                                  packed or (w, woa_jax.e8m0_bytes(w_scale)), num_groups,
+                                  amax_floor, dtype, command_buffer, fused=fused)
+    if packed is not None:
+        w, w_scale = packed.parts()
     x, xs = inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, block,
                                      fp8_dtype=w.dtype, amax_floor=amax_floor, backend=backend,
                                      command_buffer=command_buffer)
     return batched_gemm_a8w8_mxscale(x, w, xs, w_scale, dtype=dtype, backend=backend,
                                      command_buffer=command_buffer)
+
+
+#: Byte alignment of the scales inside ``FP8Weight.data`` (kernels take 16-byte-aligned
+#: pointers; 128 keeps them on a cache line).
+PACK_ALIGN = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class FP8Weight:
+    """One layer's FP8 ``wo_a`` weight and its E8M0 block scales as one ``uint8`` array, for
+    ``wo_a_fp8`` (``pack_weight`` makes it).
+
+    ``data`` holds ``w [G, N, K]``'s bytes, then, from ``scale_offset``, ``w_scale
+    [G, N / B, K / B]``'s. A jitted step pays the host's dispatch per array argument, so a
+    layer's weight as one array costs one argument, not two. A pytree of one leaf: pass it
+    into ``jax.jit`` like an array. ``fp8`` names the weight's dtype."""
+
+    data: jax.Array
+    num_groups: int
+    n: int
+    k: int
+    block: int
+    fp8: str
+
+    @property
+    def scale_offset(self) -> int:
+        """Where the scales start in ``data`` (bytes)."""
+        return -(-self.num_groups * self.n * self.k // PACK_ALIGN) * PACK_ALIGN
+
+    @property
+    def shapes(self) -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
+        """``(w, w_scale)`` as shapes and dtypes: ``[G, N, K]`` fp8, ``[G, N / B, K / B]``
+        uint8."""
+        g, n, k, b = self.num_groups, self.n, self.k, self.block
+        return (jax.ShapeDtypeStruct((g, n, k), jnp.dtype(self.fp8)),
+                jax.ShapeDtypeStruct((g, n // b, k // b), jnp.uint8))
+
+    def parts(self) -> tuple[jax.Array, jax.Array]:
+        """``(w [G, N, K], w_scale [G, N / B, K / B] uint8)`` sliced out of ``data`` (copies
+        under ``jax.jit``; the Triton routes read ``data`` in place)."""
+        w, ws = self.shapes
+        size = self.num_groups * self.n * self.k
+        at = self.scale_offset
+        return (jax.lax.bitcast_convert_type(self.data[:size], w.dtype).reshape(w.shape),
+                self.data[at:at + ws.size].reshape(ws.shape))
+
+
+jax.tree_util.register_dataclass(FP8Weight, data_fields=["data"],
+                                 meta_fields=["num_groups", "n", "k", "block", "fp8"])
+
+
+def pack_weight(weight, weight_scale, num_groups: int) -> FP8Weight:
+    """A checkpoint's ``wo_a`` weight and scales as one ``FP8Weight`` (``wo_a_fp8``'s
+    ``weight``, with ``weight_scale=None``); once per layer, at load.
+
+    Args:
+      weight, weight_scale: as ``wo_a_fp8`` takes them (``[G * N, K]`` fp8 and
+        ``[G * N / B, K / B]`` scales, or ``[G, N, K]`` and ``[G, N / B, K / B]`` E8M0 bytes).
+      num_groups: G.
+
+    Raises:
+      TypeError, ValueError: the checks ``wo_a_fp8`` makes of a weight and its scales.
+    """
+    w, w_scale = _gemm_weight(weight, weight_scale, num_groups)
+    check_fp8_dtype(w.dtype)
+    g, n, k = w.shape
+    ws = woa_jax.e8m0_bytes(w_scale)
+    packed = FP8Weight(None, g, n, k, k // ws.shape[2], np.dtype(w.dtype).name)
+    pad = packed.scale_offset - g * n * k
+    data = jnp.concatenate([jax.lax.bitcast_convert_type(w, jnp.uint8).reshape(-1),
+                            jnp.zeros(pad, jnp.uint8), ws.reshape(-1)])
+    return dataclasses.replace(packed, data=data)
+
+
+def _gemm_weight(weight, weight_scale, num_groups: int):
+    """``(w [G, N, K], w_scale [G, N / B, K / B])`` of a checkpoint weight and its scales, or of
+    the GEMM's own 3-D view (checked: its scales tile K)."""
+    if len(weight.shape) != 3:
+        return woa_jax.wo_a_weight_e8m0(weight, weight_scale, num_groups)
+    _, _, ks = checks.check_rank(weight_scale, 3, "weight_scale", "[G, N / B, K / B]")
+    if ks < 1 or weight.shape[2] % ks != 0:
+        raise ValueError(f"weight_scale [G, N / B, K / B] = {tuple(weight_scale.shape)} does not "
+                         f"tile K = {weight.shape[2]} of weight [G, N, K]")
+    return weight, weight_scale
+
+
+def _unpacked_weight(weight, weight_scale, num_groups: int):
+    """``(w, w_scale, packed)``: an ``FP8Weight``'s shapes and itself, else the arrays of
+    ``_gemm_weight`` and ``None``."""
+    if not isinstance(weight, FP8Weight):
+        return (*_gemm_weight(weight, weight_scale, num_groups), None)
+    if weight_scale is not None:
+        raise ValueError("an FP8Weight holds its scales: pass weight_scale=None")
+    if num_groups != weight.num_groups:
+        raise ValueError(f"num_groups={num_groups} but the FP8Weight was packed for "
+                         f"{weight.num_groups} groups")
+    return (*weight.shapes, weight)
 
 
 def _split_outputs(out_types: tuple, args: tuple, split: int, shape: tuple[int, int, int],
@@ -410,9 +507,10 @@ def _split_outputs(out_types: tuple, args: tuple, split: int, shape: tuple[int, 
     return out_types, args + (jnp.zeros(tiles, jnp.int32),), {len(args): len(out_types) - 1}
 
 
-def _wo_a_fp8_callback(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: int,
+def _wo_a_fp8_callback(o, positions, cos_cache, sin_cache, weight, num_groups: int,
                        amax_floor: float, dtype, command_buffer: bool | None, *, fused: bool):
-    """The Triton launcher's chain as one callback -> ``y [S, G, N]``: the fused kernel
+    """The Triton launcher's chain as one callback -> ``y [S, G, N]``; ``weight``: ``(w,
+    w_scale)`` (uint8), or an ``FP8Weight``, which the callback views in place. The fused kernel
     (``fused``), else the quant and the GEMM as the torch launcher runs them (the GEMM its
     programmatic dependent where it makes one). One callback, not two: a recorded step updates
     each callback's command on every step its buffers move, so a layer costs one update.
@@ -422,6 +520,8 @@ def _wo_a_fp8_callback(o, positions, cos_cache, sin_cache, w, w_scale, num_group
     from .backends.triton import configs, launch
 
     s = o.shape[0]
+    packed = weight if isinstance(weight, FP8Weight) else None
+    w, w_scale = weight.shapes if packed else weight
     g, n, k = w.shape
     block = k // w_scale.shape[2]
     if fused:
@@ -433,17 +533,26 @@ def _wo_a_fp8_callback(o, positions, cos_cache, sin_cache, w, w_scale, num_group
     out_types = (jax.ShapeDtypeStruct((s, g, n), dtype),
                  jax.ShapeDtypeStruct((s, g, k), jnp.uint8),
                  jax.ShapeDtypeStruct((s, g, k // block), jnp.uint8))
-    args = (o, positions, cos_cache, sin_cache, _fp8_bytes(w), w_scale)
+    weights = (packed.data,) if packed else (_fp8_bytes(w), w_scale)
+    args = (o, positions, cos_cache, sin_cache, *weights)
     aliases = None
     if split > 1:
         out_types, args, aliases = _split_outputs(out_types, args, split, (s, g, n), tiles)
     f8 = _torch_dtype(w.dtype)
 
-    def run(ctx, outs, o_b, pos_b, cos_b, sin_b, w_b, ws_b, *_):
+    def weight_views(buffers):
+        if packed is None:
+            return _to_torch(buffers[0], f8), _to_torch(buffers[1])
+        data, at = _to_torch(buffers[0]), packed.scale_offset
+        return (data[:w.size].view(f8).view(w.shape),
+                data[at:at + w_scale.size].view(w_scale.shape))
+
+    def run(ctx, outs, o_b, pos_b, cos_b, sin_b, *rest_b):
         y, x_fp8, *rest = (_to_torch(b) for b in outs)
+        w_t, ws_t = weight_views(rest_b)
         with _on_xla_stream(ctx):
             launch.wo_a_fp8(_to_torch(o_b), _to_torch(pos_b), _to_torch(cos_b), _to_torch(sin_b),
-                            _to_torch(w_b, f8), _to_torch(ws_b), num_groups,
+                            w_t, ws_t, num_groups,
                             amax_floor=amax_floor, dtype=_torch_dtype(dtype), out=y,
                             single_kernel=fused, config=cfg,
                             scratch=(x_fp8.view(f8), *rest))

@@ -2,7 +2,8 @@
 of the same layers in torch.
 
 A JAX model jits its whole step; each of its L layers calls ``jax_ops.wo_a_fp8`` with its own
-weight. Rows (kind ``jax_step``), ``us`` per layer:
+weight, packed with its scales as one ``jax_ops.FP8Weight`` (one argument a layer, as XLA's
+BF16 step's weight). Rows (kind ``jax_step``), ``us`` per layer:
 
 * ``jax_step_native``: the native route (our XLA FFI custom call).
 * ``jax_step_callback``: the callback route (``WOA_JAX_NATIVE=0``), recorded in XLA command
@@ -155,8 +156,9 @@ def _after(o, ys: list):
 
 
 def fp8_step(g: int, backend):
-    """The FP8 step on ``jax_ops.wo_a_fp8``; ``params`` are ``((cos, sin), ((w, ws), ...))``:
-    the rope tables, then each layer's weight."""
+    """The FP8 step on ``jax_ops.wo_a_fp8``; ``params`` are ``((cos, sin), weights)``: the
+    rope tables, then each layer's weight, a ``jax_ops.FP8Weight`` (``fp8_weights``) or a
+    ``(w, ws)`` pair."""
     from torch_bridge import jax_ops
 
     def step(params, base_o, base_pos, scale, shift):
@@ -164,11 +166,21 @@ def fp8_step(g: int, backend):
         o = base_o * scale
         pos = base_pos + shift
         ys = []
-        for w, ws in weights:
+        for weight in weights:
+            w, ws = (weight, None) if isinstance(weight, jax_ops.FP8Weight) else weight
             ys.append(jax_ops.wo_a_fp8(_after(o, ys), pos, cos, sin, w, ws, g, backend=backend))
         return _outputs(ys)
 
     return step
+
+
+def fp8_weights(probs: list, g: int) -> tuple:
+    """Each layer's weight as the step takes it: one ``jax_ops.FP8Weight`` (one argument a
+    layer, as XLA's BF16 step has)."""
+    from torch_bridge import interop, jax_ops
+
+    return tuple(jax_ops.pack_weight(interop.to_jax(p.w), interop.to_jax(p.ws), g)
+                 for p in probs)
 
 
 def bf16_step(g: int):
@@ -390,7 +402,7 @@ def _jax_route(route: str, g: int, lay: Layers, count: int, inputs, ref_layer, o
         step = bf16_step(g)
     else:
         params = ((interop.to_jax(first.cos_bf16), interop.to_jax(first.sin_bf16)),
-                  tuple((interop.to_jax(p.w), interop.to_jax(p.ws)) for p in probs))
+                  fp8_weights(probs, g))
         step = fp8_step(g, backend)
     base = (interop.to_jax(inputs.o), interop.to_jax(inputs.pos.to(torch.int32)))
     f = jax.jit(step)

@@ -397,10 +397,11 @@ def wo_a_fp8_chain_call(s: int, h: int, dh: int, rd: int, n_pos: int, g: int, n:
 
 
 def wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: int, *,
-             amax_floor: float, dtype):
+             amax_floor: float, dtype, packed=None):
     """``y [S, G, N]`` of the chain in one custom call: the fused launch where
     ``wo_a_fp8_fits``, else ``wo_a_fp8_chain_call``; inputs already checked, ``positions``
-    ``[S]`` (the caller slices it)."""
+    ``[S]`` (the caller slices it). ``packed``: a ``jax_ops.FP8Weight`` whose ``data`` the
+    kernels read ``w`` and ``w_scale`` from in place (``w``, ``w_scale``: its shapes)."""
     s, h, dh = o.shape
     g, n, k = w.shape
     if s == 0:  # a zero-size grid is not a valid launch
@@ -414,8 +415,34 @@ def wo_a_fp8(o, positions, cos_cache, sin_cache, w, w_scale, num_groups: int, *,
     else:
         wgmma = wgmma_ok()
         call = wo_a_fp8_chain_call(*shape, **kinds, wgmma=wgmma, sms=sm_count() if wgmma else 0)
+    if packed is not None:
+        (y,) = run(weight_in_place(call, packed.scale_offset, np.dtype(w.dtype).name), o,
+                   positions, cos_cache, sin_cache, packed.data)
+        return y
     (y,) = run(call, o, positions, cos_cache, sin_cache, w, woa_jax.e8m0_bytes(w_scale))
     return y
+
+
+def weight_in_place(call: KernelCall | ChainCall, scale_offset: int, fp8: str):
+    """``call`` (inputs ``o``, positions, cos, sin, ``w``, ``w_scale``, then the rest) with
+    ``w`` and ``w_scale`` read from one ``uint8`` operand, input 4: ``w`` at its start (where
+    a TMA descriptor may start), ``w_scale`` ``scale_offset`` bytes in; every later operand
+    one place earlier."""
+    n_operands = 1 + max(_operand_indices(call))
+    moved = (*map(Ref, range(4)), Ref(4, 0, fp8), Ref(4, scale_offset, "uint8"),
+             *(Ref(i - 1) for i in range(6, max(6, n_operands))))
+    launches = tuple(launch.renumbered(moved) for launch in call.launches)
+    if isinstance(call, KernelCall):
+        return launches[0]
+    return dataclasses.replace(call, launches=launches)
+
+
+def _operand_indices(call: KernelCall | ChainCall):
+    """Every operand index a launch of ``call`` refers to."""
+    for launch in call.launches:
+        for a in launch.args:
+            if isinstance(a, (Ref, xla_ffi.Desc)):
+                yield a.index
 
 
 def batched_gemm_a8w8_mxscale(x, w, x_scale, w_scale, *, dtype):
