@@ -452,7 +452,8 @@ def test_chain_is_one_native_call_fused_or_not(native_ok, monkeypatch, s):
     or not (M = 16), never as the quant op then the GEMM op."""
     calls = []
 
-    def fake(o, positions, cos, sin, w, ws, g, *, amax_floor, dtype):
+    def fake(o, positions, cos, sin, w, ws, g, *, amax_floor, dtype, packed):
+        assert packed is None
         calls.append((positions.shape, g, amax_floor, np.dtype(dtype).name))
         return jnp.zeros((o.shape[0], g, N), dtype)
 
