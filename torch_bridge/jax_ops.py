@@ -389,8 +389,8 @@ def wo_a_fp8(o, positions, cos_cache, sin_cache, weight, weight_scale, num_group
                                    packed=packed)
     if on_triton:
         return _wo_a_fp8_callback(o, positions[:o.shape[0]], cos_cache, sin_cache,
-                                  packed or (w, woa_jax.e8m0_bytes(w_scale)), num_groups,
-                                  amax_floor, dtype, command_buffer, fused=fused)
+                                  (w, woa_jax.e8m0_bytes(w_scale)) if packed is None else packed,
+                                  num_groups, amax_floor, dtype, command_buffer, fused=fused)
     if packed is not None:
         w, w_scale = packed.parts()
     x, xs = inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, block,
@@ -521,7 +521,7 @@ def _wo_a_fp8_callback(o, positions, cos_cache, sin_cache, weight, num_groups: i
 
     s = o.shape[0]
     packed = weight if isinstance(weight, FP8Weight) else None
-    w, w_scale = weight.shapes if packed else weight
+    w, w_scale = weight if packed is None else weight.shapes
     g, n, k = w.shape
     block = k // w_scale.shape[2]
     if fused:
@@ -533,7 +533,7 @@ def _wo_a_fp8_callback(o, positions, cos_cache, sin_cache, weight, num_groups: i
     out_types = (jax.ShapeDtypeStruct((s, g, n), dtype),
                  jax.ShapeDtypeStruct((s, g, k), jnp.uint8),
                  jax.ShapeDtypeStruct((s, g, k // block), jnp.uint8))
-    weights = (packed.data,) if packed else (_fp8_bytes(w), w_scale)
+    weights = (_fp8_bytes(w), w_scale) if packed is None else (packed.data,)
     args = (o, positions, cos_cache, sin_cache, *weights)
     aliases = None
     if split > 1:
