@@ -2,8 +2,9 @@
 
 On CPU: packing keeps every byte and makes a pytree of one leaf; ``wo_a_fp8`` on a packed
 weight gives the bits of the same call on the weight and scales apart, on the callback route
-(fused and quant + GEMM, K split and whole) and on the oracle; the native route's launches read
-both from the one operand (their parameter maps); misuse raises. On the GPU (``pytest -m gpu``):
+(fused and quant + GEMM, K split and whole) and on the oracle; the native route's launches,
+pointer and TMA descriptor, read both from the one operand (their parameter maps); misuse
+raises. On the GPU (``pytest -m gpu``):
 the native route's bits, packed against apart, fused and unfused.
 """
 
@@ -102,17 +103,23 @@ def _refs(call):
             if isinstance(a, (Ref, xla_ffi.Desc))]
 
 
-@pytest.mark.parametrize("fused,s", [(True, 1), (False, 3), (False, 64)])
-def test_native_call_reads_the_weight_from_one_operand(fused, s):
-    """Each launch's ``w`` (pointer or TMA descriptor) is operand 4 from its start, as fp8,
-    its ``w_scale`` operand 4 from the scales' offset, as bytes; every other operand one place
+@pytest.mark.parametrize("fused,s,wgmma", [(True, 1, False), (False, 3, False), (False, 3, True),
+                                           (False, 64, True)])
+def test_native_call_reads_the_weight_from_one_operand(fused, s, wgmma):
+    """Each launch's ``w`` (a pointer, or the wgmma GEMM's TMA descriptor: the swapped split
+    tile at 3 tokens, the warp-specialized one at 64) is operand 4 from its start, as fp8, its
+    ``w_scale`` operand 4 from the scales' offset, as bytes; every other operand one place
     earlier than in the unpacked call (the split counters too)."""
+    if wgmma:
+        pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     g, n, k, block = 2, 1024, 4096, 128
     shape = (s, 16, 512, 64, 64, g, n, k, block, n // block)
     kinds = dict(fp8_dtype=jnp.float8_e4m3fn, amax_floor=1e-8, dtype=jnp.bfloat16,
                  o_dtype=jnp.bfloat16, rope_dtype=jnp.bfloat16)
     call = (jax_launch.wo_a_fp8_call(*shape, **kinds) if fused else
-            jax_launch.wo_a_fp8_chain_call(*shape, **kinds))
+            jax_launch.wo_a_fp8_chain_call(*shape, **kinds, wgmma=wgmma, sms=132 if wgmma else 0))
+    descs = [a for a in _refs(call) if isinstance(a, xla_ffi.Desc) and a.index == 4]
+    assert len(descs) == wgmma
     offset = -(-g * n * k // 128) * 128
     moved = jax_launch.weight_in_place(call, offset, "float8_e4m3fn")
     assert type(moved) is type(call)
@@ -128,7 +135,7 @@ def test_native_call_reads_the_weight_from_one_operand(fused, s):
             assert now.index == was.index - (was.index > 5), (was, now)
             assert dataclasses.replace(now, index=was.index) == was
     assert moved.counters == call.counters and moved.out_shape == call.out_shape
-    if not fused and s == 3:
+    if s == 3:
         assert call.counters, "the unfused chain at 3 tokens splits K"
 
 
