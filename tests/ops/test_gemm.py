@@ -500,15 +500,15 @@ def test_gpu_gemm_wgmma_split_k(m, g, split):
 
 
 @gpu
-@pytest.mark.parametrize("m", (17, 40, 64))
-def test_gpu_gemm_default_wgmma_split_bits_never_depend_on_timing(m):
-    """The default G = 2 decode shape is the wgmma kernel split K ways: eager launches, the
-    bound direct launch, a launch on another stream and a CUDA-graph replay give one set of
-    bits, within the oracle's tolerance."""
+@pytest.mark.parametrize(("g", "m"), [(2, 1), (2, 16), (1, 17), (1, 40), (1, 64)])
+def test_gpu_gemm_default_wgmma_split_bits_never_depend_on_timing(g, m):
+    """The default decode shapes of few tiles (G = 2 up to 16 tokens on the swapped tile, G = 1
+    up to 64 on 64 x 64 tiles) are the wgmma kernel split K ways: eager launches, the bound
+    direct launch, a launch on another stream and a CUDA-graph replay give one set of bits,
+    within the oracle's tolerance."""
     ok, why = launch.wgmma_available(torch.cuda.current_device())
     if not ok:
         pytest.skip(why)
-    g = 2
     cfg = launch.gemm_config(m, g, N, HPG * DH, 128, wgmma=True)
     assert cfg.wgmma and cfg.split_k > 1, cfg
     seed = new_seed()
