@@ -84,13 +84,14 @@ jax_step)
   ;;
 decode)
   export CUDA_VISIBLE_DEVICES=0
-  groups=${WOA_DECODE_GROUPS:-2,4} ms=${WOA_DECODE_MS:-1,4,8,16,64,128,256}
+  groups=${WOA_DECODE_GROUPS:-2,4} ms=${WOA_DECODE_MS:-1,4,8,16,32,64,128,256}
   # chain_fp8_triton_2k beside the layer: the fused kernel's rule is checked in the same run.
   timeout 300 $BENCH --groups "$groups" --ms "$ms" --reps 10 --providers \
     quant_triton,quant_vllm,gemm_triton,gemm_deepgemm,gemm_deepgemm_op,chain_fp8,chain_fp8_triton_2k,chain_fp8_deepgemm,chain_peer \
     > "$OUT/decode.log" 2>&1
   grep -E "│ +[0-9]+ │" "$OUT/decode.log" | cut -c1-160
-  timeout 150 $BENCH --tune --tune-kinds gemm-split --groups "$groups" --ms 64,128,256 --reps 10 \
+  # From 32 tokens, where G 2 leaves the swapped tile: its K splits beside the persistent tiles.
+  timeout 200 $BENCH --tune --tune-kinds gemm-split --groups "$groups" --ms 32,64,128,256 --reps 10 \
     > "$OUT/decode_tune.log" 2>&1
   grep -E "^tune" "$OUT/decode_tune.log" | cut -c1-100
   ;;
