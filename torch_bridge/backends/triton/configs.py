@@ -79,8 +79,8 @@ def quant_config(s: int, *, heads: int = 0, dependent: bool = False) -> QuantCon
     while the kernel before it finishes, waits before its first load, and lets the next one
     launch at once: for ``heads`` heads up to ``DEPENDENT_QUANT_ROWS`` (token, head) rows,
     where the launch it saves is a large part of the kernel (larger grids run slower as
-    dependents), and at every size before a GEMM launched as its
-    dependent (``dependent``, ``gemm.chain_dependent``).
+    dependents), and at every size before a GEMM launched as its dependent (``dependent``,
+    ``gemm.chain_dependent``).
     """
     rows = s * heads
     small = 0 < rows <= DEPENDENT_QUANT_ROWS
